@@ -1,0 +1,36 @@
+# vgpud — the two commands that matter: `make demo` and `make test`.
+SHELL := /bin/bash
+VENV := .venv
+PY := $(VENV)/bin/python
+export PIP_CACHE_DIR := $(CURDIR)/.cache/pip
+
+.PHONY: setup build test unit lint protos check-protos demo bench clean
+
+setup:  ## venv with vgpud and its dev dependencies (idempotent, cached)
+	@./hack/setup-venv.sh
+
+build: setup  ## C helpers (fake NVML, libvgpu) into build/
+	@for d in csrc/*/; do [ -f "$$d/Makefile" ] && $(MAKE) --no-print-directory -C "$$d" OUT=$(CURDIR)/build || exit 1; done
+
+test: build  ## every test tier that runs on this machine
+	@$(VENV)/bin/ruff check vgpud tests bench hack
+	@$(PY) -m pytest -q tests
+
+unit: build
+	@$(PY) -m pytest -q tests/unit
+
+lint: setup
+	@$(VENV)/bin/ruff check vgpud tests bench hack
+	@$(VENV)/bin/ruff format --check vgpud tests bench hack
+
+protos: setup  ## regenerate vgpud/_pb from protos/
+	@./hack/gen-protos.sh
+
+demo: build  ## vgpud with mock GPUs: health and inventory
+	@./hack/demo.sh
+
+bench: build
+	@for b in bench/*.py; do echo "== $$b"; $(PY) "$$b" || exit 1; done
+
+clean:
+	rm -rf build .pytest_cache .ruff_cache
