@@ -26,6 +26,9 @@ lint: setup
 protos: setup  ## regenerate vgpud/_pb from protos/
 	@./hack/gen-protos.sh
 
+check-protos: setup  ## fail if vgpud/_pb is not what protos/ generates
+	@./hack/gen-protos.sh --check
+
 demo: build  ## vgpud with mock GPUs: health and inventory
 	@./hack/demo.sh
 

@@ -1,0 +1,114 @@
+"""`vgpud run` as the DaemonSet runs it, probed by grpcio (an independent gRPC stack).
+
+Mock GPUs, every path under a short temp root, unprivileged-safe flags: health goes SERVING on ''
+and 'liveness', an unknown service is NOT_FOUND, and SIGTERM exits 0 leaving no socket behind.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import grpc
+import pytest
+
+from tests.stdproto import message_class
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Daemon:
+    def __init__(self, root: Path, port: int) -> None:
+        self.root, self.port = root, port
+        self.log = root / "vgpud.log"
+        argv = [sys.executable, "-m", "vgpud", "run", "--gpu-backend", "mock", "--gpu-profile",
+                "a100-40gb-x2", "--root-prefix", str(root), "--node-name", "test-node",
+                "--healthcheck-address", "127.0.0.1", "--healthcheck-port", str(port)]
+        self.proc = subprocess.Popen(argv, stdout=self.log.open("w"), stderr=subprocess.STDOUT,
+                                     env={**os.environ, "PYTHONUNBUFFERED": "1"})
+
+    def output(self) -> str:
+        return self.log.read_text()
+
+    def stop(self, sig: int = signal.SIGTERM, timeout: float = 15) -> int:
+        self.proc.send_signal(sig)
+        return self.proc.wait(timeout)
+
+
+@pytest.fixture
+def daemon(short_tmp: Path) -> Iterator[Daemon]:
+    d = Daemon(short_tmp, _free_port())
+    try:
+        yield d
+    finally:
+        if d.proc.poll() is None:
+            d.proc.kill()
+            d.proc.wait()
+
+
+SERVING = 1
+
+
+def _check(port: int, service: str) -> int:
+    """Health.Check through grpcio with protoc-built classes; returns the status number."""
+    request_cls = message_class("grpc.health.v1.HealthCheckRequest")
+    response_cls = message_class("grpc.health.v1.HealthCheckResponse")
+    with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
+        call = channel.unary_unary("/grpc.health.v1.Health/Check",
+                                   request_serializer=request_cls.SerializeToString,
+                                   response_deserializer=response_cls.FromString)
+        return call(request_cls(service=service), timeout=2).status
+
+
+def _wait_serving(d: Daemon, deadline: float = 30) -> None:
+    end = time.monotonic() + deadline
+    while time.monotonic() < end:
+        assert d.proc.poll() is None, f"vgpud exited early:\n{d.output()}"
+        try:
+            if _check(d.port, "liveness") == SERVING:
+                return
+        except grpc.RpcError:
+            pass
+        time.sleep(0.1)
+    pytest.fail(f"vgpud never became SERVING:\n{d.output()}")
+
+
+def test_health_serving_then_sigterm_exits_zero_without_sockets(daemon: Daemon) -> None:
+    _wait_serving(daemon)
+    assert _check(daemon.port, "") == SERVING
+    with pytest.raises(grpc.RpcError) as info:
+        _check(daemon.port, "no-such-service")
+    assert info.value.code() == grpc.StatusCode.NOT_FOUND
+
+    assert daemon.stop(signal.SIGTERM) == 0, daemon.output()
+    out = daemon.output()
+    assert "SIGTERM received" in out
+    assert [p for p in daemon.root.rglob("*") if p.is_socket()] == []
+    with pytest.raises(grpc.RpcError):
+        _check(daemon.port, "")
+
+
+def test_sigint_also_stops_cleanly(daemon: Daemon) -> None:
+    _wait_serving(daemon)
+    assert daemon.stop(signal.SIGINT) == 0, daemon.output()
+    assert "SIGINT received" in daemon.output()
+
+
+def test_gpu_discovery_failure_exits_1_with_reason(short_tmp: Path) -> None:
+    missing = short_tmp / "libnvidia-ml.so.1"
+    result = subprocess.run([sys.executable, "-m", "vgpud", "run", "--root-prefix", str(short_tmp),
+                             "--nvml-library", str(missing), "--healthcheck-port", "-1"],
+                            capture_output=True, text=True, timeout=60, check=False)
+    assert result.returncode == 1
+    assert "GPU discovery failed" in result.stderr
+    assert str(missing) in result.stderr

@@ -1,0 +1,92 @@
+"""The `vgpud` command as a user runs it: help, usage errors, `gpus`, `version`."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from tests.support import built
+
+
+def vgpud(*argv: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "vgpud", *argv], capture_output=True, text=True,
+                          timeout=60, env={**os.environ, **(env or {})}, check=False)
+
+
+@pytest.mark.parametrize("argv", [["--help"], ["run", "--help"], ["gpus", "--help"], ["health", "--help"]])
+def test_help_exits_zero_and_documents_options(argv: list[str]) -> None:
+    result = vgpud(*argv)
+    assert result.returncode == 0, result.stderr
+    assert "usage: vgpud" in result.stdout
+
+
+def test_run_help_names_the_environment_variables() -> None:
+    out = " ".join(vgpud("run", "--help").stdout.split())  # argparse wraps lines
+    for env in ("NODE_NAME", "FEATURE_GATES", "HOST_MANAGER_DIR", "CDI_ROOT", "NRI_ROOT", "CGROUP_DRIVER",
+                "HEALTHCHECK_PORT"):
+        assert f"[env {env}]" in out
+
+
+@pytest.mark.parametrize(
+    ("argv", "env", "fragment"),
+    [
+        (["run", "--no-such-flag"], {}, "unrecognized arguments: --no-such-flag"),
+        (["run", "--healthcheck-port", "99999"], {}, "--healthcheck-port: 99999 is outside -1..65535"),
+        (["run"], {"FEATURE_GATES": "VGPUSupport=false,NRISupport=true"}, "NRISupport requires VGPUSupport"),
+        (["run", "--gpu-backend", "mock"], {}, "--gpu-backend mock needs --gpu-profile"),
+        (["frobnicate"], {}, "invalid choice: 'frobnicate'"),
+    ],
+)
+def test_bad_configuration_is_one_line_and_exit_2(
+    argv: list[str], env: dict[str, str], fragment: str
+) -> None:
+    result = vgpud(*argv, env=env)
+    assert result.returncode == 2
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1, result.stderr
+    assert fragment in lines[0]
+
+
+def test_no_command_prints_help_and_exits_2() -> None:
+    result = vgpud()
+    assert result.returncode == 2
+    assert "COMMAND" in result.stderr
+
+
+def test_version() -> None:
+    result = vgpud("version")
+    assert result.returncode == 0
+    assert result.stdout.startswith("vgpud ")
+
+
+def test_gpus_mock_table_lists_both_a100s() -> None:
+    result = vgpud("gpus", "--gpu-backend", "mock", "--gpu-profile", "a100-40gb-x2")
+    assert result.returncode == 0, result.stderr
+    rows = [line for line in result.stdout.splitlines() if "A100" in line]
+    assert len(rows) == 2
+    assert "2 GPU(s) from mock" in result.stdout
+
+
+def test_gpus_json_mock_and_fake_nvml_agree() -> None:
+    """The same profile through the mock backend and through pynvml + the fake libnvidia-ml."""
+    fake = built("fakenvml/libnvidia-ml.so.1")
+    mock = vgpud("gpus", "--json", "--gpu-backend", "mock", "--gpu-profile", "h100-80gb-x8")
+    assert mock.returncode == 0, mock.stderr
+    from vgpud.gpu.mock import PROFILES_DIR
+
+    nvml = vgpud("gpus", "--json", "--nvml-library", str(fake),
+                 env={"FAKE_NVML_PROFILE": str(PROFILES_DIR / "h100-80gb-x8.yaml")})
+    assert nvml.returncode == 0, nvml.stderr
+    assert json.loads(nvml.stdout) == json.loads(mock.stdout)
+    assert len(json.loads(mock.stdout)) == 8
+
+
+def test_gpus_without_nvml_names_the_library(short_tmp) -> None:
+    missing = short_tmp / "libnvidia-ml.so.1"
+    result = vgpud("gpus", "--nvml-library", str(missing))
+    assert result.returncode == 1
+    assert str(missing) in result.stderr

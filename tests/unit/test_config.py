@@ -1,0 +1,142 @@
+"""Settings and feature gates: precedence, validation, and the gates' dependency rules."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+import pytest
+
+from vgpud.config import (
+    GATES,
+    ConfigError,
+    add_settings_arguments,
+    gpu_source_from,
+    parse_feature_gates,
+    settings_from,
+)
+from vgpud.gpu.mock import PROFILES_DIR
+
+
+def _settings(argv: list[str], env: dict[str, str] | None = None):
+    parser = argparse.ArgumentParser()
+    add_settings_arguments(parser)
+    return settings_from(parser.parse_args(argv), env or {})
+
+
+def test_defaults_match_the_reference_system() -> None:
+    s = _settings(["--node-name", "node-a"])
+    assert s.driver_name == "manager.nvidia.com"
+    assert s.manager_dir == Path("/etc/vgpu-manager")
+    assert s.cdi_root == Path("/var/run/cdi")
+    assert s.nri_socket == Path("/var/run/nri/nri.sock")
+    assert s.registration_socket == Path("/var/lib/kubelet/plugins_registry/manager.nvidia.com-reg.sock")
+    assert s.dra_socket == Path("/var/lib/kubelet/plugins/manager.nvidia.com/dra.sock")
+    assert s.nri_plugin_idx == "00"
+    assert s.healthcheck_port == 51515
+    assert s.cgroup_driver == "cgroupfs"
+    assert s.gpu_backend == "nvml"
+    assert s.feature_gates.enabled("VGPUSupport")
+    assert not s.feature_gates.enabled("NRISupport")
+    assert not s.feature_gates.enabled("DevicePluginClientMode")
+
+
+def test_flag_beats_environment_beats_default() -> None:
+    env = {"NODE_NAME": "from-env", "HEALTHCHECK_PORT": "6000", "CGROUP_DRIVER": "systemd"}
+    s = _settings(["--healthcheck-port", "7000"], env)
+    assert s.node_name == "from-env"
+    assert s.healthcheck_port == 7000
+    assert s.cgroup_driver == "systemd"
+
+
+def test_empty_environment_value_means_unset() -> None:
+    assert _settings(["--node-name", "n"], {"HEALTHCHECK_PORT": ""}).healthcheck_port == 51515
+
+
+def test_root_prefix_moves_default_paths_but_not_explicit_ones(short_tmp: Path) -> None:
+    s = _settings(["--node-name", "n", "--root-prefix", str(short_tmp), "--cdi-root", "/elsewhere/cdi"])
+    assert s.manager_dir == short_tmp / "etc/vgpu-manager"
+    assert s.nri_root == short_tmp / "var/run/nri"
+    assert s.kubelet_plugins_dir == short_tmp / "var/lib/kubelet/plugins"
+    assert s.cdi_root == Path("/elsewhere/cdi")
+    assert s.proc_root == Path("/proc")  # the host's /proc is read, never created
+
+
+@pytest.mark.parametrize(
+    ("argv", "env", "fragment"),
+    [
+        (["--healthcheck-port", "70000"], {}, "--healthcheck-port: 70000 is outside -1..65535"),
+        (["--healthcheck-port", "x"], {}, "'x' is not an integer"),
+        ([], {"HEALTHCHECK_PORT": "abc"}, "HEALTHCHECK_PORT (environment): 'abc' is not an integer"),
+        (["--nri-plugin-idx", "1"], {}, "not exactly two digits"),
+        (["--nri-plugin-idx", "0a"], {}, "not exactly two digits"),
+        (["--host-manager-dir", "relative/dir"], {}, "is not an absolute path"),
+        (["--cgroup-driver", "openrc"], {}, "not one of cgroupfs, systemd"),
+        (["--driver-name", "Bad_Name"], {}, "is not a DNS subdomain"),
+        (["--gpu-backend", "mock"], {}, "--gpu-backend mock needs --gpu-profile"),
+        (["--gpu-profile", "a100-40gb-x2"], {}, "--gpu-profile is only used with --gpu-backend mock"),
+        (["--gpu-backend", "mock", "--gpu-profile", "/no/such.yaml"], {}, "nor a readable file"),
+        (["--device-cores-ratio", "0"], {}, "outside 1..10000"),
+        (["--healthcheck-address", "localhost"], {}, "is not an IP address"),
+        ([], {"FEATURE_GATES": "NRISupport=maybe"}, "the value must be true or false"),
+        (["--kubelet-plugins-dir", "/" + "p" * 100], {}, "longer than the 107 bytes"),
+    ],
+)
+def test_bad_values_name_the_setting(argv: list[str], env: dict[str, str], fragment: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        _settings(["--node-name", "n", *argv], env)
+    assert fragment in str(info.value)
+
+
+def test_builtin_profile_names_resolve_to_shipped_files() -> None:
+    s = _settings(["--node-name", "n", "--gpu-backend", "mock", "--gpu-profile", "h100-80gb-x8"])
+    assert s.gpu_profile == PROFILES_DIR / "h100-80gb-x8.yaml"
+    assert s.gpu_profile.is_file()
+
+
+def test_gpu_source_ignores_unrelated_bad_settings() -> None:
+    parser = argparse.ArgumentParser()
+    add_settings_arguments(parser, ("gpu_backend", "gpu_profile", "nvml_library"))
+    args = parser.parse_args(["--gpu-backend", "mock", "--gpu-profile", "a100-40gb-x2"])
+    source = gpu_source_from(args, {"HEALTHCHECK_PORT": "not-a-port"})
+    assert source.backend == "mock"
+    assert source.profile == PROFILES_DIR / "a100-40gb-x2.yaml"
+
+
+class TestFeatureGates:
+    def test_defaults(self) -> None:
+        gates = parse_feature_gates("")
+        assert {g.name: gates.enabled(g.name) for g in GATES} == {
+            "VGPUSupport": True, "NVMLDeviceHealthCheck": True, "DevicePluginClientMode": False,
+            "NRISupport": False, "SharedSMUtilizationWatcher": False,
+        }
+
+    def test_kubernetes_syntax_with_spaces_and_case(self) -> None:
+        gates = parse_feature_gates(" NRISupport=TRUE, DevicePluginClientMode=1 ,")
+        assert gates.enabled("NRISupport") and gates.enabled("DevicePluginClientMode")
+
+    @pytest.mark.parametrize(
+        "dependent", ["NRISupport", "DevicePluginClientMode", "SharedSMUtilizationWatcher"])
+    def test_each_dependent_gate_requires_vgpu_support(self, dependent: str) -> None:
+        with pytest.raises(ConfigError, match=f"{dependent} requires VGPUSupport"):
+            parse_feature_gates(f"VGPUSupport=false,{dependent}=true")
+
+    def test_vgpu_support_off_alone_is_allowed(self) -> None:
+        assert not parse_feature_gates("VGPUSupport=false").enabled("VGPUSupport")
+
+    @pytest.mark.parametrize(("text", "fragment"), [
+        ("NRISuport=true", "unknown feature gate 'NRISuport'"),
+        ("NRISupport", "not of the form Name=true|false"),
+        ("=true", "not of the form"),
+    ])
+    def test_malformed(self, text: str, fragment: str) -> None:
+        with pytest.raises(ConfigError, match=fragment):
+            parse_feature_gates(text)
+
+    def test_unknown_name_lookup_is_a_bug(self) -> None:
+        with pytest.raises(KeyError):
+            parse_feature_gates("").enabled("NoSuchGate")
+
+    def test_str_round_trips(self) -> None:
+        gates = parse_feature_gates("NRISupport=true")
+        assert parse_feature_gates(str(gates)) == gates

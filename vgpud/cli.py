@@ -1,0 +1,149 @@
+"""The `vgpud` command line: `run`, `gpus`, `version`.
+
+Exit codes: 0 success (also after SIGTERM), 1 a runtime failure (GPU discovery, a component that
+cannot start), 2 a usage or configuration error, printed as one line before anything starts.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import platform
+import sys
+from collections.abc import Sequence
+from typing import NoReturn
+
+from vgpud import __version__
+from vgpud.config import (
+    GPU_SOURCE_DESTS,
+    ConfigError,
+    add_settings_arguments,
+    gpu_source_from,
+    settings_from,
+)
+
+EXIT_OK, EXIT_FAILURE, EXIT_USAGE = 0, 1, 2
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse that reports a usage error as one line and exit code 2."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(EXIT_USAGE, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(
+        prog="vgpud",
+        description="Kubernetes node daemon that shares NVIDIA GPUs between containers: a DRA kubelet "
+        "plugin and an NRI plugin that give each container its own memory and compute limit.",
+        epilog="Every `run` flag can also be set through the environment variable named in its help. "
+        "Run `vgpud COMMAND --help` for a command's options.",
+    )
+    parser.add_argument("--version", action="version", version=f"vgpud {__version__}")
+    commands = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
+
+    run = commands.add_parser(
+        "run", help="run the node daemon",
+        description="Run the node daemon under its supervisor until SIGTERM or SIGINT. "
+        "Development: `vgpud run --gpu-backend mock --gpu-profile a100-40gb-x2 --root-prefix /tmp/x "
+        "--healthcheck-address 127.0.0.1` needs no GPU and no root.",
+    )
+    add_settings_arguments(run)
+
+    gpus = commands.add_parser(
+        "gpus", help="list the GPUs this node would publish",
+        description="Discover the GPUs (NVML, or a mock profile) and print them.",
+    )
+    add_settings_arguments(gpus, GPU_SOURCE_DESTS)
+    gpus.add_argument("--json", action="store_true", help="print JSON instead of a table")
+
+    health = commands.add_parser(
+        "health", help="ask a running vgpud whether it is healthy",
+        description="Call the gRPC health service of a running vgpud; exit 0 when SERVING, 1 otherwise.",
+    )
+    health.add_argument("--address", default="127.0.0.1:51515", metavar="HOST:PORT",
+                        help="the health service (default: 127.0.0.1:51515)")
+    health.add_argument("--service", default="liveness", help="service name (default: liveness)")
+    health.add_argument("--timeout", type=float, default=3.0, help="seconds (default: 3)")
+
+    commands.add_parser("version", help="print the version", description="Print vgpud's version.")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        if args.command == "run":
+            return _run(args)
+        if args.command == "gpus":
+            return _gpus(args)
+        if args.command == "health":
+            return _health(args)
+        if args.command == "version":
+            print(f"vgpud {__version__} (Python {platform.python_version()})")
+            return EXIT_OK
+    except ConfigError as err:
+        print(f"vgpud {args.command}: error: {err}", file=sys.stderr)
+        return EXIT_USAGE
+    parser.print_help(sys.stderr)
+    return EXIT_USAGE
+
+
+def _run(args: argparse.Namespace) -> int:
+    settings = settings_from(args)
+    _configure_logging(settings.log_level)
+    from vgpud.daemon import run_daemon  # imported late: `vgpud --help` stays fast
+
+    return run_daemon(settings)
+
+
+def _gpus(args: argparse.Namespace) -> int:
+    from vgpud.gpu import GpuInventoryError, open_inventory
+
+    source = gpu_source_from(args)
+    try:
+        gpus = open_inventory(source.backend, profile=source.profile,
+                              nvml_library=str(source.nvml_library) if source.nvml_library else None).gpus()
+    except GpuInventoryError as err:
+        print(f"vgpud gpus: error: {err}", file=sys.stderr)
+        return EXIT_FAILURE
+    if args.json:
+        print(json.dumps([gpu.to_dict() for gpu in gpus], indent=2))
+        return EXIT_OK
+    rows = [("INDEX", "MINOR", "UUID", "PRODUCT", "MEMORY", "CC", "PCI", "NUMA")]
+    rows += [(str(g.index), str(g.minor), g.uuid, g.product_name, f"{g.memory_total // 2**20} MiB",
+              g.compute_capability, g.pci_bus_id, "-" if g.numa_node is None else str(g.numa_node))
+             for g in gpus]
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    for row in rows:
+        print("  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip())
+    if gpus:
+        print(f"driver {gpus[0].driver_version}, CUDA {gpus[0].cuda_driver_version}, "
+              f"{len(gpus)} GPU(s) from {source.backend}")
+    else:
+        print(f"no GPUs found ({source.backend})")
+    return EXIT_OK
+
+
+def _health(args: argparse.Namespace) -> int:
+    import asyncio
+
+    from vgpud.health import check_remote
+
+    host, sep, port = args.address.rpartition(":")
+    if not sep or not port.isdigit():
+        raise ConfigError(f"--address {args.address!r} is not HOST:PORT")
+    status = asyncio.run(check_remote(host, int(port), args.service, args.timeout))
+    print(status)
+    return EXIT_OK if status == "SERVING" else EXIT_FAILURE
+
+
+def _configure_logging(level: str) -> None:
+    logging.basicConfig(
+        level=getattr(logging, level.upper()),
+        format="%(asctime)s %(levelname)-7s %(name)s: %(message)s",
+        stream=sys.stderr,
+    )

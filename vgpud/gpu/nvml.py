@@ -1,0 +1,180 @@
+"""The NVML backend: the node's GPUs through nvidia-ml-py (`pynvml`).
+
+pynvml keeps its library in module globals (`nvmlLib`, plus a cache of function pointers) and only
+ever loads "libnvidia-ml.so.1" by name. To load a library we name (a driver root's path, or the fake
+NVML in tests) and report exactly what failed to load, this module opens the library itself with
+ctypes and binds it into pynvml for the span of one read, under a lock. Every read is a whole NVML
+session (init, queries, shutdown), so repeated reads, even against different libraries in one
+process, do not interfere. All NVML use in vgpud goes through here. Calls block: run them in a thread.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import logging
+import threading
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, TypeVar
+
+import pynvml
+
+from .model import (
+    ADDRESSING_MODE_NAMES,
+    ARCHITECTURE_NAMES,
+    BRAND_NAMES,
+    GpuInfo,
+    GpuInventoryError,
+    cuda_version_string,
+    normalize_pci_bus_id,
+)
+
+DEFAULT_LIBRARY = "libnvidia-ml.so.1"
+SYSFS_PCI_DEVICES = Path("/sys/bus/pci/devices")  # NUMA fallback, as the Go reference reads it
+
+log = logging.getLogger(__name__)
+_session = threading.Lock()
+_T = TypeVar("_T")
+# An optional query that the driver lacks or the platform does not support yields None.
+_ABSENT = (pynvml.NVMLError_FunctionNotFound, pynvml.NVMLError_NotSupported)
+
+
+class NvmlInventory:
+    """GPUs as NVML reports them, read afresh on every `gpus()` call."""
+
+    backend = "nvml"
+
+    def __init__(self, library: str | None = None) -> None:
+        self.library = library or DEFAULT_LIBRARY
+        try:
+            self._lib = ctypes.CDLL(self.library)
+        except OSError as err:
+            raise GpuInventoryError(f"NVML library {self.library} could not be loaded: {err}") from err
+
+    def describe(self) -> str:
+        return f"NVML GPUs through {self.library}"
+
+    def gpus(self) -> list[GpuInfo]:
+        with _session:
+            _bind(self._lib)
+            self._call("nvmlInitWithFlags", pynvml.nvmlInit)
+            try:
+                driver = self._call("nvmlSystemGetDriverVersion", pynvml.nvmlSystemGetDriverVersion)
+                cuda = self._call("nvmlSystemGetCudaDriverVersion", pynvml.nvmlSystemGetCudaDriverVersion)
+                count = self._call("nvmlDeviceGetCount_v2", pynvml.nvmlDeviceGetCount)
+                return [self._gpu(index, _text(driver), cuda_version_string(cuda)) for index in range(count)]
+            finally:
+                try:
+                    pynvml.nvmlShutdown()
+                except pynvml.NVMLError as err:
+                    log.warning("nvmlShutdown through %s failed: %s", self.library, err)
+
+    def _gpu(self, index: int, driver_version: str, cuda_driver_version: str) -> GpuInfo:
+        handle = self._call("nvmlDeviceGetHandleByIndex_v2", pynvml.nvmlDeviceGetHandleByIndex, index)
+        where = f" for GPU {index}"
+
+        def query(symbol: str, fn: Callable[..., _T]) -> _T:
+            return self._call(symbol, fn, handle, where=where)
+
+        def optional(
+            symbol: str, fn: Callable[..., _T], absent: tuple[type[Exception], ...] = _ABSENT
+        ) -> _T | None:
+            return self._call(symbol, fn, handle, where=where, absent=absent)
+
+        minor = optional(
+            "nvmlDeviceGetMinorNumber", pynvml.nvmlDeviceGetMinorNumber, (pynvml.NVMLError_NotSupported,)
+        )
+        if minor is None:
+            log.warning("GPU %d has no minor number (WSL?): using its index, as the Go reference does", index)
+            minor = index
+        pci_bus_id = normalize_pci_bus_id(
+            _text(query("nvmlDeviceGetPciInfo_v3", pynvml.nvmlDeviceGetPciInfo_v3).busId)
+        )
+        numa_node = optional("nvmlDeviceGetNumaNodeId", pynvml.nvmlDeviceGetNumaNodeId)
+        if numa_node is None or numa_node < 0:
+            numa_node = _sysfs_numa_node(pci_bus_id)
+        addressing = optional("nvmlDeviceGetAddressingMode", pynvml.nvmlDeviceGetAddressingMode)
+        cc_major, cc_minor = query(
+            "nvmlDeviceGetCudaComputeCapability", pynvml.nvmlDeviceGetCudaComputeCapability
+        )
+        return GpuInfo(
+            uuid=_text(query("nvmlDeviceGetUUID", pynvml.nvmlDeviceGetUUID)),
+            index=index,
+            minor=minor,
+            product_name=_text(query("nvmlDeviceGetName", pynvml.nvmlDeviceGetName)),
+            brand=_named(BRAND_NAMES, query("nvmlDeviceGetBrand", pynvml.nvmlDeviceGetBrand), "brand", index),
+            architecture=_named(
+                ARCHITECTURE_NAMES,
+                query("nvmlDeviceGetArchitecture", pynvml.nvmlDeviceGetArchitecture),
+                "architecture",
+                index,
+            ),
+            memory_total=query("nvmlDeviceGetMemoryInfo", pynvml.nvmlDeviceGetMemoryInfo).total,
+            pci_bus_id=pci_bus_id,
+            numa_node=numa_node,
+            compute_capability=f"{cc_major}.{cc_minor}",
+            driver_version=driver_version,
+            cuda_driver_version=cuda_driver_version,
+            addressing_mode=None if addressing is None else _addressing_mode_name(addressing, index),
+        )
+
+    def _call(
+        self,
+        symbol: str,
+        fn: Callable[..., _T],
+        *args: Any,
+        where: str = "",
+        absent: tuple[type[Exception], ...] = (),
+    ) -> _T:
+        """Run one pynvml call. The `absent` errors (an optional query) give None; any other NVML error
+        becomes a GpuInventoryError naming the library and the NVML function."""
+        try:
+            return fn(*args)
+        except absent:
+            return None  # type: ignore[return-value]
+        except pynvml.NVMLError as err:
+            if isinstance(err, pynvml.NVMLError_FunctionNotFound):
+                why = f"has no {symbol} (not an NVML library, or a driver older than vgpud supports)"
+            else:
+                why = f"{symbol} failed{where}: {_error_string(err)} (NVML error {err.value})"
+            raise GpuInventoryError(f"NVML library {self.library} {why}") from err
+
+
+def _bind(lib: ctypes.CDLL) -> None:
+    """Make `lib` the library pynvml calls into (the function-pointer cache belongs to the old one)."""
+    with pynvml.libLoadLock:
+        if pynvml.nvmlLib is not lib:
+            pynvml.nvmlLib = lib
+            pynvml._nvmlGetFunctionPointer_cache.clear()
+
+
+def _error_string(err: pynvml.NVMLError) -> str:
+    """The library's own words for an error (nvmlErrorString), else pynvml's."""
+    try:
+        return _text(pynvml.nvmlErrorString(err.value))
+    except pynvml.NVMLError:
+        return str(err)
+
+
+def _text(value: str | bytes) -> str:
+    return value.decode(errors="replace") if isinstance(value, bytes) else value
+
+
+def _named(names: dict[int, str], value: int, what: str, index: int) -> str:
+    if value not in names:
+        log.warning("GPU %d reports an unknown %s (%d): publishing 'Unknown'", index, what, value)
+    return names.get(value, "Unknown")
+
+
+def _addressing_mode_name(mode: int, index: int) -> str | None:
+    if mode not in ADDRESSING_MODE_NAMES:
+        log.warning("GPU %d reports an unknown addressing mode (%d): leaving it out", index, mode)
+    return ADDRESSING_MODE_NAMES.get(mode)
+
+
+def _sysfs_numa_node(pci_bus_id: str) -> int | None:
+    try:
+        node = int((SYSFS_PCI_DEVICES / pci_bus_id / "numa_node").read_text().strip())
+    except (OSError, ValueError):
+        return None
+    return node if node >= 0 else None

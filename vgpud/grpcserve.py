@@ -1,0 +1,108 @@
+"""Serve grpclib handlers from a Trio task (DESIGN §2).
+
+grpclib is asyncio-only; vgpud runs every server inside the one `trio_asyncio.open_loop()` that wraps
+the supervisor. `serve` is one component session: it binds, reports ready, serves until cancelled,
+and on the way out closes in a shielded block with a bounded wait (on Python 3.12+ `wait_closed`
+blocks while a peer such as kubelet keeps its connection open) and removes its own socket file.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import stat
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import trio
+import trio_asyncio
+from grpclib.server import Server
+
+log = logging.getLogger("vgpud.grpc")
+
+CLOSE_TIMEOUT = 2.0
+
+
+class SocketPathError(OSError):
+    """Something that is not a socket sits where a socket must be bound."""
+
+
+@dataclass(frozen=True)
+class Bound:
+    """Where a server listens: a unix socket path, or a TCP host and the port actually bound."""
+
+    path: Path | None = None
+    host: str | None = None
+    port: int | None = None
+
+    def __str__(self) -> str:
+        return f"unix:{self.path}" if self.path is not None else f"{self.host}:{self.port}"
+
+
+def remove_stale_socket(path: Path) -> None:
+    """Remove a socket left by an earlier process; refuse to remove anything that is not a socket."""
+    try:
+        mode = path.lstat().st_mode
+    except FileNotFoundError:
+        return
+    if not stat.S_ISSOCK(mode):
+        raise SocketPathError(f"{path} exists and is not a socket; refusing to replace it")
+    path.unlink()
+    log.info("removed stale socket %s", path)
+
+
+def _unlink_if_ours(path: Path, inode: int | None) -> None:
+    """Unlink `path` only if it is still the socket we bound (a successor may have replaced it)."""
+    try:
+        st = path.lstat()
+    except FileNotFoundError:
+        return
+    if inode is None or st.st_ino == inode:
+        path.unlink()
+
+
+async def serve(
+    handlers: Sequence[Any],
+    *,
+    path: Path | None = None,
+    host: str | None = None,
+    port: int | None = None,
+    ready: Callable[[Bound], None] | None = None,
+    close_timeout: float = CLOSE_TIMEOUT,
+) -> None:
+    """Serve `handlers` on a unix socket `path` or on TCP `host:port` until cancelled.
+
+    Must run inside `trio_asyncio.open_loop()`; the grpclib `Server` is built here, inside it.
+    """
+    if (path is None) == (port is None):
+        raise ValueError("serve needs exactly one of path or port")
+    server = Server(list(handlers))
+    inode: int | None = None
+    if path is not None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        remove_stale_socket(path)
+        await trio_asyncio.aio_as_trio(server.start)(path=str(path))
+        inode = os.lstat(path).st_ino
+        bound = Bound(path=path)
+    else:
+        await trio_asyncio.aio_as_trio(server.start)(host=host, port=port)
+        sockname = server._server.sockets[0].getsockname()  # the real port when port=0
+        bound = Bound(host=sockname[0], port=sockname[1])
+    log.info("gRPC %s serving on %s", ", ".join(type(h).__name__ for h in handlers), bound)
+    try:
+        if ready is not None:
+            ready(bound)
+        await trio.sleep_forever()
+    finally:
+        with trio.CancelScope(shield=True):
+            server.close()
+            with trio.move_on_after(close_timeout) as waited:
+                await trio_asyncio.aio_as_trio(server.wait_closed)()
+            if waited.cancelled_caught:
+                log.warning("gRPC server on %s: peers still connected after %.1fs; closed anyway",
+                            bound, close_timeout)
+            if path is not None:
+                _unlink_if_ours(path, inode)
+            log.info("gRPC server on %s closed", bound)
