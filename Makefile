@@ -13,15 +13,15 @@ build: setup  ## C helpers (fake NVML, libvgpu) into build/
 	@for d in csrc/*/; do [ -f "$$d/Makefile" ] && $(MAKE) --no-print-directory -C "$$d" OUT=$(CURDIR)/build || exit 1; done
 
 test: build  ## every test tier that runs on this machine
-	@$(VENV)/bin/ruff check vgpud tests bench hack
+	@$(VENV)/bin/ruff check
 	@$(PY) -m pytest -q tests
 
 unit: build
 	@$(PY) -m pytest -q tests/unit
 
 lint: setup
-	@$(VENV)/bin/ruff check vgpud tests bench hack
-	@$(VENV)/bin/ruff format --check vgpud tests bench hack
+	@$(VENV)/bin/ruff check
+	@$(VENV)/bin/ruff format --check
 
 protos: setup  ## regenerate vgpud/_pb from protos/
 	@./hack/gen-protos.sh
