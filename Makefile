@@ -14,6 +14,7 @@ build: setup  ## C helpers (fake NVML, libvgpu) into build/
 
 test: build  ## every test tier that runs on this machine
 	@$(VENV)/bin/ruff check
+	@$(VENV)/bin/ruff format --check --quiet
 	@$(PY) -m pytest -q tests
 
 unit: build

@@ -26,8 +26,16 @@ def pool() -> descriptor_pool.DescriptorPool:
     files = sorted(str(p.relative_to(PROTOS)) for p in PROTOS.rglob("*.proto"))
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "set.pb"
-        argv = [sys.executable, "-m", "grpc_tools.protoc", f"-I{PROTOS}", f"-I{_grpc_tools_include()}",
-                "--include_imports", f"--descriptor_set_out={out}", *files]
+        argv = [
+            sys.executable,
+            "-m",
+            "grpc_tools.protoc",
+            f"-I{PROTOS}",
+            f"-I{_grpc_tools_include()}",
+            "--include_imports",
+            f"--descriptor_set_out={out}",
+            *files,
+        ]
         subprocess.run(argv, check=True, capture_output=True, text=True)
         fds = descriptor_pb2.FileDescriptorSet.FromString(out.read_bytes())
     result = descriptor_pool.DescriptorPool()

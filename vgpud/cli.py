@@ -45,7 +45,8 @@ def build_parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
 
     run = commands.add_parser(
-        "run", help="run the node daemon",
+        "run",
+        help="run the node daemon",
         description="Run the node daemon under its supervisor until SIGTERM or SIGINT. "
         "Development: `vgpud run --gpu-backend mock --gpu-profile a100-40gb-x2 --root-prefix /tmp/x "
         "--healthcheck-address 127.0.0.1` needs no GPU and no root.",
@@ -53,18 +54,24 @@ def build_parser() -> argparse.ArgumentParser:
     add_settings_arguments(run)
 
     gpus = commands.add_parser(
-        "gpus", help="list the GPUs this node would publish",
+        "gpus",
+        help="list the GPUs this node would publish",
         description="Discover the GPUs (NVML, or a mock profile) and print them.",
     )
     add_settings_arguments(gpus, GPU_SOURCE_DESTS)
     gpus.add_argument("--json", action="store_true", help="print JSON instead of a table")
 
     health = commands.add_parser(
-        "health", help="ask a running vgpud whether it is healthy",
+        "health",
+        help="ask a running vgpud whether it is healthy",
         description="Call the gRPC health service of a running vgpud; exit 0 when SERVING, 1 otherwise.",
     )
-    health.add_argument("--address", default="127.0.0.1:51515", metavar="HOST:PORT",
-                        help="the health service (default: 127.0.0.1:51515)")
+    health.add_argument(
+        "--address",
+        default="127.0.0.1:51515",
+        metavar="HOST:PORT",
+        help="the health service (default: 127.0.0.1:51515)",
+    )
     health.add_argument("--service", default="liveness", help="service name (default: liveness)")
     health.add_argument("--timeout", type=float, default=3.0, help="seconds (default: 3)")
 
@@ -105,8 +112,11 @@ def _gpus(args: argparse.Namespace) -> int:
 
     source = gpu_source_from(args)
     try:
-        gpus = open_inventory(source.backend, profile=source.profile,
-                              nvml_library=str(source.nvml_library) if source.nvml_library else None).gpus()
+        gpus = open_inventory(
+            source.backend,
+            profile=source.profile,
+            nvml_library=str(source.nvml_library) if source.nvml_library else None,
+        ).gpus()
     except GpuInventoryError as err:
         print(f"vgpud gpus: error: {err}", file=sys.stderr)
         return EXIT_FAILURE
@@ -114,15 +124,27 @@ def _gpus(args: argparse.Namespace) -> int:
         print(json.dumps([gpu.to_dict() for gpu in gpus], indent=2))
         return EXIT_OK
     rows = [("INDEX", "MINOR", "UUID", "PRODUCT", "MEMORY", "CC", "PCI", "NUMA")]
-    rows += [(str(g.index), str(g.minor), g.uuid, g.product_name, f"{g.memory_total // 2**20} MiB",
-              g.compute_capability, g.pci_bus_id, "-" if g.numa_node is None else str(g.numa_node))
-             for g in gpus]
+    rows += [
+        (
+            str(g.index),
+            str(g.minor),
+            g.uuid,
+            g.product_name,
+            f"{g.memory_total // 2**20} MiB",
+            g.compute_capability,
+            g.pci_bus_id,
+            "-" if g.numa_node is None else str(g.numa_node),
+        )
+        for g in gpus
+    ]
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
     for row in rows:
         print("  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip())
     if gpus:
-        print(f"driver {gpus[0].driver_version}, CUDA {gpus[0].cuda_driver_version}, "
-              f"{len(gpus)} GPU(s) from {source.backend}")
+        print(
+            f"driver {gpus[0].driver_version}, CUDA {gpus[0].cuda_driver_version}, "
+            f"{len(gpus)} GPU(s) from {source.backend}"
+        )
     else:
         print(f"no GPUs found ({source.backend})")
     return EXIT_OK

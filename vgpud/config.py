@@ -159,8 +159,9 @@ def _gpu_profile(raw: str) -> Path:
         return shipped_profiles()[raw]
     path = Path(raw)
     if not path.is_file():
-        raise ValueError(f"{raw!r} is neither a built-in profile ({', '.join(BUILTIN_PROFILES)}) "
-                         "nor a readable file")
+        raise ValueError(
+            f"{raw!r} is neither a built-in profile ({', '.join(BUILTIN_PROFILES)}) nor a readable file"
+        )
     return path.resolve()
 
 
@@ -184,55 +185,193 @@ class Option:
 
 
 OPTIONS: tuple[Option, ...] = (
-    Option("node_name", "--node-name", "NODE_NAME", _dns_subdomain, None,
-           "this node's name (default: the host name)"),
-    Option("driver_name", "--driver-name", "DRIVER_NAME", _dns_subdomain, DEFAULT_DRIVER_NAME,
-           "DRA driver name; must match the DeviceClass and ResourceSlices"),
-    Option("feature_gates", "--feature-gates", "FEATURE_GATES", parse_feature_gates, "",
-           "comma-separated Name=true|false: " + ", ".join(
-               f"{g.name} ({'on' if g.default else 'off'})" for g in GATES), "GATES"),
-    Option("manager_dir", "--host-manager-dir", "HOST_MANAGER_DIR", _absolute_path, "/etc/vgpu-manager",
-           "manager root on the host: claims, registry socket, library", "DIR", rebased=True),
-    Option("cdi_root", "--cdi-root", "CDI_ROOT", _absolute_path, "/var/run/cdi",
-           "where transient CDI specs are written", "DIR", rebased=True),
-    Option("nri_root", "--nri-root", "NRI_ROOT", _absolute_path, "/var/run/nri",
-           "directory of the runtime's nri.sock", "DIR", rebased=True),
-    Option("kubelet_registrar_dir", "--kubelet-registrar-dir", "KUBELET_REGISTRAR_DIR", _absolute_path,
-           "/var/lib/kubelet/plugins_registry", "kubelet plugin registration directory", "DIR",
-           rebased=True),
-    Option("kubelet_plugins_dir", "--kubelet-plugins-dir", "KUBELET_PLUGINS_DIR", _absolute_path,
-           "/var/lib/kubelet/plugins", "kubelet plugins directory (holds <driver>/dra.sock)", "DIR",
-           rebased=True),
-    Option("proc_root", "--proc-root", "HOST_PROC", _absolute_path, "/proc",
-           "the host's /proc (caller identity)", "DIR"),
-    Option("cgroup_driver", "--cgroup-driver", "CGROUP_DRIVER", _choice(*CGROUP_DRIVERS), "cgroupfs",
-           "the kubelet's cgroup driver: cgroupfs or systemd"),
-    Option("healthcheck_port", "--healthcheck-port", "HEALTHCHECK_PORT", _int_in(-1, 65535), "51515",
-           "TCP port of the gRPC health service ('' and 'liveness'); 0 = any free port, -1 = off",
-           "PORT"),
-    Option("healthcheck_address", "--healthcheck-address", "HEALTHCHECK_ADDRESS", _ip_address, "0.0.0.0",
-           "address the gRPC health service binds (the kubelet probe dials the node IP)", "ADDR"),
-    Option("nri_plugin_idx", "--nri-plugin-idx", "NRI_PLUGIN_IDX", _nri_idx, "00",
-           "NRI plugin index: two digits, the order among NRI plugins", "IDX"),
-    Option("device_cores_ratio", "--device-cores-ratio", "DEVICE_CORES_RATIO", _int_in(1, 10000), "100",
-           "percent of each GPU's compute offered as 'cores' capacity", "PCT"),
-    Option("device_memory_ratio", "--device-memory-ratio", "DEVICE_MEMORY_RATIO", _int_in(1, 10000),
-           "100", "percent of each GPU's memory offered as 'memory' capacity (>100 oversells)", "PCT"),
-    Option("gpu_backend", "--gpu-backend", "GPU_BACKEND", _choice(*GPU_BACKENDS), "nvml",
-           "where GPUs come from: nvml (real) or mock (a YAML profile)"),
-    Option("gpu_profile", "--gpu-profile", "GPU_PROFILE", _gpu_profile, None,
-           "mock GPU profile: a YAML file or a built-in name (" + ", ".join(BUILTIN_PROFILES) + ")",
-           "PROFILE"),
-    Option("nvml_library", "--nvml-library", "NVML_LIBRARY", _absolute_path, None,
-           "path of libnvidia-ml.so.1 (default: the dynamic loader's search)", "PATH"),
-    Option("shutdown_timeout", "--shutdown-timeout", "SHUTDOWN_TIMEOUT", _int_in(1, 300), "10",
-           "seconds every component gets to close on SIGTERM", "SECONDS"),
-    Option("log_level", "--log-level", "LOG_LEVEL", _choice(*LOG_LEVELS), "info",
-           "debug, info, warning or error"),
+    Option(
+        "node_name",
+        "--node-name",
+        "NODE_NAME",
+        _dns_subdomain,
+        None,
+        "this node's name (default: the host name)",
+    ),
+    Option(
+        "driver_name",
+        "--driver-name",
+        "DRIVER_NAME",
+        _dns_subdomain,
+        DEFAULT_DRIVER_NAME,
+        "DRA driver name; must match the DeviceClass and ResourceSlices",
+    ),
+    Option(
+        "feature_gates",
+        "--feature-gates",
+        "FEATURE_GATES",
+        parse_feature_gates,
+        "",
+        "comma-separated Name=true|false: "
+        + ", ".join(f"{g.name} ({'on' if g.default else 'off'})" for g in GATES),
+        "GATES",
+    ),
+    Option(
+        "manager_dir",
+        "--host-manager-dir",
+        "HOST_MANAGER_DIR",
+        _absolute_path,
+        "/etc/vgpu-manager",
+        "manager root on the host: claims, registry socket, library",
+        "DIR",
+        rebased=True,
+    ),
+    Option(
+        "cdi_root",
+        "--cdi-root",
+        "CDI_ROOT",
+        _absolute_path,
+        "/var/run/cdi",
+        "where transient CDI specs are written",
+        "DIR",
+        rebased=True,
+    ),
+    Option(
+        "nri_root",
+        "--nri-root",
+        "NRI_ROOT",
+        _absolute_path,
+        "/var/run/nri",
+        "directory of the runtime's nri.sock",
+        "DIR",
+        rebased=True,
+    ),
+    Option(
+        "kubelet_registrar_dir",
+        "--kubelet-registrar-dir",
+        "KUBELET_REGISTRAR_DIR",
+        _absolute_path,
+        "/var/lib/kubelet/plugins_registry",
+        "kubelet plugin registration directory",
+        "DIR",
+        rebased=True,
+    ),
+    Option(
+        "kubelet_plugins_dir",
+        "--kubelet-plugins-dir",
+        "KUBELET_PLUGINS_DIR",
+        _absolute_path,
+        "/var/lib/kubelet/plugins",
+        "kubelet plugins directory (holds <driver>/dra.sock)",
+        "DIR",
+        rebased=True,
+    ),
+    Option(
+        "proc_root",
+        "--proc-root",
+        "HOST_PROC",
+        _absolute_path,
+        "/proc",
+        "the host's /proc (caller identity)",
+        "DIR",
+    ),
+    Option(
+        "cgroup_driver",
+        "--cgroup-driver",
+        "CGROUP_DRIVER",
+        _choice(*CGROUP_DRIVERS),
+        "cgroupfs",
+        "the kubelet's cgroup driver: cgroupfs or systemd",
+    ),
+    Option(
+        "healthcheck_port",
+        "--healthcheck-port",
+        "HEALTHCHECK_PORT",
+        _int_in(-1, 65535),
+        "51515",
+        "TCP port of the gRPC health service ('' and 'liveness'); 0 = any free port, -1 = off",
+        "PORT",
+    ),
+    Option(
+        "healthcheck_address",
+        "--healthcheck-address",
+        "HEALTHCHECK_ADDRESS",
+        _ip_address,
+        "0.0.0.0",
+        "address the gRPC health service binds (the kubelet probe dials the node IP)",
+        "ADDR",
+    ),
+    Option(
+        "nri_plugin_idx",
+        "--nri-plugin-idx",
+        "NRI_PLUGIN_IDX",
+        _nri_idx,
+        "00",
+        "NRI plugin index: two digits, the order among NRI plugins",
+        "IDX",
+    ),
+    Option(
+        "device_cores_ratio",
+        "--device-cores-ratio",
+        "DEVICE_CORES_RATIO",
+        _int_in(1, 10000),
+        "100",
+        "percent of each GPU's compute offered as 'cores' capacity",
+        "PCT",
+    ),
+    Option(
+        "device_memory_ratio",
+        "--device-memory-ratio",
+        "DEVICE_MEMORY_RATIO",
+        _int_in(1, 10000),
+        "100",
+        "percent of each GPU's memory offered as 'memory' capacity (>100 oversells)",
+        "PCT",
+    ),
+    Option(
+        "gpu_backend",
+        "--gpu-backend",
+        "GPU_BACKEND",
+        _choice(*GPU_BACKENDS),
+        "nvml",
+        "where GPUs come from: nvml (real) or mock (a YAML profile)",
+    ),
+    Option(
+        "gpu_profile",
+        "--gpu-profile",
+        "GPU_PROFILE",
+        _gpu_profile,
+        None,
+        "mock GPU profile: a YAML file or a built-in name (" + ", ".join(BUILTIN_PROFILES) + ")",
+        "PROFILE",
+    ),
+    Option(
+        "nvml_library",
+        "--nvml-library",
+        "NVML_LIBRARY",
+        _absolute_path,
+        None,
+        "path of libnvidia-ml.so.1 (default: the dynamic loader's search)",
+        "PATH",
+    ),
+    Option(
+        "shutdown_timeout",
+        "--shutdown-timeout",
+        "SHUTDOWN_TIMEOUT",
+        _int_in(1, 300),
+        "10",
+        "seconds every component gets to close on SIGTERM",
+        "SECONDS",
+    ),
+    Option(
+        "log_level", "--log-level", "LOG_LEVEL", _choice(*LOG_LEVELS), "info", "debug, info, warning or error"
+    ),
 )
 
-_ROOT_PREFIX = Option("root_prefix", "--root-prefix", "VGPUD_ROOT_PREFIX", _absolute_path, None,
-                      "put every default host path under DIR (development and tests)", "DIR")
+_ROOT_PREFIX = Option(
+    "root_prefix",
+    "--root-prefix",
+    "VGPUD_ROOT_PREFIX",
+    _absolute_path,
+    None,
+    "put every default host path under DIR (development and tests)",
+    "DIR",
+)
 
 
 @dataclass(frozen=True)
@@ -294,8 +433,13 @@ def add_settings_arguments(parser: argparse.ArgumentParser, dests: tuple[str, ..
             continue
         env = f" [env {option.env}]" if option.env else ""
         default = f" (default: {option.default})" if option.default not in (None, "") else ""
-        parser.add_argument(option.flag, dest=option.dest, default=None, metavar=option.metavar,
-                            help=f"{option.help}{default}{env}")
+        parser.add_argument(
+            option.flag,
+            dest=option.dest,
+            default=None,
+            metavar=option.metavar,
+            help=f"{option.help}{default}{env}",
+        )
 
 
 def settings_from(args: argparse.Namespace, environ: Mapping[str, str] | None = None) -> Settings:
@@ -312,8 +456,9 @@ def settings_from(args: argparse.Namespace, environ: Mapping[str, str] | None = 
     return settings
 
 
-def _resolve(option: Option, args: argparse.Namespace, environ: Mapping[str, str],
-             prefix: Path | None) -> Any:
+def _resolve(
+    option: Option, args: argparse.Namespace, environ: Mapping[str, str], prefix: Path | None
+) -> Any:
     raw = getattr(args, option.dest, None)
     source = option.flag
     if raw is None and option.env and environ.get(option.env, "") != "":
@@ -353,8 +498,11 @@ def gpu_source_from(args: argparse.Namespace, environ: Mapping[str, str] | None 
 
 def _check_gpu_source(source: GpuSource) -> None:
     if source.backend == "mock" and source.profile is None:
-        raise ConfigError("--gpu-backend mock needs --gpu-profile (a YAML file or one of "
-                          + ", ".join(BUILTIN_PROFILES) + ")")
+        raise ConfigError(
+            "--gpu-backend mock needs --gpu-profile (a YAML file or one of "
+            + ", ".join(BUILTIN_PROFILES)
+            + ")"
+        )
     if source.backend == "nvml" and source.profile is not None:
         raise ConfigError("--gpu-profile is only used with --gpu-backend mock")
     if source.backend == "mock" and source.nvml_library is not None:
@@ -364,5 +512,7 @@ def _check_gpu_source(source: GpuSource) -> None:
 def _check_combinations(settings: Settings) -> None:
     _check_gpu_source(settings.gpu_source)
     if len(str(settings.dra_socket)) >= 108 or len(str(settings.registration_socket)) >= 108:
-        raise ConfigError(f"socket path {settings.dra_socket} or {settings.registration_socket} is "
-                          "longer than the 107 bytes a unix socket address holds")
+        raise ConfigError(
+            f"socket path {settings.dra_socket} or {settings.registration_socket} is "
+            "longer than the 107 bytes a unix socket address holds"
+        )

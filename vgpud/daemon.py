@@ -39,19 +39,33 @@ class Node:
 
 
 def run_daemon(settings: Settings) -> int:
-    log.info("vgpud %s starting on node %s (driver %s, gates %s)", __version__, settings.node_name,
-             settings.driver_name, settings.feature_gates)
+    log.info(
+        "vgpud %s starting on node %s (driver %s, gates %s)",
+        __version__,
+        settings.node_name,
+        settings.driver_name,
+        settings.feature_gates,
+    )
     source = settings.gpu_source
     try:
-        inventory = open_inventory(source.backend, profile=source.profile,
-                                   nvml_library=str(source.nvml_library) if source.nvml_library else None)
+        inventory = open_inventory(
+            source.backend,
+            profile=source.profile,
+            nvml_library=str(source.nvml_library) if source.nvml_library else None,
+        )
         gpus = inventory.gpus()
     except GpuInventoryError as err:
         log.error("GPU discovery failed: %s", err)
         return EXIT_FAILURE
     for gpu in gpus:
-        log.info("GPU %d: %s %s, %d MiB, minor %d", gpu.index, gpu.uuid, gpu.product_name,
-                 gpu.memory_total // 2**20, gpu.minor)
+        log.info(
+            "GPU %d: %s %s, %d MiB, minor %d",
+            gpu.index,
+            gpu.uuid,
+            gpu.product_name,
+            gpu.memory_total // 2**20,
+            gpu.minor,
+        )
     if not gpus:
         log.warning("no GPUs found (%s backend); nothing will be published", source.backend)
     trio.run(_main, settings, gpus)
@@ -79,11 +93,18 @@ def _start_components(node: Node) -> None:
     health_after = HealthAfter()
     if settings.healthcheck_port >= 0:
         node.supervisor.supervise(
-            "health", partial(_serve_health, node), restart, health_after,
+            "health",
+            partial(_serve_health, node),
+            restart,
+            health_after,
         )
 
 
 async def _serve_health(node: Node, ready: Ready) -> None:
     service = HealthService(node.supervisor.health)
-    await serve([service], host=node.settings.healthcheck_address, port=node.settings.healthcheck_port,
-                ready=lambda _bound: ready())
+    await serve(
+        [service],
+        host=node.settings.healthcheck_address,
+        port=node.settings.healthcheck_port,
+        ready=lambda _bound: ready(),
+    )

@@ -101,8 +101,11 @@ async def serve(
             with trio.move_on_after(close_timeout) as waited:
                 await trio_asyncio.aio_as_trio(server.wait_closed)()
             if waited.cancelled_caught:
-                log.warning("gRPC server on %s: peers still connected after %.1fs; closed anyway",
-                            bound, close_timeout)
+                log.warning(
+                    "gRPC server on %s: peers still connected after %.1fs; closed anyway",
+                    bound,
+                    close_timeout,
+                )
             if path is not None:
                 _unlink_if_ours(path, inode)
             log.info("gRPC server on %s closed", bound)

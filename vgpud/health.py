@@ -37,8 +37,13 @@ Probe = Callable[[], Awaitable[None]]
 
 
 class HealthService(HealthBase):
-    def __init__(self, registry: HealthRegistry, probes: Sequence[Probe] = (),
-                 *, watch_interval: float = WATCH_INTERVAL) -> None:
+    def __init__(
+        self,
+        registry: HealthRegistry,
+        probes: Sequence[Probe] = (),
+        *,
+        watch_interval: float = WATCH_INTERVAL,
+    ) -> None:
         self._registry = registry
         self._probes = tuple(probes)
         self._watch_interval = watch_interval

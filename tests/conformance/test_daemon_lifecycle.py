@@ -31,11 +31,30 @@ class Daemon:
     def __init__(self, root: Path, port: int) -> None:
         self.root, self.port = root, port
         self.log = root / "vgpud.log"
-        argv = [sys.executable, "-m", "vgpud", "run", "--gpu-backend", "mock", "--gpu-profile",
-                "a100-40gb-x2", "--root-prefix", str(root), "--node-name", "test-node",
-                "--healthcheck-address", "127.0.0.1", "--healthcheck-port", str(port)]
-        self.proc = subprocess.Popen(argv, stdout=self.log.open("w"), stderr=subprocess.STDOUT,
-                                     env={**os.environ, "PYTHONUNBUFFERED": "1"})
+        argv = [
+            sys.executable,
+            "-m",
+            "vgpud",
+            "run",
+            "--gpu-backend",
+            "mock",
+            "--gpu-profile",
+            "a100-40gb-x2",
+            "--root-prefix",
+            str(root),
+            "--node-name",
+            "test-node",
+            "--healthcheck-address",
+            "127.0.0.1",
+            "--healthcheck-port",
+            str(port),
+        ]
+        self.proc = subprocess.Popen(
+            argv,
+            stdout=self.log.open("w"),
+            stderr=subprocess.STDOUT,
+            env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        )
 
     def output(self) -> str:
         return self.log.read_text()
@@ -64,9 +83,11 @@ def _check(port: int, service: str) -> int:
     request_cls = message_class("grpc.health.v1.HealthCheckRequest")
     response_cls = message_class("grpc.health.v1.HealthCheckResponse")
     with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
-        call = channel.unary_unary("/grpc.health.v1.Health/Check",
-                                   request_serializer=request_cls.SerializeToString,
-                                   response_deserializer=response_cls.FromString)
+        call = channel.unary_unary(
+            "/grpc.health.v1.Health/Check",
+            request_serializer=request_cls.SerializeToString,
+            response_deserializer=response_cls.FromString,
+        )
         return call(request_cls(service=service), timeout=2).status
 
 
@@ -106,9 +127,24 @@ def test_sigint_also_stops_cleanly(daemon: Daemon) -> None:
 
 def test_gpu_discovery_failure_exits_1_with_reason(short_tmp: Path) -> None:
     missing = short_tmp / "libnvidia-ml.so.1"
-    result = subprocess.run([sys.executable, "-m", "vgpud", "run", "--root-prefix", str(short_tmp),
-                             "--nvml-library", str(missing), "--healthcheck-port", "-1"],
-                            capture_output=True, text=True, timeout=60, check=False)
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "vgpud",
+            "run",
+            "--root-prefix",
+            str(short_tmp),
+            "--nvml-library",
+            str(missing),
+            "--healthcheck-port",
+            "-1",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
     assert result.returncode == 1
     assert "GPU discovery failed" in result.stderr
     assert str(missing) in result.stderr

@@ -13,8 +13,14 @@ from tests.support import built
 
 
 def vgpud(*argv: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "vgpud", *argv], capture_output=True, text=True,
-                          timeout=60, env={**os.environ, **(env or {})}, check=False)
+    return subprocess.run(
+        [sys.executable, "-m", "vgpud", *argv],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, **(env or {})},
+        check=False,
+    )
 
 
 @pytest.mark.parametrize("argv", [["--help"], ["run", "--help"], ["gpus", "--help"], ["health", "--help"]])
@@ -26,8 +32,15 @@ def test_help_exits_zero_and_documents_options(argv: list[str]) -> None:
 
 def test_run_help_names_the_environment_variables() -> None:
     out = " ".join(vgpud("run", "--help").stdout.split())  # argparse wraps lines
-    for env in ("NODE_NAME", "FEATURE_GATES", "HOST_MANAGER_DIR", "CDI_ROOT", "NRI_ROOT", "CGROUP_DRIVER",
-                "HEALTHCHECK_PORT"):
+    for env in (
+        "NODE_NAME",
+        "FEATURE_GATES",
+        "HOST_MANAGER_DIR",
+        "CDI_ROOT",
+        "NRI_ROOT",
+        "CGROUP_DRIVER",
+        "HEALTHCHECK_PORT",
+    ):
         assert f"[env {env}]" in out
 
 
@@ -78,8 +91,13 @@ def test_gpus_json_mock_and_fake_nvml_agree() -> None:
     assert mock.returncode == 0, mock.stderr
     from vgpud.gpu.mock import PROFILES_DIR
 
-    nvml = vgpud("gpus", "--json", "--nvml-library", str(fake),
-                 env={"FAKE_NVML_PROFILE": str(PROFILES_DIR / "h100-80gb-x8.yaml")})
+    nvml = vgpud(
+        "gpus",
+        "--json",
+        "--nvml-library",
+        str(fake),
+        env={"FAKE_NVML_PROFILE": str(PROFILES_DIR / "h100-80gb-x8.yaml")},
+    )
     assert nvml.returncode == 0, nvml.stderr
     assert json.loads(nvml.stdout) == json.loads(mock.stdout)
     assert len(json.loads(mock.stdout)) == 8

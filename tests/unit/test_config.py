@@ -107,8 +107,11 @@ class TestFeatureGates:
     def test_defaults(self) -> None:
         gates = parse_feature_gates("")
         assert {g.name: gates.enabled(g.name) for g in GATES} == {
-            "VGPUSupport": True, "NVMLDeviceHealthCheck": True, "DevicePluginClientMode": False,
-            "NRISupport": False, "SharedSMUtilizationWatcher": False,
+            "VGPUSupport": True,
+            "NVMLDeviceHealthCheck": True,
+            "DevicePluginClientMode": False,
+            "NRISupport": False,
+            "SharedSMUtilizationWatcher": False,
         }
 
     def test_kubernetes_syntax_with_spaces_and_case(self) -> None:
@@ -116,7 +119,8 @@ class TestFeatureGates:
         assert gates.enabled("NRISupport") and gates.enabled("DevicePluginClientMode")
 
     @pytest.mark.parametrize(
-        "dependent", ["NRISupport", "DevicePluginClientMode", "SharedSMUtilizationWatcher"])
+        "dependent", ["NRISupport", "DevicePluginClientMode", "SharedSMUtilizationWatcher"]
+    )
     def test_each_dependent_gate_requires_vgpu_support(self, dependent: str) -> None:
         with pytest.raises(ConfigError, match=f"{dependent} requires VGPUSupport"):
             parse_feature_gates(f"VGPUSupport=false,{dependent}=true")
@@ -124,11 +128,14 @@ class TestFeatureGates:
     def test_vgpu_support_off_alone_is_allowed(self) -> None:
         assert not parse_feature_gates("VGPUSupport=false").enabled("VGPUSupport")
 
-    @pytest.mark.parametrize(("text", "fragment"), [
-        ("NRISuport=true", "unknown feature gate 'NRISuport'"),
-        ("NRISupport", "not of the form Name=true|false"),
-        ("=true", "not of the form"),
-    ])
+    @pytest.mark.parametrize(
+        ("text", "fragment"),
+        [
+            ("NRISuport=true", "unknown feature gate 'NRISuport'"),
+            ("NRISupport", "not of the form Name=true|false"),
+            ("=true", "not of the form"),
+        ],
+    )
     def test_malformed(self, text: str, fragment: str) -> None:
         with pytest.raises(ConfigError, match=fragment):
             parse_feature_gates(text)

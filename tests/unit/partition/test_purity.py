@@ -1,0 +1,93 @@
+"""The algorithm modules do no I/O: imported and run in a process where the filesystem and the
+network raise (DESIGN §3: `partition` is pure)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+
+from tests.support import REPO
+
+PURE_MODULES = ["model", "eager", "lazy", "assigner", "layout", "edits", "quantity"]
+
+SCRIPT = textwrap.dedent("""
+    import builtins, io, os, shutil, socket, subprocess, sys
+
+    # The top-level package reads its version from the installed metadata: that is the parent's
+    # business, imported first; everything under vgpud.partition is imported after the patch.
+    import vgpud
+    assert not [m for m in sys.modules if m.startswith("vgpud.")]
+
+    class IOAttempted(AssertionError):
+        pass
+
+    def forbidden(name):
+        def refuse(*args, **kwargs):
+            raise IOAttempted(f"{name} called with {args!r}")
+        return refuse
+
+    for module, names in [
+        (builtins, ["open"]), (io, ["open", "FileIO"]),
+        (os, ["open", "stat", "lstat", "fstat", "listdir", "scandir", "walk", "mkdir", "makedirs", "remove",
+              "unlink", "rmdir", "rename", "replace", "chmod", "symlink", "readlink", "system", "popen"]),
+        (shutil, ["rmtree", "copy", "move"]),
+        (socket, ["socket", "create_connection", "getaddrinfo", "socketpair"]),
+        (subprocess, ["Popen", "run"]),
+    ]:
+        for name in names:
+            setattr(module, name, forbidden(f"{module.__name__}.{name}"))
+    try:
+        open("/etc/hostname")
+    except IOAttempted:
+        pass
+    else:
+        raise SystemExit("the patch is not in effect")
+
+    import importlib
+    before = set(sys.modules)
+    for name in MODULES:
+        importlib.import_module(f"vgpud.partition.{name}")
+    from tests.unit.partition import objects as o
+    from vgpud.partition.assigner import ContainerContext, RegisterQuery, ResolveFacts
+    from vgpud.partition.eager import EagerAssigner
+    from vgpud.partition.edits import device_env
+    from vgpud.partition.layout import Layout
+    from vgpud.partition.lazy import LazyAssigner
+    from vgpud.partition.model import ClaimView, PodView
+
+    pod = PodView.from_dict(o.pod("trainer", o.POD1_UID, containers=[o.container("main", o.ref("gpu"))]))
+    claim_dict = o.claim(requests=[o.exactly("gpu")], results=[o.result("gpu")],
+                         reserved_for=[{"resource": "pods", "name": "trainer", "uid": o.POD1_UID}])
+    claim = ClaimView.from_dict(claim_dict, o.DRIVER)
+    layout = Layout("/etc/vgpu-manager")
+
+    eager = EagerAssigner(layout, driver=o.DRIVER, client_mode=True)  # the real uuid4 minting
+    prepared = eager.prepare(claim, [pod])
+    (register_uuid,) = prepared.record.register_uuids.values()
+    claim = ClaimView.from_dict({**claim_dict, "metadata": {**claim_dict["metadata"],
+                                 "annotations": dict(prepared.annotations)}}, o.DRIVER)
+    target = eager.resolve(RegisterQuery(register_uuid=register_uuid), ResolveFacts(claim=claim, pods=(pod,)))
+    assert eager.conflicts(prepared.record, claim, [pod]) == ()
+
+    lazy = LazyAssigner(layout, driver=o.DRIVER)
+    lazy.prepare(claim, [pod])
+    plan = lazy.inject(ContainerContext(claim.uid, pod.uid, pod.name, pod.namespace, "main"))
+    assert lazy.resolve(RegisterQuery(pod_uid=pod.uid, container="main"),
+                        ResolveFacts(cached_claim_uid=claim.uid, cache_synced=True)) == plan.target
+    device_env(0, "GPU-x", total_memory=1 << 34, consumed_capacity={"cores": "40", "memory": "4Gi"})
+
+    loaded = [m for m in set(sys.modules) - before
+              if m.startswith(("vgpud.partition.pidsfile", "trio", "kubernetes", "grpclib"))]
+    assert not loaded, loaded
+    print("pure", target.config_dir, plan.target.config_dir)
+""")
+
+
+def test_algorithm_modules_run_without_filesystem_or_network() -> None:
+    code = f"MODULES = {PURE_MODULES!r}\n{SCRIPT}"
+    done = subprocess.run(
+        [sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=60, check=False
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith("pure /etc/vgpu-manager/claims/"), done.stdout

@@ -1,0 +1,15 @@
+"""Partition assignment: which containers share one directory and one registration identity.
+
+Pure code (no I/O, no Trio) shared by the DRA plugin, the NRI plugin, the registry and the webhook:
+
+- `model`    claim and pod views parsed from resource.k8s.io/v1 and core/v1 dicts
+- `eager`    DRA-only mode: connected components, partition keys, register UUIDs (seed §5)
+- `lazy`     NRI mode: one directory per (claim, pod, container) (seed §12.2-§12.3)
+- `assigner` the `PartitionAssigner` interface both modes implement, and its result types
+- `layout`   every host path, container path and env name
+- `edits`    per-device env (limits) keyed by host NVML index
+- `quantity` Kubernetes quantity strings
+
+`pidsfile` is the one module here that touches the filesystem (the in-place pids.config reset). This
+package imports none of them eagerly, so importing one algorithm module pulls in no I/O code.
+"""
