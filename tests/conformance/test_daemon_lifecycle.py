@@ -28,10 +28,11 @@ def _free_port() -> int:
 
 
 class Daemon:
-    def __init__(self, root: Path, port: int) -> None:
+    def __init__(self, root: Path, port: int, prefix: tuple[str, ...] = ()) -> None:
         self.root, self.port = root, port
         self.log = root / "vgpud.log"
         argv = [
+            *prefix,
             sys.executable,
             "-m",
             "vgpud",
@@ -76,6 +77,7 @@ def daemon(short_tmp: Path) -> Iterator[Daemon]:
 
 
 SERVING = 1
+NOBODY = 65534
 
 
 def _check(port: int, service: str) -> int:
@@ -117,6 +119,23 @@ def test_health_serving_then_sigterm_exits_zero_without_sockets(daemon: Daemon) 
     assert [p for p in daemon.root.rglob("*") if p.is_socket()] == []
     with pytest.raises(grpc.RpcError):
         _check(daemon.port, "")
+
+
+def test_runs_unprivileged(short_tmp: Path) -> None:
+    """As the DaemonSet's dev mode promises: no root needed with mock GPUs and a temp root."""
+    prefix: tuple[str, ...] = ()
+    if os.geteuid() == 0:
+        os.chown(short_tmp, NOBODY, NOBODY)
+        prefix = ("setpriv", f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups")
+    d = Daemon(short_tmp, _free_port(), prefix)
+    try:
+        _wait_serving(d)
+        assert d.stop() == 0, d.output()
+    finally:
+        if d.proc.poll() is None:
+            d.proc.kill()
+            d.proc.wait()
+    assert [p for p in short_tmp.rglob("*") if p.is_socket()] == []
 
 
 def test_sigint_also_stops_cleanly(daemon: Daemon) -> None:
