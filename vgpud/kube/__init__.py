@@ -1,0 +1,23 @@
+"""Trio facade over the Kubernetes API: see `api` for the interface."""
+
+from vgpud.kube.api import (
+    RESOURCE_API,
+    Conflict,
+    JsonObject,
+    KubeApi,
+    KubeError,
+    NotFound,
+    WatchEvent,
+    WatchEventType,
+)
+
+__all__ = [
+    "RESOURCE_API",
+    "Conflict",
+    "JsonObject",
+    "KubeApi",
+    "KubeError",
+    "NotFound",
+    "WatchEvent",
+    "WatchEventType",
+]

@@ -1,0 +1,89 @@
+"""The Kubernetes API as vgpud uses it: a small Trio-native interface (DESIGN §2).
+
+Objects travel as plain dicts in the API server's own JSON shape (camelCase), never as client
+models, so a client-library upgrade cannot change what the rest of vgpud sees. Two implementations:
+`vgpud.kube.client.KubeClient` (the official client, blocking calls in threads) and
+`vgpud.kube.fake.FakeKube` (in memory, for fast unit tests and benches). Both raise the errors below.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Mapping
+from contextlib import AbstractAsyncContextManager
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import Any, Protocol
+
+JsonObject = dict[str, Any]
+
+#: resource.k8s.io version vgpud serves (Kubernetes >= 1.34)
+RESOURCE_API = "resource.k8s.io/v1"
+
+
+class KubeError(Exception):
+    """An API call failed; `status` is the HTTP status when the server answered (0 if it did not)."""
+
+    def __init__(self, message: str, status: int = 0) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+class NotFound(KubeError):
+    """404: the object does not exist."""
+
+
+class Conflict(KubeError):
+    """409: a create raced another writer, or a resourceVersion precondition failed."""
+
+
+class WatchEventType(StrEnum):
+    ADDED = "ADDED"
+    MODIFIED = "MODIFIED"
+    DELETED = "DELETED"
+
+
+@dataclass(frozen=True)
+class WatchEvent:
+    type: WatchEventType
+    object: JsonObject
+
+
+class KubeApi(Protocol):
+    """Every call is a Trio coroutine; none blocks the event loop."""
+
+    async def get_resource_claim(self, namespace: str, name: str) -> JsonObject:
+        """The claim (`resource.k8s.io/v1`); NotFound when it does not exist."""
+        ...
+
+    async def patch_resource_claim_annotations(
+        self, namespace: str, name: str, annotations: Mapping[str, str | None], *, uid: str
+    ) -> JsonObject:
+        """Merge-patch annotations (None removes one), only if the claim still has `uid`."""
+        ...
+
+    async def get_pod(self, namespace: str, name: str) -> JsonObject:
+        """NotFound when the pod does not exist."""
+        ...
+
+    async def get_node(self, name: str) -> JsonObject:
+        """NotFound when the node does not exist (slices are owned by it)."""
+        ...
+
+    async def list_resource_slices(self, *, driver: str, node_name: str) -> list[JsonObject]:
+        """This driver's slices on this node (field selectors spec.driver and spec.nodeName)."""
+        ...
+
+    async def apply_resource_slice(self, body: JsonObject, *, field_manager: str) -> JsonObject:
+        """Server-side apply of a whole slice (force), creating it when missing."""
+        ...
+
+    async def delete_resource_slice(self, name: str) -> None:
+        """Delete one slice; NotFound is not an error (the goal is its absence)."""
+        ...
+
+    def watch_resource_slices(
+        self, *, driver: str, node_name: str
+    ) -> AbstractAsyncContextManager[AsyncIterator[WatchEvent]]:
+        """Changes to this driver's slices on this node from now on; ends (or raises KubeError) when
+        the watch breaks, and the caller lists again and re-watches."""
+        ...
