@@ -350,6 +350,24 @@ OPTIONS: tuple[Option, ...] = (
         "PATH",
     ),
     Option(
+        "kubeconfig",
+        "--kubeconfig",
+        "KUBECONFIG",
+        _absolute_path,
+        None,
+        "kubeconfig file (default: the in-cluster service account)",
+        "FILE",
+    ),
+    Option(
+        "library_source",
+        "--library-source",
+        "LIBRARY_SOURCE",
+        _absolute_path,
+        None,
+        "libvgpu-control.so to install into the manager root (default: none installed)",
+        "FILE",
+    ),
+    Option(
         "shutdown_timeout",
         "--shutdown-timeout",
         "SHUTDOWN_TIMEOUT",
@@ -396,6 +414,8 @@ class Settings:
     gpu_backend: str
     gpu_profile: Path | None
     nvml_library: Path | None
+    kubeconfig: Path | None
+    library_source: Path | None
     shutdown_timeout: int
     log_level: str
     root_prefix: Path | None = field(default=None)

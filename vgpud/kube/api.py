@@ -33,7 +33,8 @@ class NotFound(KubeError):
 
 
 class Conflict(KubeError):
-    """409: a create raced another writer, or a resourceVersion precondition failed."""
+    """409: a create raced another writer, or a resourceVersion precondition failed; also a uid
+    precondition that failed (the API server answers that one with 422 on metadata.uid)."""
 
 
 class WatchEventType(StrEnum):

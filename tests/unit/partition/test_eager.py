@@ -10,7 +10,7 @@ from pathlib import PurePosixPath
 
 import pytest
 
-from tests.unit.partition import objects as o
+from tests import objects as o
 from vgpud.partition.assigner import (
     Candidate,
     PartitionRecord,

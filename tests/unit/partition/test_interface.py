@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from tests.unit.partition import objects as o
+from tests import objects as o
 from tests.unit.partition.runtime import ContainerView, resolve_facts, start_container
 from vgpud.partition.assigner import Candidate, ClaimRefused, Mode, PartitionAssigner, PrepareResult
 from vgpud.partition.eager import EagerAssigner

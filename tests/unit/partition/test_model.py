@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from tests.unit.partition import objects as o
+from tests import objects as o
 from vgpud.partition.model import (
     AllocatedDevice,
     ClaimView,

@@ -10,7 +10,7 @@ from typing import Any
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tests.unit.partition import objects as o
+from tests import objects as o
 from vgpud.partition.eager import PartitionInfo, resolve_partitions
 from vgpud.partition.layout import Layout
 from vgpud.partition.model import ClaimView, PodView, claim_consumers

@@ -48,7 +48,7 @@ SCRIPT = textwrap.dedent("""
     before = set(sys.modules)
     for name in MODULES:
         importlib.import_module(f"vgpud.partition.{name}")
-    from tests.unit.partition import objects as o
+    from tests import objects as o
     from vgpud.partition.assigner import ContainerContext, RegisterQuery, ResolveFacts
     from vgpud.partition.eager import EagerAssigner
     from vgpud.partition.edits import device_env

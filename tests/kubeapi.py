@@ -1,0 +1,351 @@
+"""A real etcd + kube-apiserver for tests, bound to 127.0.0.1 only, everything under one directory.
+
+The binaries come from `hack/install-kube.sh` (the test command runs it), which writes
+`${VGPUD_CACHE:-~/.cache/vgpud}/kube.env`. `start_apiserver(workdir)` starts both and returns once
+`/readyz` answers ok; `ApiServer.stop()` stops both by PID. The session fixture `kube_apiserver` shares
+one server across a test session: tests isolate themselves by namespace or object names.
+
+The control plane is deliberately minimal: no controller-manager (so no namespace deletion finalizer, no
+garbage collection, no service-account token controller: the ServiceAccount admission plugin is off, so
+pods need no `default` service account), no scheduler, and the `kubernetes` Service gets no endpoints
+(`--endpoint-reconciler-type=none`, loopback addresses are invalid endpoints). The admin token is in
+group system:masters; authorization is Node,RBAC as on a real cluster.
+"""
+
+from __future__ import annotations
+
+import base64
+import ctypes
+import json
+import os
+import secrets
+import shutil
+import signal
+import socket
+import ssl
+import subprocess
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from tests.support import require
+
+INSTALL_HINT = "run hack/install-kube.sh (the test command does it)"
+READY_TIMEOUT_S = 120.0
+STOP_TIMEOUT_S = 15.0
+LOG_TAIL_LINES = 40
+
+
+def cache_dir() -> Path:
+    """The machine-wide cache hack/install-kube.sh installs into."""
+    return Path(os.environ.get("VGPUD_CACHE") or Path.home() / ".cache" / "vgpud")
+
+
+def kube_env() -> dict[str, str]:
+    """`<cache>/kube.env` as a dict (KUBE_VERSION, KUBE_BIN_DIR, ETCD_BIN, ETCD_VERSION); {} if absent."""
+    try:
+        text = (cache_dir() / "kube.env").read_text()
+    except OSError:
+        return {}
+    pairs = (line.split("=", 1) for line in text.splitlines() if "=" in line)
+    return {key.strip(): value.strip() for key, value in pairs}
+
+
+def binary(name: str) -> Path | None:
+    """Path of `etcd`, `kube-apiserver`, `kube-scheduler` or `kubelet` as installed; None if absent."""
+    env = kube_env()
+    if name == "etcd":
+        path = Path(env["ETCD_BIN"]) if "ETCD_BIN" in env else None
+    else:
+        path = Path(env["KUBE_BIN_DIR"]) / name if "KUBE_BIN_DIR" in env else None
+    return path if path is not None and os.access(path, os.X_OK) else None
+
+
+def apiserver_available() -> bool:
+    """True when etcd and kube-apiserver are installed (after hack/install-kube.sh)."""
+    return binary("etcd") is not None and binary("kube-apiserver") is not None
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 free right now (the kernel's pick)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def log_tail(path: Path, lines: int = LOG_TAIL_LINES) -> str:
+    """The last `lines` lines of a log file, for error messages."""
+    try:
+        text = path.read_text(errors="replace")
+    except OSError as exc:
+        return f"<{path}: {exc}>"
+    return "\n".join(text.splitlines()[-lines:])
+
+
+def _die_with_parent() -> None:
+    """In the child before exec: get SIGTERM if the test process dies, so no server outlives it."""
+    pr_set_pdeathsig = 1
+    ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, signal.SIGTERM)
+
+
+@dataclass
+class ApiServer:
+    """A running etcd + kube-apiserver pair."""
+
+    kubeconfig: Path
+    url: str
+    token: str
+    logs: dict[str, Path]
+    ca_file: Path
+    workdir: Path
+    etcd_url: str
+    procs: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict, repr=False)
+
+    def ssl_context(self) -> ssl.SSLContext:
+        """A client TLS context that trusts this server's self-signed serving certificate."""
+        return ssl.create_default_context(cafile=str(self.ca_file))
+
+    def stop(self) -> None:
+        """Stop kube-apiserver, then etcd, by PID: SIGTERM, wait, SIGKILL. Idempotent."""
+        for name in ("kube-apiserver", "etcd"):
+            proc = self.procs.pop(name, None)
+            if proc is not None:
+                _stop(proc)
+
+
+def _stop(proc: subprocess.Popen[bytes]) -> None:
+    if proc.poll() is not None:
+        return
+    proc.terminate()
+    try:
+        proc.wait(STOP_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+
+
+def _spawn(argv: list[str], log: Path, cwd: Path) -> subprocess.Popen[bytes]:
+    with log.open("ab") as out:
+        return subprocess.Popen(
+            argv,
+            stdin=subprocess.DEVNULL,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            cwd=cwd,
+            preexec_fn=_die_with_parent,  # noqa: PLW1509 - only prctl, no locks taken
+        )
+
+
+def _write_sa_key(path: Path) -> None:
+    """An RSA key that signs and verifies service-account tokens."""
+    subprocess.run(
+        ["openssl", "genpkey", "-algorithm", "RSA", "-pkeyopt", "rsa_keygen_bits:2048", "-out", str(path)],
+        check=True,
+        capture_output=True,
+    )
+
+
+def _etcd_argv(etcd: Path, workdir: Path, client_port: int, peer_port: int) -> list[str]:
+    client = f"http://127.0.0.1:{client_port}"
+    peer = f"http://127.0.0.1:{peer_port}"
+    return [
+        str(etcd),
+        "--name=vgpud-test",
+        f"--data-dir={workdir / 'etcd-data'}",
+        f"--listen-client-urls={client}",
+        f"--advertise-client-urls={client}",
+        f"--listen-peer-urls={peer}",
+        f"--initial-advertise-peer-urls={peer}",
+        f"--initial-cluster=vgpud-test={peer}",
+        "--initial-cluster-state=new",
+        "--unsafe-no-fsync",  # throwaway data: skip fsync, much faster on a VM disk
+        "--log-level=warn",
+    ]
+
+
+def _apiserver_argv(apiserver: Path, workdir: Path, etcd_url: str, port: int) -> list[str]:
+    sa_key = workdir / "sa.key"
+    return [
+        str(apiserver),
+        f"--etcd-servers={etcd_url}",
+        "--bind-address=127.0.0.1",
+        "--advertise-address=127.0.0.1",
+        f"--secure-port={port}",
+        f"--cert-dir={workdir / 'certs'}",
+        f"--token-auth-file={workdir / 'tokens.csv'}",
+        "--authorization-mode=Node,RBAC",
+        f"--service-account-key-file={sa_key}",
+        f"--service-account-signing-key-file={sa_key}",
+        "--service-account-issuer=https://kubernetes.default.svc.cluster.local",
+        "--service-cluster-ip-range=10.0.0.0/24",
+        "--endpoint-reconciler-type=none",
+        "--disable-admission-plugins=ServiceAccount",
+        "--allow-privileged=true",
+        "--runtime-config=resource.k8s.io/v1=true",
+        "--feature-gates=DRAConsumableCapacity=true",
+        "--profiling=false",
+        "--v=1",
+    ]
+
+
+def _kubeconfig(url: str, ca_pem: bytes, token: str) -> dict[str, object]:
+    return {
+        "apiVersion": "v1",
+        "kind": "Config",
+        "clusters": [
+            {
+                "name": "vgpud-test",
+                "cluster": {
+                    "server": url,
+                    "certificate-authority-data": base64.b64encode(ca_pem).decode(),
+                },
+            }
+        ],
+        "users": [{"name": "admin", "user": {"token": token}}],
+        "contexts": [{"name": "vgpud-test", "context": {"cluster": "vgpud-test", "user": "admin"}}],
+        "current-context": "vgpud-test",
+    }
+
+
+class StartError(RuntimeError):
+    """etcd or kube-apiserver did not come up; the message carries both logs' tails."""
+
+
+def _start_error(what: str, server: ApiServer) -> StartError:
+    tails = "\n".join(
+        f"--- {name} log ({path}), last lines:\n{log_tail(path)}" for name, path in server.logs.items()
+    )
+    return StartError(f"{what}\n{tails}")
+
+
+def _wait_ready(server: ApiServer, deadline: float) -> None:
+    request = urllib.request.Request(
+        f"{server.url}/readyz", headers={"Authorization": f"Bearer {server.token}"}
+    )
+    last = "no answer yet"
+    context: ssl.SSLContext | None = None
+    while time.monotonic() < deadline:
+        for name, proc in server.procs.items():
+            if proc.poll() is not None:
+                raise _start_error(f"{name} exited with status {proc.returncode} during startup", server)
+        if context is None and server.ca_file.exists():
+            context = server.ssl_context()
+        if context is not None:
+            try:
+                with urllib.request.urlopen(request, timeout=5, context=context) as response:
+                    if response.status == 200:
+                        return
+                    last = f"HTTP {response.status}"
+            except urllib.error.HTTPError as exc:
+                last = f"HTTP {exc.code}: {exc.read(2000).decode(errors='replace')}"
+            except (OSError, ssl.SSLError) as exc:
+                last = repr(exc)
+        time.sleep(0.2)
+    raise _start_error(f"kube-apiserver not ready at {server.url}/readyz in time; last: {last}", server)
+
+
+def start_apiserver(workdir: Path, timeout_s: float = READY_TIMEOUT_S) -> ApiServer:
+    """Start etcd and kube-apiserver with all state under `workdir`; return once /readyz is ok.
+
+    Raises StartError (with the tail of both logs) if either exits or /readyz is not ok in `timeout_s`.
+    """
+    etcd, apiserver = binary("etcd"), binary("kube-apiserver")
+    if etcd is None or apiserver is None:
+        raise FileNotFoundError(f"etcd or kube-apiserver is not installed: {INSTALL_HINT}")
+    workdir.mkdir(parents=True, exist_ok=True)
+    deadline = time.monotonic() + timeout_s
+    token = secrets.token_hex(16)
+    (workdir / "tokens.csv").write_text(f'{token},admin,admin-uid,"system:masters"\n')
+    (workdir / "tokens.csv").chmod(0o600)
+    _write_sa_key(workdir / "sa.key")
+
+    etcd_url = f"http://127.0.0.1:{free_port()}"
+    port = free_port()
+    server = ApiServer(
+        kubeconfig=workdir / "kubeconfig",
+        url=f"https://127.0.0.1:{port}",
+        token=token,
+        logs={"etcd": workdir / "etcd.log", "kube-apiserver": workdir / "kube-apiserver.log"},
+        ca_file=workdir / "certs" / "apiserver.crt",
+        workdir=workdir,
+        etcd_url=etcd_url,
+    )
+    try:
+        client_port = int(etcd_url.rsplit(":", 1)[1])
+        server.procs["etcd"] = _spawn(
+            _etcd_argv(etcd, workdir, client_port, free_port()), server.logs["etcd"], workdir
+        )
+        server.procs["kube-apiserver"] = _spawn(
+            _apiserver_argv(apiserver, workdir, etcd_url, port), server.logs["kube-apiserver"], workdir
+        )
+        _wait_ready(server, deadline)
+        # The self-signed bundle holds the serving certificate and the CA that signed it.
+        server.kubeconfig.write_text(
+            yaml.safe_dump(_kubeconfig(server.url, server.ca_file.read_bytes(), token))
+        )
+        server.kubeconfig.chmod(0o600)
+    except BaseException:
+        server.stop()
+        raise
+    return server
+
+
+def api_request(
+    server: ApiServer,
+    method: str,
+    path: str,
+    body: object | None = None,
+    content_type: str = "application/json",
+) -> dict[str, Any]:
+    """One authenticated JSON request to the API server; raises urllib.error.HTTPError on 4xx/5xx."""
+    data = None
+    if body is not None:
+        data = body.encode() if isinstance(body, str) else json.dumps(body).encode()
+    request = urllib.request.Request(
+        f"{server.url}{path}",
+        data=data,
+        method=method,
+        headers={
+            "Authorization": f"Bearer {server.token}",
+            "Accept": "application/json",
+            "Content-Type": content_type,
+        },
+    )
+    with urllib.request.urlopen(request, timeout=30, context=server.ssl_context()) as response:
+        return json.loads(response.read() or b"{}")
+
+
+@pytest.fixture(scope="session")
+def kube_apiserver() -> Iterator[ApiServer]:
+    """One real etcd + kube-apiserver for the test session (skip locally, fail under CI, if not installed)."""
+    require(apiserver_available(), "etcd and kube-apiserver", INSTALL_HINT)
+    workdir = Path(tempfile.mkdtemp(prefix="vgk", dir="/tmp"))
+    server = start_apiserver(workdir)
+    try:
+        yield server
+    finally:
+        server.stop()
+        if os.environ.get("VGPUD_KEEP_KUBE"):
+            print(f"kube_apiserver: kept {workdir}")
+        else:
+            shutil.rmtree(workdir, ignore_errors=True)
+
+
+__all__ = [
+    "ApiServer",
+    "StartError",
+    "api_request",
+    "apiserver_available",
+    "binary",
+    "kube_apiserver",
+    "kube_env",
+    "start_apiserver",
+]

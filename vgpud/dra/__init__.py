@@ -1,0 +1,1 @@
+"""The DRA kubelet plugin: registration, node service, checkpoint, CDI specs and ResourceSlices."""

@@ -1,0 +1,408 @@
+"""Prepare and Unprepare of vGPU claims: the state machine behind the DRA node service.
+
+Per claim (vgpu-manager-contracts.md "Prepare"): read the claim from the API (its UID must match and it
+must be allocated), then under the node-wide lock: PrepareCompleted -> the recorded devices; refuse
+devices already prepared for another claim; PrepareStarted -> roll back first; record PrepareStarted;
+create the claim's directories, annotations and CDI spec; record PrepareCompleted. A failure after
+PrepareStarted rolls back at once, so a refused claim leaves nothing behind; a crash leaves
+PrepareStarted, which the next Prepare or the periodic cleanup rolls back.
+
+Every per-claim failure is a message in that claim's reply entry, never a whole-call error.
+"""
+
+from __future__ import annotations
+
+import logging
+import shutil
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import trio
+
+from vgpud.dra.cdi import remove_spec, write_spec
+from vgpud.dra.checkpoint import (
+    Checkpoint,
+    CheckpointError,
+    CheckpointStore,
+    ClaimEntry,
+    PreparedDevice,
+    PrepareState,
+)
+from vgpud.dra.claimedits import NodeFacts, PrepareError, build_claim_spec, gpu_for
+from vgpud.dra.nodelock import NodeLockTimeout, node_lock
+from vgpud.kube import KubeApi, KubeError, NotFound
+from vgpud.observe.recorder import HookCall, Outcome, Recorder, TimedCall
+from vgpud.partition.assigner import Mode, PartitionAssigner, PartitionError, PrepareResult
+from vgpud.partition.model import ClaimView, ModelError, PodView, parse_claim, parse_pod
+from vgpud.partition.pidsfile import PidsFileError, reset_pids_file
+
+log = logging.getLogger("vgpud.dra")
+
+NODE_LOCK_TIMEOUT = 10.0
+CLEANUP_INTERVAL = 600.0
+
+
+@dataclass(frozen=True)
+class ClaimRef:
+    """A claim as the kubelet names it in NodePrepare/NodeUnprepareResources."""
+
+    namespace: str
+    uid: str
+    name: str
+
+
+@dataclass(frozen=True)
+class PrepareOutcome:
+    devices: tuple[PreparedDevice, ...] = ()
+    error: str = ""
+
+
+class DraDriver:
+    """One per `vgpud run`; `prepare`/`unprepare` are called by the v1 and v1beta1 services alike."""
+
+    def __init__(
+        self,
+        *,
+        kube: KubeApi,
+        assigner: PartitionAssigner,
+        facts: NodeFacts,
+        store: CheckpointStore,
+        cdi_root: Path,
+        lock_path: Path,
+        recorder: Recorder,
+        lock_timeout: float = NODE_LOCK_TIMEOUT,
+    ) -> None:
+        self._kube = kube
+        self._assigner = assigner
+        self._facts = facts
+        self._store = store
+        self._cdi_root = cdi_root
+        self._lock_path = lock_path
+        self._recorder = recorder
+        self._lock_timeout = lock_timeout
+        self._vgpu_claims: frozenset[str] = frozenset()
+
+    @property
+    def driver(self) -> str:
+        return self._facts.driver
+
+    def is_vgpu_claim_prepared(self, claim_uid: str) -> bool:
+        """The NRI plugin's anti-spoof check: is this a vGPU claim that this node has prepared?"""
+        return claim_uid in self._vgpu_claims
+
+    async def load(self) -> Checkpoint:
+        """Read the checkpoint at start (a corrupt one is quarantined by the store) and index it."""
+        checkpoint = await self._load()
+        self._index(checkpoint)
+        log.info(
+            "checkpoint: %d claims (%d prepared vGPU claims)", len(checkpoint.claims), len(self._vgpu_claims)
+        )
+        return checkpoint
+
+    # ---------------------------------------------------------------------------------------------
+    # Prepare
+
+    async def prepare(self, claims: Sequence[ClaimRef]) -> dict[str, PrepareOutcome]:
+        outcomes: dict[str, PrepareOutcome] = {}
+        fetched: list[tuple[ClaimRef, ClaimView, list[PodView]]] = []
+        for ref in claims:  # API reads before the lock, as the Go helper does
+            try:
+                fetched.append((ref, *await self._read_claim(ref)))
+            except PrepareError as err:
+                outcomes[ref.uid] = self._failed("Prepare", ref, err)
+        if fetched:
+            try:
+                async with node_lock(self._lock_path, timeout=self._lock_timeout):
+                    await self._prepare_locked(fetched, outcomes)
+            except (NodeLockTimeout, CheckpointError) as err:
+                for ref, _, _ in fetched:
+                    if ref.uid not in outcomes:
+                        outcomes[ref.uid] = self._failed("Prepare", ref, PrepareError(_state_error(err)))
+        return outcomes
+
+    async def _prepare_locked(
+        self, fetched: list[tuple[ClaimRef, ClaimView, list[PodView]]], outcomes: dict[str, PrepareOutcome]
+    ) -> None:
+        """Two checkpoint writes per call, not per claim: every claim to prepare is marked
+        PrepareStarted before any side effect, and the results are recorded together at the end."""
+        checkpoint = await self._load()
+        todo = []
+        for ref, claim, pods in fetched:
+            entry = checkpoint.claims.get(ref.uid)
+            if entry is not None and entry.state is PrepareState.COMPLETED:
+                with self._timed("Prepare", ref):
+                    outcomes[ref.uid] = PrepareOutcome(devices=entry.prepared_devices)
+                continue
+            try:
+                self._check_devices(claim, checkpoint)
+            except PrepareError as err:
+                outcomes[ref.uid] = self._failed("Prepare", ref, err)
+                continue
+            if entry is not None:
+                log.warning("claim %s/%s: rolling back an interrupted Prepare", ref.namespace, ref.name)
+                await self._remove_artifacts(ref.uid)
+            started = ClaimEntry(
+                state=PrepareState.STARTED,
+                name=claim.name,
+                namespace=claim.namespace,
+                vgpu=bool(claim.devices),
+            )
+            checkpoint = checkpoint.with_claim(ref.uid, started)
+            todo.append((ref, claim, pods))
+        if not todo:
+            return
+        # A cancellation (the kubelet's deadline) from here on leaves PrepareStarted entries: the next
+        # Prepare or the periodic cleanup rolls them back.
+        checkpoint = await self._save(checkpoint)
+        for ref, claim, pods in todo:
+            with self._timed("Prepare", ref) as call:
+                try:
+                    completed = await self._materialize(claim, pods)
+                except (PrepareError, PartitionError, PidsFileError, OSError, KubeError, ValueError) as err:
+                    await self._remove_artifacts(ref.uid)
+                    checkpoint = checkpoint.without_claim(ref.uid)
+                    message = f"claim {ref.namespace}/{ref.name}: {err}"
+                    call.outcome, call.detail = Outcome.ERROR, message
+                    log.warning("%s", message)
+                    outcomes[ref.uid] = PrepareOutcome(error=message)
+                    continue
+                checkpoint = checkpoint.with_claim(ref.uid, completed)
+                outcomes[ref.uid] = PrepareOutcome(devices=completed.prepared_devices)
+        await self._save(checkpoint)
+
+    async def _materialize(self, claim: ClaimView, pods: list[PodView]) -> ClaimEntry:
+        """The side effects of one Prepare: directories, claim annotations, the CDI spec."""
+        result = self._assigner.prepare(claim, pods)
+        spec, devices = build_claim_spec(self._facts, claim, result)
+        await trio.to_thread.run_sync(self._create_directories, result)
+        if result.annotations:
+            await self._kube.patch_resource_claim_annotations(
+                claim.namespace, claim.name, dict(result.annotations), uid=claim.uid
+            )
+        await trio.to_thread.run_sync(write_spec, self._cdi_root, self.driver, claim.uid, spec)
+        log.info(
+            "claim %s/%s (%s) prepared: %s",
+            claim.namespace,
+            claim.name,
+            claim.uid,
+            ", ".join(f"{d.device}/{d.share_id or '-'}" for d in devices) or "no vGPU devices",
+        )
+        return ClaimEntry(
+            state=PrepareState.COMPLETED,
+            name=claim.name,
+            namespace=claim.namespace,
+            prepared_devices=devices,
+            partition=result.record.to_dict(),
+            vgpu=bool(devices),
+        )
+
+    async def _read_claim(self, ref: ClaimRef) -> tuple[ClaimView, list[PodView]]:
+        if not (ref.namespace and ref.name and ref.uid):
+            raise PrepareError(f"claim reference {ref} lacks a namespace, name or UID")
+        try:
+            obj = await self._kube.get_resource_claim(ref.namespace, ref.name)
+        except NotFound:
+            raise PrepareError(f"claim {ref.namespace}/{ref.name} not found") from None
+        except KubeError as err:
+            raise PrepareError(f"claim {ref.namespace}/{ref.name}: API error: {err}") from None
+        uid = obj.get("metadata", {}).get("uid")
+        if uid != ref.uid:
+            raise PrepareError(
+                f"claim {ref.namespace}/{ref.name} has UID {uid}, not {ref.uid} "
+                "(it was deleted and re-created)"
+            )
+        try:
+            claim = parse_claim(obj, self.driver)
+        except ModelError as err:
+            raise PrepareError(str(err)) from None
+        if not claim.allocated:
+            raise PrepareError(f"claim {ref.namespace}/{ref.name} is not allocated")
+        pods = await self._reserved_pods(claim) if self._assigner.mode is Mode.EAGER else []
+        return claim, pods
+
+    async def _reserved_pods(self, claim: ClaimView) -> list[PodView]:
+        """The pods the claim is reserved for that still exist with the reserved UID (eager only)."""
+        pods = []
+        for reserved in claim.reserved_for:
+            try:
+                obj = await self._kube.get_pod(claim.namespace, reserved.name)
+            except NotFound:
+                continue
+            except KubeError as err:
+                raise PrepareError(f"pod {claim.namespace}/{reserved.name}: API error: {err}") from None
+            try:
+                pod = parse_pod(obj)
+            except ModelError as err:
+                raise PrepareError(str(err)) from None
+            if pod.uid == reserved.uid:
+                pods.append(pod)
+        return pods
+
+    def _check_devices(self, claim: ClaimView, checkpoint: Checkpoint) -> None:
+        """Every result is a GPU of this node and not already prepared for another claim."""
+        for device in claim.devices:
+            if device.admin_access:
+                raise PrepareError(
+                    f"claim {claim.namespace}/{claim.name}: adminAccess is not supported "
+                    f"for vGPU device {device.device}"
+                )
+            gpu_for(self._facts, device)
+            for uid, other in checkpoint.claims.items():
+                if uid == claim.uid:
+                    continue
+                for prepared in other.prepared_devices:
+                    same_share = prepared.share_id == device.share_id
+                    if prepared.device == device.device and prepared.pool == device.pool and same_share:
+                        raise PrepareError(
+                            f"device {device.device} (share {device.share_id or '-'}) is already prepared "
+                            f"for claim {other.namespace}/{other.name} ({uid})"
+                        )
+
+    def _create_directories(self, result: PrepareResult) -> None:
+        """A fresh claim dir, then each partition dir with an empty pids.config (blocking)."""
+        claim_dir = Path(result.claim_dir)
+        _remove_tree(claim_dir)
+        claim_dir.mkdir(parents=True, mode=0o755)
+        for paths in result.partition_dirs:
+            for directory in paths.directories:
+                Path(directory).mkdir(parents=True, exist_ok=True, mode=0o755)
+            reset_pids_file(Path(paths.config))
+
+    # ---------------------------------------------------------------------------------------------
+    # Unprepare
+
+    async def unprepare(self, claims: Sequence[ClaimRef]) -> dict[str, str]:
+        annotations = {ref.uid: await self._current_annotations(ref) for ref in claims}
+        errors: dict[str, str] = {}
+        try:
+            async with node_lock(self._lock_path, timeout=self._lock_timeout):
+                checkpoint = await self._load()
+                for ref in claims:
+                    with self._timed("Unprepare", ref):
+                        await self._strip_annotations(ref, annotations[ref.uid])
+                        await self._remove_artifacts(ref.uid)
+                        checkpoint = checkpoint.without_claim(ref.uid)
+                        errors[ref.uid] = ""
+                        log.info("claim %s/%s (%s) unprepared", ref.namespace, ref.name, ref.uid)
+                await self._save(checkpoint)
+        except (NodeLockTimeout, CheckpointError) as err:
+            for ref in claims:
+                errors[ref.uid] = self._failed("Unprepare", ref, PrepareError(_state_error(err))).error
+        return errors
+
+    async def _current_annotations(self, ref: ClaimRef) -> dict[str, str]:
+        """The claim's annotations if it still exists with this UID and this mode writes any."""
+        if self._assigner.mode is not Mode.EAGER or not self._facts.client_mode:
+            return {}
+        try:
+            obj = await self._kube.get_resource_claim(ref.namespace, ref.name)
+        except KubeError:
+            return {}  # gone (or unreachable): nothing to strip that anyone will read
+        meta = obj.get("metadata", {})
+        return dict(meta.get("annotations") or {}) if meta.get("uid") == ref.uid else {}
+
+    async def _strip_annotations(self, ref: ClaimRef, annotations: dict[str, str]) -> None:
+        cleanup = self._assigner.unprepare(ref.uid, annotations)
+        if not cleanup.annotations_to_remove:
+            return
+        try:
+            await self._kube.patch_resource_claim_annotations(
+                ref.namespace, ref.name, dict.fromkeys(cleanup.annotations_to_remove), uid=ref.uid
+            )
+        except KubeError as err:  # the claim is going away; its annotations go with it
+            log.info("claim %s/%s: register annotations not removed: %s", ref.namespace, ref.name, err)
+
+    # ---------------------------------------------------------------------------------------------
+    # Cleanup of interrupted Prepares
+
+    async def cleanup_stale(self) -> int:
+        """Roll back PrepareStarted claims whose API object is gone or has a new UID."""
+        checkpoint = await self._load()
+        stale = []
+        for uid, entry in checkpoint.claims.items():
+            if entry.state is not PrepareState.STARTED:
+                continue
+            try:
+                obj = await self._kube.get_resource_claim(entry.namespace, entry.name)
+            except NotFound:
+                stale.append(ClaimRef(entry.namespace, uid, entry.name))
+                continue
+            if obj.get("metadata", {}).get("uid") != uid:
+                stale.append(ClaimRef(entry.namespace, uid, entry.name))
+        if not stale:
+            return 0
+        async with node_lock(self._lock_path, timeout=self._lock_timeout):
+            checkpoint = await self._load()
+            for ref in stale:
+                entry = checkpoint.claims.get(ref.uid)
+                if entry is not None and entry.state is PrepareState.STARTED:  # re-check under the lock
+                    with self._timed("Cleanup", ref):
+                        await self._remove_artifacts(ref.uid)
+                        checkpoint = checkpoint.without_claim(ref.uid)
+            await self._save(checkpoint)
+        log.info("cleanup: rolled back %d interrupted Prepare(s)", len(stale))
+        return len(stale)
+
+    async def run_cleanup(self, ready: Callable[[], None], interval: float = CLEANUP_INTERVAL) -> None:
+        """Supervised component: a pass at start, then every `interval` seconds."""
+        ready()
+        while True:
+            await self.cleanup_stale()
+            await trio.sleep(interval)
+
+    # ---------------------------------------------------------------------------------------------
+    # Shared
+
+    def _timed(self, call: str, ref: ClaimRef) -> TimedCall:
+        return self._recorder.timed("dra", call, claim_uid=ref.uid, pod_namespace=ref.namespace)
+
+    def _failed(self, call: str, ref: ClaimRef, err: PrepareError) -> PrepareOutcome:
+        """Log and record a claim that failed before any side effect; its reply entry."""
+        log.warning("%s", err)
+        self._recorder.record(
+            HookCall(
+                component="dra",
+                call=call,
+                claim_uid=ref.uid,
+                pod_namespace=ref.namespace,
+                outcome=Outcome.ERROR,
+                detail=str(err),
+            )
+        )
+        return PrepareOutcome(error=str(err))
+
+    async def _remove_artifacts(self, claim_uid: str) -> None:
+        """Remove everything Prepare may have created for the claim: its directory and CDI spec."""
+        for path in self._assigner.unprepare(claim_uid, {}).paths:
+            await trio.to_thread.run_sync(_remove_tree, Path(path))
+        await trio.to_thread.run_sync(remove_spec, self._cdi_root, self.driver, claim_uid)
+
+    async def _load(self) -> Checkpoint:
+        return await trio.to_thread.run_sync(self._store.load)
+
+    async def _save(self, checkpoint: Checkpoint) -> Checkpoint:
+        """Persist (fsync: in a thread, so hooks on the event loop never wait on the disk) and index."""
+        await trio.to_thread.run_sync(self._store.save, checkpoint)
+        self._index(checkpoint)
+        return checkpoint
+
+    def _index(self, checkpoint: Checkpoint) -> None:
+        self._vgpu_claims = frozenset(
+            uid
+            for uid, entry in checkpoint.claims.items()
+            if entry.state is PrepareState.COMPLETED and entry.vgpu
+        )
+
+
+def _state_error(err: Exception) -> str:
+    """The reply text when the node lock or the checkpoint fails a whole batch."""
+    return f"node busy: {err}" if isinstance(err, NodeLockTimeout) else f"checkpoint: {err}"
+
+
+def _remove_tree(path: Path) -> None:
+    """rm -rf that refuses a symlink at the top (rmtree never follows links inside)."""
+    if path.is_symlink():
+        raise PrepareError(f"{path} is a symlink; refusing to remove through it")
+    if path.exists():
+        shutil.rmtree(path)

@@ -1,0 +1,138 @@
+"""The kubelet-facing gRPC services: plugin registration and the DRA node service (v1 and v1beta1).
+
+The node service is one implementation (`DraDriver`) behind two wire versions that differ only in
+`Device.share_id` (v1). Handlers run on grpclib's asyncio side and call the Trio driver through
+trio-asyncio. Every reply has an entry for every claim (the kubelet treats a missing one as an
+error); per-claim failures go into the entry, so the whole call fails only at the transport level.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import trio_asyncio
+from grpclib.client import Channel
+
+from vgpud._pb.k8s.io.kubelet.pkg.apis.dra import v1 as dra_v1
+from vgpud._pb.k8s.io.kubelet.pkg.apis.dra import v1beta1 as dra_v1beta1
+from vgpud._pb.pluginregistration import (
+    InfoRequest,
+    PluginInfo,
+    RegistrationBase,
+    RegistrationStatus,
+    RegistrationStatusResponse,
+    RegistrationStub,
+)
+from vgpud.dra.checkpoint import PreparedDevice
+from vgpud.dra.driver import ClaimRef, DraDriver, PrepareOutcome
+
+log = logging.getLogger("vgpud.dra")
+
+PLUGIN_TYPE = "DRAPlugin"
+#: the kubelet (1.34+) picks the first entry it supports, so v1 comes first
+SUPPORTED_VERSIONS = ("v1.DRAPlugin", "v1beta1.DRAPlugin")
+
+
+class RegistrationService(RegistrationBase):
+    """What the kubelet's plugin watcher asks on `<driver>-reg.sock`."""
+
+    def __init__(self, driver_name: str, dra_socket: Path) -> None:
+        self._info = PluginInfo(
+            type=PLUGIN_TYPE,
+            name=driver_name,
+            endpoint=str(dra_socket),
+            supported_versions=list(SUPPORTED_VERSIONS),
+        )
+        #: the kubelet's last word on our registration: None until it says something
+        self.registered: bool | None = None
+        self.last_error = ""
+
+    async def get_info(self, message: InfoRequest) -> PluginInfo:
+        return self._info
+
+    async def notify_registration_status(self, message: RegistrationStatus) -> RegistrationStatusResponse:
+        self.registered, self.last_error = message.plugin_registered, message.error
+        if message.plugin_registered:
+            log.info("kubelet registered DRA plugin %s (endpoint %s)", self._info.name, self._info.endpoint)
+        else:
+            log.error("kubelet REFUSED DRA plugin %s: %s", self._info.name, message.error or "(no reason)")
+        return RegistrationStatusResponse()
+
+
+def _claim_refs(message: Any) -> list[ClaimRef]:
+    return [ClaimRef(c.namespace, c.uid, c.name) for c in message.claims]
+
+
+def _node_service(pb: ModuleType, with_share_id: bool) -> type:
+    """The DraPluginBase implementation for one wire version (`pb` is its generated module)."""
+
+    def device(prepared: PreparedDevice) -> Any:
+        fields: dict[str, Any] = dict(
+            request_names=list(prepared.request_names),
+            pool_name=prepared.pool,
+            device_name=prepared.device,
+            cdi_device_ids=list(prepared.cdi_device_ids),
+        )
+        if with_share_id and prepared.share_id:
+            fields["share_id"] = prepared.share_id
+        return pb.Device(**fields)
+
+    def prepare_entry(outcome: PrepareOutcome) -> Any:
+        if outcome.error:
+            return pb.NodePrepareResourceResponse(error=outcome.error)
+        return pb.NodePrepareResourceResponse(devices=[device(d) for d in outcome.devices])
+
+    class NodeService(pb.DraPluginBase):
+        def __init__(self, driver: DraDriver) -> None:
+            self._driver = driver
+
+        async def node_prepare_resources(self, message: Any) -> Any:
+            refs = _claim_refs(message)
+            outcomes = await trio_asyncio.trio_as_aio(self._driver.prepare)(refs) if refs else {}
+            return pb.NodePrepareResourcesResponse(
+                claims={ref.uid: prepare_entry(outcomes[ref.uid]) for ref in refs}
+            )
+
+        async def node_unprepare_resources(self, message: Any) -> Any:
+            refs = _claim_refs(message)
+            errors = await trio_asyncio.trio_as_aio(self._driver.unprepare)(refs) if refs else {}
+            return pb.NodeUnprepareResourcesResponse(
+                claims={ref.uid: pb.NodeUnprepareResourceResponse(error=errors[ref.uid]) for ref in refs}
+            )
+
+    NodeService.__name__ = NodeService.__qualname__ = f"DraNodeService{pb.__name__.rsplit('.', 1)[-1]}"
+    return NodeService
+
+
+DraNodeServiceV1 = _node_service(dra_v1, with_share_id=True)
+DraNodeServiceV1beta1 = _node_service(dra_v1beta1, with_share_id=False)
+
+
+def node_services(driver: DraDriver) -> list[object]:
+    """Both wire versions of the node service, served together on the DRA socket."""
+    return [DraNodeServiceV1(driver), DraNodeServiceV1beta1(driver)]
+
+
+def probes(registration_socket: Path, dra_socket: Path) -> list[Callable[[], Awaitable[None]]]:
+    """The health checks the reference drivers do: GetInfo on the registration socket and an empty
+    NodePrepareResources on the DRA socket (asyncio coroutines, for the health service)."""
+
+    async def registration_answers() -> None:
+        channel = Channel(path=str(registration_socket))
+        try:
+            await RegistrationStub(channel).get_info(InfoRequest())
+        finally:
+            channel.close()
+
+    async def dra_answers() -> None:
+        channel = Channel(path=str(dra_socket))
+        try:
+            await dra_v1.DraPluginStub(channel).node_prepare_resources(dra_v1.NodePrepareResourcesRequest())
+        finally:
+            channel.close()
+
+    return [registration_answers, dra_answers]

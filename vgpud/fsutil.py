@@ -1,0 +1,68 @@
+"""Small filesystem primitives shared by everything that writes state files.
+
+Writes are atomic (readers see the old file or the new) and refuse to go through a symlink or to
+replace anything that is not a regular file: the directories vgpud writes to may be reachable by
+workloads.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import os
+import secrets
+import stat
+from pathlib import Path
+
+
+def _refuse_non_regular(path: Path) -> None:
+    """OSError (ELOOP, EINVAL) when something other than a regular file is at `path`."""
+    try:
+        info = path.lstat()
+    except FileNotFoundError:
+        return
+    if stat.S_ISLNK(info.st_mode):
+        raise OSError(errno.ELOOP, f"{path} is a symbolic link (refused, not followed)")
+    if not stat.S_ISREG(info.st_mode):
+        raise OSError(errno.EINVAL, f"{path} is not a regular file (refused)")
+
+
+def fsync_dir(directory: Path) -> None:
+    """Make a rename or unlink in `directory` durable."""
+    fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def write_atomic(path: Path, data: bytes, mode: int, *, durable: bool = True) -> None:
+    """Replace `path` with `data` so that a reader (or a crash) sees the old file or the new, never a mix.
+
+    Temp file in the same directory (O_EXCL|O_NOFOLLOW, named `.<name>.<random>.tmp` so that
+    directory scanners looking for `*.json` skip it), write, fsync, rename over, fsync the directory.
+    Something at `path` that is not a regular file (a symlink, a directory) is refused, not replaced.
+    On any failure the temp file is removed and `path` is untouched. Raises OSError.
+    `durable=False` skips both fsyncs: for files on tmpfs, or whose loss in a crash is harmless.
+    """
+    _refuse_non_regular(path)
+    tmp = path.with_name(f".{path.name}.{secrets.token_hex(6)}.tmp")
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+    fd = os.open(tmp, flags, mode)
+    try:
+        try:
+            os.fchmod(fd, mode)  # the umask may have narrowed it
+            view = memoryview(data)
+            while view:
+                view = view[os.write(fd, view) :]
+            if durable:
+                os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            tmp.unlink()
+        raise
+    if durable:
+        fsync_dir(path.parent)

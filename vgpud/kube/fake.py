@@ -1,0 +1,239 @@
+"""FakeKube: an in-memory, Trio-native KubeApi for unit tests and benches.
+
+It keeps objects as dicts, as the API server would return them, and deep-copies on the way in and
+out so a caller can never mutate the store behind its back. Test hooks simulate what other actors
+do: `add_claim`/`add_pod`/`add_node` (the user and the scheduler), `delete_resource_slice` (kubelet
+deleting slices), `fail_next` (a flaky server) and `end_watches` (a watch that breaks).
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+import uuid
+from collections import Counter, defaultdict, deque
+from collections.abc import AsyncIterator, Callable, Mapping
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from datetime import UTC, datetime
+
+import trio
+
+from vgpud.kube._channel import ChannelEvents, WatchItem
+from vgpud.kube.api import (
+    RESOURCE_API,
+    Conflict,
+    JsonObject,
+    KubeError,
+    NotFound,
+    WatchEvent,
+    WatchEventType,
+)
+
+_SYSTEM_METADATA = ("uid", "resourceVersion", "creationTimestamp", "generation", "managedFields")
+
+
+@dataclass
+class _Watcher:
+    matches: Callable[[JsonObject], bool]
+    send: trio.MemorySendChannel[WatchItem]
+
+
+class FakeKube:
+    """KubeApi in memory. `calls` counts every KubeApi call by method name (tests may clear it)."""
+
+    def __init__(self) -> None:
+        self.calls: Counter[str] = Counter()
+        self._failures: defaultdict[str, deque[KubeError]] = defaultdict(deque)
+        self._claims: dict[tuple[str, str], JsonObject] = {}
+        self._pods: dict[tuple[str, str], JsonObject] = {}
+        self._nodes: dict[str, JsonObject] = {}
+        self._slices: dict[str, JsonObject] = {}
+        self._watchers: list[_Watcher] = []
+        self._version = 0
+
+    # -- test hooks --------------------------------------------------------------------------------
+
+    def add_claim(self, obj: JsonObject) -> JsonObject:
+        """Store (or replace) a ResourceClaim as the API server would; returns the stored copy."""
+        stored = self._admit(obj, RESOURCE_API, "ResourceClaim")
+        self._claims[_namespaced_key(stored)] = stored
+        return copy.deepcopy(stored)
+
+    def add_pod(self, obj: JsonObject) -> JsonObject:
+        stored = self._admit(obj, "v1", "Pod")
+        self._pods[_namespaced_key(stored)] = stored
+        return copy.deepcopy(stored)
+
+    def add_node(self, obj: JsonObject) -> JsonObject:
+        stored = self._admit(obj, "v1", "Node")
+        self._nodes[stored["metadata"]["name"]] = stored
+        return copy.deepcopy(stored)
+
+    def remove_claim(self, namespace: str, name: str) -> None:
+        self._claims.pop((namespace, name), None)
+
+    def slices(self) -> list[JsonObject]:
+        """Every stored slice, whatever its driver or node (what an admin would see)."""
+        return [copy.deepcopy(s) for _, s in sorted(self._slices.items())]
+
+    def fail_next(self, method: str, error: KubeError) -> None:
+        """The next call of `method` raises `error` (queued: call again to fail several in a row)."""
+        self._failures[method].append(error)
+
+    def end_watches(self, error: KubeError | None = None) -> None:
+        """Break every open watch: its iterator raises `error`, or simply ends when None."""
+        for watcher in self._watchers:
+            if error is not None:
+                watcher.send.send_nowait(error)
+            watcher.send.close()
+        self._watchers.clear()
+
+    # -- KubeApi -----------------------------------------------------------------------------------
+
+    async def get_resource_claim(self, namespace: str, name: str) -> JsonObject:
+        await self._enter("get_resource_claim")
+        return copy.deepcopy(_found(self._claims.get((namespace, name)), "resourceclaims", name))
+
+    async def patch_resource_claim_annotations(
+        self, namespace: str, name: str, annotations: Mapping[str, str | None], *, uid: str
+    ) -> JsonObject:
+        await self._enter("patch_resource_claim_annotations")
+        claim = _found(self._claims.get((namespace, name)), "resourceclaims", name)
+        meta = claim["metadata"]
+        if meta["uid"] != uid:
+            raise Conflict(f'ResourceClaim "{name}" is invalid: metadata.uid: {uid}: field is immutable', 422)
+        current = dict(meta.get("annotations", {}))
+        for key, value in annotations.items():
+            if value is None:
+                current.pop(key, None)
+            else:
+                current[key] = value
+        if current != meta.get("annotations", {}):  # a patch that changes nothing is no new version
+            meta["annotations"] = current
+            if not current:
+                del meta["annotations"]
+            self._bump(claim)
+        return copy.deepcopy(claim)
+
+    async def get_pod(self, namespace: str, name: str) -> JsonObject:
+        await self._enter("get_pod")
+        return copy.deepcopy(_found(self._pods.get((namespace, name)), "pods", name))
+
+    async def get_node(self, name: str) -> JsonObject:
+        await self._enter("get_node")
+        return copy.deepcopy(_found(self._nodes.get(name), "nodes", name))
+
+    async def list_resource_slices(self, *, driver: str, node_name: str) -> list[JsonObject]:
+        await self._enter("list_resource_slices")
+        matches = _slice_filter(driver, node_name)
+        return [s for s in self.slices() if matches(s)]
+
+    async def apply_resource_slice(self, body: JsonObject, *, field_manager: str) -> JsonObject:
+        """Create, or replace the spec and the metadata fields given (one manager owns the slice).
+        As on a real server, an apply that changes nothing changes no resourceVersion and no watcher
+        hears of it, so a publisher that re-applies on every event does not loop."""
+        await self._enter("apply_resource_slice")
+        given = {k: v for k, v in body["metadata"].items() if k not in _SYSTEM_METADATA}
+        name = given["name"]
+        old = self._slices.get(name)
+        if old is None:
+            new = self._admit({**body, "metadata": given}, RESOURCE_API, "ResourceSlice")
+            new["metadata"]["generation"] = 1
+        else:
+            new = copy.deepcopy(old)
+            new["metadata"].update(copy.deepcopy(given))
+            new["spec"] = copy.deepcopy(body.get("spec", {}))
+            if new["spec"] != old.get("spec"):
+                new["metadata"]["generation"] += 1
+        new["metadata"]["managedFields"] = [
+            {"manager": field_manager, "operation": "Apply", "apiVersion": RESOURCE_API}
+        ]
+        if new == old:
+            return copy.deepcopy(old)
+        if old is not None:
+            self._bump(new)
+        self._slices[name] = new
+        self._notify(old, new)
+        return copy.deepcopy(new)
+
+    async def delete_resource_slice(self, name: str) -> None:
+        """Also the hook a test uses to play kubelet deleting a slice (it counts as a call)."""
+        await self._enter("delete_resource_slice")
+        old = self._slices.pop(name, None)
+        if old is not None:
+            self._bump(old)
+            self._notify(old, None)
+
+    @asynccontextmanager
+    async def watch_resource_slices(self, *, driver: str, node_name: str) -> AsyncIterator[ChannelEvents]:
+        await self._enter("watch_resource_slices")
+        send, receive = trio.open_memory_channel[WatchItem](math.inf)
+        watcher = _Watcher(_slice_filter(driver, node_name), send)
+        self._watchers.append(watcher)
+        try:
+            with receive:
+                yield ChannelEvents(receive)
+        finally:
+            if watcher in self._watchers:
+                self._watchers.remove(watcher)
+            send.close()
+
+    # -- internals ---------------------------------------------------------------------------------
+
+    async def _enter(self, method: str) -> None:
+        """Count the call, yield to the scheduler as real I/O would, and raise an injected failure."""
+        self.calls[method] += 1
+        await trio.lowlevel.checkpoint()
+        if self._failures[method]:
+            raise self._failures[method].popleft()
+
+    def _admit(self, obj: JsonObject, api_version: str, kind: str) -> JsonObject:
+        """A copy with what the server fills in on create (a given uid is kept so tests control it)."""
+        stored = copy.deepcopy(obj)
+        stored.setdefault("apiVersion", api_version)
+        stored.setdefault("kind", kind)
+        meta = stored.setdefault("metadata", {})
+        if kind not in ("Node", "ResourceSlice"):
+            meta.setdefault("namespace", "default")
+        meta.setdefault("uid", str(uuid.uuid4()))
+        meta.setdefault("creationTimestamp", datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"))
+        self._bump(stored)
+        return stored
+
+    def _bump(self, obj: JsonObject) -> None:
+        self._version += 1
+        obj["metadata"]["resourceVersion"] = str(self._version)
+
+    def _notify(self, old: JsonObject | None, new: JsonObject | None) -> None:
+        """Tell each watcher what it sees: an object entering its selector is ADDED, leaving it DELETED."""
+        for watcher in self._watchers:
+            was = old is not None and watcher.matches(old)
+            now = new is not None and watcher.matches(new)
+            if was and now:
+                event = WatchEvent(WatchEventType.MODIFIED, copy.deepcopy(new))
+            elif now:
+                event = WatchEvent(WatchEventType.ADDED, copy.deepcopy(new))
+            elif was:
+                event = WatchEvent(WatchEventType.DELETED, copy.deepcopy(new if new is not None else old))
+            else:
+                continue
+            watcher.send.send_nowait(event)
+
+
+def _namespaced_key(obj: JsonObject) -> tuple[str, str]:
+    return obj["metadata"]["namespace"], obj["metadata"]["name"]
+
+
+def _found(obj: JsonObject | None, resource: str, name: str) -> JsonObject:
+    if obj is None:
+        raise NotFound(f'{resource} "{name}" not found', 404)
+    return obj
+
+
+def _slice_filter(driver: str, node_name: str) -> Callable[[JsonObject], bool]:
+    def matches(obj: JsonObject) -> bool:
+        spec = obj.get("spec", {})
+        return spec.get("driver") == driver and spec.get("nodeName") == node_name
+
+    return matches
