@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 export PIP_CACHE_DIR := $(CURDIR)/.cache/pip
 
-.PHONY: setup build test unit lint protos check-protos demo bench clean
+.PHONY: setup build kube test unit lint protos check-protos demo bench clean
 
 setup:  ## venv with vgpud and its dev dependencies (idempotent, cached)
 	@./hack/setup-venv.sh
@@ -12,7 +12,10 @@ setup:  ## venv with vgpud and its dev dependencies (idempotent, cached)
 build: setup  ## C helpers (fake NVML, libvgpu) into build/
 	@for d in csrc/*/; do [ -f "$$d/Makefile" ] && $(MAKE) --no-print-directory -C "$$d" OUT=$(CURDIR)/build || exit 1; done
 
-test: build  ## every test tier that runs on this machine
+kube:  ## etcd, kube-apiserver, kube-scheduler, kubelet into ~/.cache/vgpud (idempotent, cached)
+	@./hack/install-kube.sh
+
+test: build kube  ## every test tier that runs on this machine
 	@$(VENV)/bin/ruff check
 	@$(VENV)/bin/ruff format --check --quiet
 	@$(PY) -m pytest -q tests
@@ -30,8 +33,8 @@ protos: setup  ## regenerate vgpud/_pb from protos/
 check-protos: setup  ## fail if vgpud/_pb is not what protos/ generates
 	@./hack/gen-protos.sh --check
 
-demo: build  ## vgpud with mock GPUs: health and inventory
-	@./hack/demo.sh
+demo: build kube  ## vgpud on a local control plane, preparing a vGPU claim as the kubelet does
+	@$(PY) hack/demo.py
 
 bench: build
 	@for b in bench/*.py; do echo "== $$b"; $(PY) "$$b" || exit 1; done

@@ -9,6 +9,9 @@ from pathlib import Path
 
 import pytest
 
+#: the real etcd + kube-apiserver session fixture `kube_apiserver`
+pytest_plugins = ("tests.kubeapi",)
+
 
 @pytest.fixture
 def short_tmp() -> Iterator[Path]:

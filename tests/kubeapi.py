@@ -25,6 +25,7 @@ import socket
 import ssl
 import subprocess
 import tempfile
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -42,6 +43,7 @@ INSTALL_HINT = "run hack/install-kube.sh (the test command does it)"
 READY_TIMEOUT_S = 120.0
 STOP_TIMEOUT_S = 15.0
 LOG_TAIL_LINES = 40
+PORT_ATTEMPTS = 3
 
 
 def cache_dir() -> Path:
@@ -133,6 +135,9 @@ def _stop(proc: subprocess.Popen[bytes]) -> None:
 
 
 def _spawn(argv: list[str], log: Path, cwd: Path) -> subprocess.Popen[bytes]:
+    # The death signal follows the spawning *thread*: tie it to the main thread only, since a worker
+    # thread (trio.to_thread) may exit while its server is still in use.
+    on_main_thread = threading.current_thread() is threading.main_thread()
     with log.open("ab") as out:
         return subprocess.Popen(
             argv,
@@ -140,7 +145,7 @@ def _spawn(argv: list[str], log: Path, cwd: Path) -> subprocess.Popen[bytes]:
             stdout=out,
             stderr=subprocess.STDOUT,
             cwd=cwd,
-            preexec_fn=_die_with_parent,  # noqa: PLW1509 - only prctl, no locks taken
+            preexec_fn=_die_with_parent if on_main_thread else None,  # noqa: PLW1509 - only a prctl
         )
 
 
@@ -218,12 +223,19 @@ def _kubeconfig(url: str, ca_pem: bytes, token: str) -> dict[str, object]:
 class StartError(RuntimeError):
     """etcd or kube-apiserver did not come up; the message carries both logs' tails."""
 
+    def __init__(self, message: str, port_taken: bool = False) -> None:
+        super().__init__(message)
+        self.port_taken = port_taken
+
 
 def _start_error(what: str, server: ApiServer) -> StartError:
-    tails = "\n".join(
-        f"--- {name} log ({path}), last lines:\n{log_tail(path)}" for name, path in server.logs.items()
+    tails = {name: log_tail(path) for name, path in server.logs.items()}
+    text = "\n".join(
+        f"--- {name} log ({server.logs[name]}), last lines:\n{tail}" for name, tail in tails.items()
     )
-    return StartError(f"{what}\n{tails}")
+    return StartError(
+        f"{what}\n{text}", port_taken=any("address already in use" in t for t in tails.values())
+    )
 
 
 def _wait_ready(server: ApiServer, deadline: float) -> None:
@@ -236,10 +248,9 @@ def _wait_ready(server: ApiServer, deadline: float) -> None:
         for name, proc in server.procs.items():
             if proc.poll() is not None:
                 raise _start_error(f"{name} exited with status {proc.returncode} during startup", server)
-        if context is None and server.ca_file.exists():
-            context = server.ssl_context()
-        if context is not None:
+        if server.ca_file.exists():
             try:
+                context = context or server.ssl_context()  # may catch the file half written
                 with urllib.request.urlopen(request, timeout=5, context=context) as response:
                     if response.status == 200:
                         return
@@ -256,6 +267,7 @@ def start_apiserver(workdir: Path, timeout_s: float = READY_TIMEOUT_S) -> ApiSer
     """Start etcd and kube-apiserver with all state under `workdir`; return once /readyz is ok.
 
     Raises StartError (with the tail of both logs) if either exits or /readyz is not ok in `timeout_s`.
+    Ports are the kernel's free picks; if another process takes one first, it retries with new ones.
     """
     etcd, apiserver = binary("etcd"), binary("kube-apiserver")
     if etcd is None or apiserver is None:
@@ -266,9 +278,21 @@ def start_apiserver(workdir: Path, timeout_s: float = READY_TIMEOUT_S) -> ApiSer
     (workdir / "tokens.csv").write_text(f'{token},admin,admin-uid,"system:masters"\n')
     (workdir / "tokens.csv").chmod(0o600)
     _write_sa_key(workdir / "sa.key")
+    for attempt in range(1, PORT_ATTEMPTS + 1):
+        try:
+            return _start_once(etcd, apiserver, workdir, token, deadline)
+        except StartError as exc:
+            if attempt == PORT_ATTEMPTS or not exc.port_taken:
+                raise
+            for name in ("etcd.log", "kube-apiserver.log"):  # keep the failed attempt's logs
+                if (workdir / name).exists():
+                    (workdir / name).rename(workdir / f"{name}.{attempt}")
+            shutil.rmtree(workdir / "etcd-data", ignore_errors=True)
+    raise AssertionError("unreachable")
 
-    etcd_url = f"http://127.0.0.1:{free_port()}"
-    port = free_port()
+
+def _start_once(etcd: Path, apiserver: Path, workdir: Path, token: str, deadline: float) -> ApiServer:
+    client_port, peer_port, port = free_port(), free_port(), free_port()
     server = ApiServer(
         kubeconfig=workdir / "kubeconfig",
         url=f"https://127.0.0.1:{port}",
@@ -276,15 +300,14 @@ def start_apiserver(workdir: Path, timeout_s: float = READY_TIMEOUT_S) -> ApiSer
         logs={"etcd": workdir / "etcd.log", "kube-apiserver": workdir / "kube-apiserver.log"},
         ca_file=workdir / "certs" / "apiserver.crt",
         workdir=workdir,
-        etcd_url=etcd_url,
+        etcd_url=f"http://127.0.0.1:{client_port}",
     )
     try:
-        client_port = int(etcd_url.rsplit(":", 1)[1])
         server.procs["etcd"] = _spawn(
-            _etcd_argv(etcd, workdir, client_port, free_port()), server.logs["etcd"], workdir
+            _etcd_argv(etcd, workdir, client_port, peer_port), server.logs["etcd"], workdir
         )
         server.procs["kube-apiserver"] = _spawn(
-            _apiserver_argv(apiserver, workdir, etcd_url, port), server.logs["kube-apiserver"], workdir
+            _apiserver_argv(apiserver, workdir, server.etcd_url, port), server.logs["kube-apiserver"], workdir
         )
         _wait_ready(server, deadline)
         # The self-signed bundle holds the serving certificate and the CA that signed it.

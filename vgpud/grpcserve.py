@@ -4,6 +4,8 @@ grpclib is asyncio-only; vgpud runs every server inside the one `trio_asyncio.op
 the supervisor. `serve` is one component session: it binds, reports ready, serves until cancelled,
 and on the way out closes in a shielded block with a bounded wait (on Python 3.12+ `wait_closed`
 blocks while a peer such as kubelet keeps its connection open) and removes its own socket file.
+Requests are decoded strictly (`StrictProtoCodec`): malformed bytes get INVALID_ARGUMENT, not a
+half-parsed message.
 """
 
 from __future__ import annotations
@@ -19,6 +21,8 @@ from typing import Any
 import trio
 import trio_asyncio
 from grpclib.server import Server
+
+from vgpud.grpccodec import StrictProtoCodec
 
 log = logging.getLogger("vgpud.grpc")
 
@@ -78,7 +82,7 @@ async def serve(
     """
     if (path is None) == (port is None):
         raise ValueError("serve needs exactly one of path or port")
-    server = Server(list(handlers))
+    server = Server(list(handlers), codec=StrictProtoCodec())
     inode: int | None = None
     if path is not None:
         path.parent.mkdir(parents=True, exist_ok=True)

@@ -1,34 +1,53 @@
-"""`vgpud run` as the DaemonSet runs it, probed by grpcio (an independent gRPC stack).
+"""`vgpud run` as the DaemonSet runs it, against a real kube-apiserver, probed by grpcio.
 
 Mock GPUs, every path under a short temp root, unprivileged-safe flags: health goes SERVING on ''
-and 'liveness', an unknown service is NOT_FOUND, and SIGTERM exits 0 leaving no socket behind.
+and 'liveness' once the kubelet sockets answer and the ResourceSlice is published, an unknown
+service is NOT_FOUND, and SIGTERM exits 0 leaving no socket behind.
 """
 
 from __future__ import annotations
 
 import os
+import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
+import urllib.error
+import urllib.parse
 from collections.abc import Iterator
 from pathlib import Path
 
 import grpc
 import pytest
 
+from tests.kubeapi import ApiServer, api_request, free_port
 from tests.stdproto import message_class
 
+NODE = "test-node"
+DRIVER = "manager.nvidia.com"
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+
+@pytest.fixture(scope="module")
+def api(kube_apiserver: ApiServer) -> ApiServer:
+    """The API server with this node's Node object (it owns the ResourceSlice)."""
+    try:
+        api_request(kube_apiserver, "POST", "/api/v1/nodes", {"metadata": {"name": NODE}})
+    except urllib.error.HTTPError as err:
+        if err.code != 409:
+            raise
+    return kube_apiserver
+
+
+def _slices(api: ApiServer) -> list[dict]:
+    selector = urllib.parse.quote(f"spec.driver={DRIVER},spec.nodeName={NODE}")
+    return api_request(api, "GET", f"/apis/resource.k8s.io/v1/resourceslices?fieldSelector={selector}")[
+        "items"
+    ]
 
 
 class Daemon:
-    def __init__(self, root: Path, port: int, prefix: tuple[str, ...] = ()) -> None:
+    def __init__(self, root: Path, port: int, kubeconfig: Path, prefix: tuple[str, ...] = ()) -> None:
         self.root, self.port = root, port
         self.log = root / "vgpud.log"
         argv = [
@@ -44,7 +63,9 @@ class Daemon:
             "--root-prefix",
             str(root),
             "--node-name",
-            "test-node",
+            NODE,
+            "--kubeconfig",
+            str(kubeconfig),
             "--healthcheck-address",
             "127.0.0.1",
             "--healthcheck-port",
@@ -66,8 +87,8 @@ class Daemon:
 
 
 @pytest.fixture
-def daemon(short_tmp: Path) -> Iterator[Daemon]:
-    d = Daemon(short_tmp, _free_port())
+def daemon(short_tmp: Path, api: ApiServer) -> Iterator[Daemon]:
+    d = Daemon(short_tmp, free_port(), api.kubeconfig)
     try:
         yield d
     finally:
@@ -106,9 +127,14 @@ def _wait_serving(d: Daemon, deadline: float = 30) -> None:
     pytest.fail(f"vgpud never became SERVING:\n{d.output()}")
 
 
-def test_health_serving_then_sigterm_exits_zero_without_sockets(daemon: Daemon) -> None:
+def test_health_serving_then_sigterm_exits_zero_without_sockets(daemon: Daemon, api: ApiServer) -> None:
     _wait_serving(daemon)
     assert _check(daemon.port, "") == SERVING
+    sockets = {p.name for p in daemon.root.rglob("*") if p.is_socket()}
+    assert sockets == {"dra.sock", f"{DRIVER}-reg.sock"}
+    (published,) = _slices(api)
+    assert [d["name"] for d in published["spec"]["devices"]] == ["vgpu-0", "vgpu-1"]
+    assert published["metadata"]["ownerReferences"][0]["name"] == NODE
     with pytest.raises(grpc.RpcError) as info:
         _check(daemon.port, "no-such-service")
     assert info.value.code() == grpc.StatusCode.NOT_FOUND
@@ -121,13 +147,16 @@ def test_health_serving_then_sigterm_exits_zero_without_sockets(daemon: Daemon) 
         _check(daemon.port, "")
 
 
-def test_runs_unprivileged(short_tmp: Path) -> None:
+def test_runs_unprivileged(short_tmp: Path, api: ApiServer) -> None:
     """As the DaemonSet's dev mode promises: no root needed with mock GPUs and a temp root."""
     prefix: tuple[str, ...] = ()
+    kubeconfig = short_tmp / "kubeconfig"
+    shutil.copy(api.kubeconfig, kubeconfig)
     if os.geteuid() == 0:
-        os.chown(short_tmp, NOBODY, NOBODY)
+        for path in (short_tmp, kubeconfig):
+            os.chown(path, NOBODY, NOBODY)
         prefix = ("setpriv", f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups")
-    d = Daemon(short_tmp, _free_port(), prefix)
+    d = Daemon(short_tmp, free_port(), kubeconfig, prefix)
     try:
         _wait_serving(d)
         assert d.stop() == 0, d.output()
@@ -167,3 +196,30 @@ def test_gpu_discovery_failure_exits_1_with_reason(short_tmp: Path) -> None:
     assert result.returncode == 1
     assert "GPU discovery failed" in result.stderr
     assert str(missing) in result.stderr
+
+
+def test_no_kubernetes_api_exits_1_with_reason(short_tmp: Path) -> None:
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "vgpud",
+            "run",
+            "--root-prefix",
+            str(short_tmp),
+            "--gpu-backend",
+            "mock",
+            "--gpu-profile",
+            "a100-40gb-x2",
+            "--kubeconfig",
+            str(short_tmp / "missing-kubeconfig"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+        env={k: v for k, v in os.environ.items() if k not in {"KUBECONFIG", "KUBERNETES_SERVICE_HOST"}},
+    )
+    assert result.returncode == 1
+    assert "no Kubernetes API" in result.stderr
+    assert "missing-kubeconfig" in result.stderr

@@ -232,9 +232,10 @@ class _SliceWatch:
         with self._lock:
             self._response = response
             stopped = self._stopped
-        if stopped:
+        if stopped:  # cancelled while connecting: nobody waits for the start any more
             _shutdown(response)
-        started()
+        else:
+            started()
         return response
 
     def _pump(self, send: trio.MemorySendChannel[WatchItem], started: Callable[[], None]) -> None:

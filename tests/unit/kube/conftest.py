@@ -12,7 +12,7 @@ from typing import Protocol
 import pytest
 import trio
 
-from tests.kubeapi import ApiServer, api_request, kube_apiserver  # noqa: F401 - the session fixture
+from tests.kubeapi import ApiServer, api_request
 from vgpud.kube.api import RESOURCE_API, JsonObject, KubeApi
 from vgpud.kube.client import KubeClient
 from vgpud.kube.fake import FakeKube

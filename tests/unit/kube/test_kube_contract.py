@@ -156,9 +156,13 @@ async def test_apply_creates_then_updates(world: World) -> None:
     assert created["spec"]["devices"][0]["capacity"]["cores"]["value"] == "100"
     assert created["spec"]["devices"][0]["allowMultipleAllocations"] is True
 
+    same = await world.kube.apply_resource_slice(body, field_manager=MANAGER)
+    assert same["metadata"]["resourceVersion"] == meta["resourceVersion"]  # a no-op: no new version
+
     updated = await world.kube.apply_resource_slice(slice_body(world, cores=50), field_manager=MANAGER)
     assert updated["metadata"]["uid"] == meta["uid"]
     assert updated["metadata"]["resourceVersion"] != meta["resourceVersion"]
+    assert updated["metadata"]["generation"] == meta["generation"] + 1
     assert updated["spec"]["devices"][0]["capacity"]["cores"]["value"] == "50"
     [listed] = await world.kube.list_resource_slices(driver=world.driver, node_name=world.node_name)
     assert listed["spec"] == updated["spec"]
@@ -192,10 +196,10 @@ async def next_events(events: AsyncIterator[WatchEvent], count: int) -> list[tup
 
 def watch_threads() -> list[Any]:
     """Stacks of threads still inside a watch stream (the real client's; the fake has none)."""
-    return [f for f in sys._current_frames().values() if "_SliceWatch" in repr_stack(f)]
+    return [f for f in sys._current_frames().values() if "_SliceWatch" in qualnames(f)]
 
 
-def repr_stack(frame: Any) -> str:
+def qualnames(frame: Any) -> str:
     names = []
     while frame is not None:
         names.append(frame.f_code.co_qualname)
