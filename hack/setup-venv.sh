@@ -19,5 +19,9 @@ fi
 [ -x .venv/bin/python ] || "$PYTHON" -m venv .venv
 export PIP_CACHE_DIR=$PWD/.cache/pip PIP_DISABLE_PIP_VERSION_CHECK=1
 echo "setup: installing vgpud and its dev dependencies into .venv" >&2
-.venv/bin/pip install -q -e '.[dev]'
+if ! .venv/bin/pip install -q -e '.[dev]' >.venv/install.log 2>&1; then
+  cat .venv/install.log >&2
+  echo "setup: pip install failed (log above, also in .venv/install.log)" >&2
+  exit 1
+fi
 touch "$stamp"

@@ -349,7 +349,7 @@ def api_request(
 @pytest.fixture(scope="session")
 def kube_apiserver() -> Iterator[ApiServer]:
     """One real etcd + kube-apiserver for the test session (skip locally, fail under CI, if not installed)."""
-    require(apiserver_available(), "etcd and kube-apiserver", INSTALL_HINT)
+    require(apiserver_available(), "etcd + kube-apiserver", INSTALL_HINT)
     workdir = Path(tempfile.mkdtemp(prefix="vgk", dir="/tmp"))
     server = start_apiserver(workdir)
     try:

@@ -12,139 +12,54 @@ import shutil
 import signal
 import subprocess
 import sys
-import time
-import urllib.error
-import urllib.parse
 from collections.abc import Iterator
 from pathlib import Path
 
 import grpc
 import pytest
 
-from tests.kubeapi import ApiServer, api_request, free_port
-from tests.stdproto import message_class
+from tests.kubeapi import ApiServer, free_port
+from tests.vgpudproc import DRIVER, SERVING, Vgpud, ensure_node, node_slices
 
 NODE = "test-node"
-DRIVER = "manager.nvidia.com"
+NOBODY = 65534
 
 
 @pytest.fixture(scope="module")
 def api(kube_apiserver: ApiServer) -> ApiServer:
-    """The API server with this node's Node object (it owns the ResourceSlice)."""
-    try:
-        api_request(kube_apiserver, "POST", "/api/v1/nodes", {"metadata": {"name": NODE}})
-    except urllib.error.HTTPError as err:
-        if err.code != 409:
-            raise
+    ensure_node(kube_apiserver, NODE)
     return kube_apiserver
 
 
-def _slices(api: ApiServer) -> list[dict]:
-    selector = urllib.parse.quote(f"spec.driver={DRIVER},spec.nodeName={NODE}")
-    return api_request(api, "GET", f"/apis/resource.k8s.io/v1/resourceslices?fieldSelector={selector}")[
-        "items"
-    ]
-
-
-class Daemon:
-    def __init__(self, root: Path, port: int, kubeconfig: Path, prefix: tuple[str, ...] = ()) -> None:
-        self.root, self.port = root, port
-        self.log = root / "vgpud.log"
-        argv = [
-            *prefix,
-            sys.executable,
-            "-m",
-            "vgpud",
-            "run",
-            "--gpu-backend",
-            "mock",
-            "--gpu-profile",
-            "a100-40gb-x2",
-            "--root-prefix",
-            str(root),
-            "--node-name",
-            NODE,
-            "--kubeconfig",
-            str(kubeconfig),
-            "--healthcheck-address",
-            "127.0.0.1",
-            "--healthcheck-port",
-            str(port),
-        ]
-        self.proc = subprocess.Popen(
-            argv,
-            stdout=self.log.open("w"),
-            stderr=subprocess.STDOUT,
-            env={**os.environ, "PYTHONUNBUFFERED": "1"},
-        )
-
-    def output(self) -> str:
-        return self.log.read_text()
-
-    def stop(self, sig: int = signal.SIGTERM, timeout: float = 15) -> int:
-        self.proc.send_signal(sig)
-        return self.proc.wait(timeout)
-
-
 @pytest.fixture
-def daemon(short_tmp: Path, api: ApiServer) -> Iterator[Daemon]:
-    d = Daemon(short_tmp, free_port(), api.kubeconfig)
+def vgpud(short_tmp: Path, api: ApiServer) -> Iterator[Vgpud]:
+    d = Vgpud(short_tmp, node=NODE, port=free_port(), kubeconfig=api.kubeconfig)
     try:
         yield d
     finally:
-        if d.proc.poll() is None:
-            d.proc.kill()
-            d.proc.wait()
+        d.kill()
 
 
-SERVING = 1
-NOBODY = 65534
+def _sockets(root: Path) -> set[str]:
+    return {p.name for p in root.rglob("*") if p.is_socket()}
 
 
-def _check(port: int, service: str) -> int:
-    """Health.Check through grpcio with protoc-built classes; returns the status number."""
-    request_cls = message_class("grpc.health.v1.HealthCheckRequest")
-    response_cls = message_class("grpc.health.v1.HealthCheckResponse")
-    with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
-        call = channel.unary_unary(
-            "/grpc.health.v1.Health/Check",
-            request_serializer=request_cls.SerializeToString,
-            response_deserializer=response_cls.FromString,
-        )
-        return call(request_cls(service=service), timeout=2).status
-
-
-def _wait_serving(d: Daemon, deadline: float = 30) -> None:
-    end = time.monotonic() + deadline
-    while time.monotonic() < end:
-        assert d.proc.poll() is None, f"vgpud exited early:\n{d.output()}"
-        try:
-            if _check(d.port, "liveness") == SERVING:
-                return
-        except grpc.RpcError:
-            pass
-        time.sleep(0.1)
-    pytest.fail(f"vgpud never became SERVING:\n{d.output()}")
-
-
-def test_health_serving_then_sigterm_exits_zero_without_sockets(daemon: Daemon, api: ApiServer) -> None:
-    _wait_serving(daemon)
-    assert _check(daemon.port, "") == SERVING
-    sockets = {p.name for p in daemon.root.rglob("*") if p.is_socket()}
-    assert sockets == {"dra.sock", f"{DRIVER}-reg.sock"}
-    (published,) = _slices(api)
+def test_health_serving_then_sigterm_exits_zero_without_sockets(vgpud: Vgpud, api: ApiServer) -> None:
+    vgpud.wait_serving()
+    assert vgpud.health("") == SERVING
+    with pytest.raises(grpc.RpcError) as info:
+        vgpud.health("no-such-service")
+    assert info.value.code() == grpc.StatusCode.NOT_FOUND
+    assert _sockets(vgpud.root) == {"dra.sock", f"{DRIVER}-reg.sock"}
+    (published,) = node_slices(api, NODE)
     assert [d["name"] for d in published["spec"]["devices"]] == ["vgpu-0", "vgpu-1"]
     assert published["metadata"]["ownerReferences"][0]["name"] == NODE
-    with pytest.raises(grpc.RpcError) as info:
-        _check(daemon.port, "no-such-service")
-    assert info.value.code() == grpc.StatusCode.NOT_FOUND
 
-    assert daemon.stop(signal.SIGTERM) == 0, daemon.output()
-    out = daemon.output()
-    assert "SIGTERM received" in out
-    assert [p for p in daemon.root.rglob("*") if p.is_socket()] == []
+    assert vgpud.stop(signal.SIGTERM) == 0, vgpud.output()
+    assert "SIGTERM received" in vgpud.output()
+    assert _sockets(vgpud.root) == set()
     with pytest.raises(grpc.RpcError):
-        _check(daemon.port, "")
+        vgpud.health("")
 
 
 def test_runs_unprivileged(short_tmp: Path, api: ApiServer) -> None:
@@ -156,69 +71,52 @@ def test_runs_unprivileged(short_tmp: Path, api: ApiServer) -> None:
         for path in (short_tmp, kubeconfig):
             os.chown(path, NOBODY, NOBODY)
         prefix = ("setpriv", f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups")
-    d = Daemon(short_tmp, free_port(), kubeconfig, prefix)
+    d = Vgpud(short_tmp, node=NODE, port=free_port(), kubeconfig=kubeconfig, prefix=prefix)
     try:
-        _wait_serving(d)
+        d.wait_serving()
         assert d.stop() == 0, d.output()
     finally:
-        if d.proc.poll() is None:
-            d.proc.kill()
-            d.proc.wait()
-    assert [p for p in short_tmp.rglob("*") if p.is_socket()] == []
+        d.kill()
+    assert _sockets(short_tmp) == set()
 
 
-def test_sigint_also_stops_cleanly(daemon: Daemon) -> None:
-    _wait_serving(daemon)
-    assert daemon.stop(signal.SIGINT) == 0, daemon.output()
-    assert "SIGINT received" in daemon.output()
+def test_sigint_also_stops_cleanly(vgpud: Vgpud) -> None:
+    vgpud.wait_serving()
+    assert vgpud.stop(signal.SIGINT) == 0, vgpud.output()
+    assert "SIGINT received" in vgpud.output()
 
 
-def test_gpu_discovery_failure_exits_1_with_reason(short_tmp: Path) -> None:
-    missing = short_tmp / "libnvidia-ml.so.1"
-    result = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "vgpud",
-            "run",
-            "--root-prefix",
-            str(short_tmp),
-            "--nvml-library",
-            str(missing),
-            "--healthcheck-port",
-            "-1",
-        ],
+def _run(*argv: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "vgpud", "run", *argv],
         capture_output=True,
         text=True,
         timeout=60,
         check=False,
+        env=env,
     )
+
+
+def test_gpu_discovery_failure_exits_1_with_reason(short_tmp: Path) -> None:
+    missing = short_tmp / "libnvidia-ml.so.1"
+    result = _run("--root-prefix", str(short_tmp), "--nvml-library", str(missing), "--healthcheck-port", "-1")
     assert result.returncode == 1
     assert "GPU discovery failed" in result.stderr
     assert str(missing) in result.stderr
 
 
 def test_no_kubernetes_api_exits_1_with_reason(short_tmp: Path) -> None:
-    result = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "vgpud",
-            "run",
-            "--root-prefix",
-            str(short_tmp),
-            "--gpu-backend",
-            "mock",
-            "--gpu-profile",
-            "a100-40gb-x2",
-            "--kubeconfig",
-            str(short_tmp / "missing-kubeconfig"),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-        env={k: v for k, v in os.environ.items() if k not in {"KUBECONFIG", "KUBERNETES_SERVICE_HOST"}},
+    env = {k: v for k, v in os.environ.items() if k not in {"KUBECONFIG", "KUBERNETES_SERVICE_HOST"}}
+    result = _run(
+        "--root-prefix",
+        str(short_tmp),
+        "--gpu-backend",
+        "mock",
+        "--gpu-profile",
+        "a100-40gb-x2",
+        "--kubeconfig",
+        str(short_tmp / "missing-kubeconfig"),
+        env=env,
     )
     assert result.returncode == 1
     assert "no Kubernetes API" in result.stderr
