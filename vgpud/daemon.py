@@ -1,14 +1,17 @@
-"""`vgpud run`: discover GPUs, then run every component under one supervisor until SIGTERM.
+"""`vgpud run`: check the node, then run every component under one supervisor until SIGTERM.
 
-GPU discovery happens before Trio starts: a node whose NVML is broken should fail its pod loudly
-(exit 1, the kubelet restarts it) rather than publish nothing. Everything else runs as supervised
-components inside one `trio_asyncio.open_loop()`, which grpclib needs.
+What can fail for good is checked before Trio starts, and fails the pod loudly (exit 1, the kubelet
+restarts it): GPU discovery, the Kubernetes API configuration, the manager root, and which partition
+mode the node runs in. Everything else runs as supervised components inside one
+`trio_asyncio.open_loop()`, which grpclib needs: each restarts with backoff and turns the health
+service NOT_SERVING only after failing for the grace period.
 """
 
 from __future__ import annotations
 
 import logging
 import signal
+import socket
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
@@ -29,6 +32,8 @@ from vgpud.health import HealthService
 from vgpud.kube import KubeApi, KubeError
 from vgpud.kube.client import KubeClient
 from vgpud.nodesetup import cgroup_v2, prepare_manager_root
+from vgpud.nri.conn import Identity, run_session
+from vgpud.nri.hooks import NriHooks
 from vgpud.observe.recorder import Recorder
 from vgpud.partition.assigner import Mode
 from vgpud.partition.eager import EagerAssigner
@@ -45,17 +50,34 @@ NODE_LOCK_FILE = "pu.lock"
 LIBRARY_VERSION = __version__
 
 
-@dataclass
-class Node:
-    """What the components of one `vgpud run` share."""
+@dataclass(frozen=True)
+class Startup:
+    """What the checks before Trio found out."""
 
     settings: Settings
     gpus: list[GpuInfo]
     kube: KubeApi
+    layout: Layout
+    boot_id: str
+    mode: Mode
+    #: NRISupport was asked for but the runtime's NRI socket did not answer: eager mode instead
+    nri_fallback: bool
+
+
+@dataclass
+class Node:
+    """What the components of one `vgpud run` share."""
+
+    startup: Startup
     recorder: Recorder
     supervisor: Supervisor
     driver: DraDriver
     registration: RegistrationService
+    nri: NriHooks | None
+
+    @property
+    def settings(self) -> Settings:
+        return self.startup.settings
 
 
 def run_daemon(settings: Settings) -> int:
@@ -66,17 +88,26 @@ def run_daemon(settings: Settings) -> int:
         settings.driver_name,
         settings.feature_gates,
     )
+    startup = check_node(settings)
+    if startup is None:
+        return EXIT_FAILURE
+    trio.run(_main, startup)
+    log.info("vgpud stopped")
+    return EXIT_OK
+
+
+def check_node(settings: Settings) -> Startup | None:
+    """The checks before anything starts; None (after logging why) when the node cannot run vgpud."""
     source = settings.gpu_source
     try:
-        inventory = open_inventory(
+        gpus = open_inventory(
             source.backend,
             profile=source.profile,
             nvml_library=str(source.nvml_library) if source.nvml_library else None,
-        )
-        gpus = inventory.gpus()
+        ).gpus()
     except GpuInventoryError as err:
         log.error("GPU discovery failed: %s", err)
-        return EXIT_FAILURE
+        return None
     for gpu in gpus:
         log.info(
             "GPU %d: %s %s, %d MiB, minor %d",
@@ -92,78 +123,98 @@ def run_daemon(settings: Settings) -> int:
         kube = KubeClient.from_config(settings.kubeconfig)
     except KubeError as err:
         log.error("no Kubernetes API: %s", err)
-        return EXIT_FAILURE
+        return None
     layout = Layout(settings.manager_dir)
     try:
         prepare_manager_root(layout, LIBRARY_VERSION, settings.library_source)
         boot_id = read_boot_id()
     except OSError as err:
         log.error("cannot set up the manager root %s: %s", settings.manager_dir, err)
-        return EXIT_FAILURE
-    trio.run(_main, settings, gpus, kube, layout, boot_id)
-    log.info("vgpud stopped")
-    return EXIT_OK
+        return None
+    mode, fallback = select_mode(settings)
+    return Startup(settings, gpus, kube, layout, boot_id, mode, fallback)
 
 
-def select_mode(settings: Settings) -> Mode:
-    """Lazy (per-container directories) needs the NRI plugin; until it runs here, eager mode."""
-    if settings.feature_gates.enabled("NRISupport"):
-        log.warning("NRISupport is on but this build has no NRI plugin yet: eager mode")
-    return Mode.EAGER
-
-
-def build_driver(
-    *,
-    settings: Settings,
-    gpus: list[GpuInfo],
-    kube: KubeApi,
-    layout: Layout,
-    boot_id: str,
-    recorder: Recorder,
-) -> DraDriver:
-    """The DRA driver with its assigner, node facts and checkpoint, from the settings."""
-    client_mode = settings.feature_gates.enabled("DevicePluginClientMode")
-    mode = select_mode(settings)
-    assigner = (
-        EagerAssigner(layout, driver=settings.driver_name, client_mode=client_mode)
-        if mode is Mode.EAGER
-        else LazyAssigner(layout, driver=settings.driver_name)
+def select_mode(settings: Settings) -> tuple[Mode, bool]:
+    """(mode, fell back): lazy when NRISupport is on and the runtime's NRI socket answers at start;
+    otherwise eager, and with NRISupport on that is a fallback the metrics count (seed §12.1)."""
+    if not settings.feature_gates.enabled("NRISupport"):
+        return Mode.EAGER, False
+    problem = _unix_socket_problem(settings.nri_socket)
+    if problem is None:
+        log.info("NRI socket %s answers: lazy mode (per-container directories)", settings.nri_socket)
+        return Mode.LAZY, False
+    log.warning(
+        "NRISupport is on but the NRI socket %s does not answer (%s): eager mode",
+        settings.nri_socket,
+        problem,
     )
+    return Mode.EAGER, True
+
+
+def _unix_socket_problem(path: Path) -> str | None:
+    """None when something accepts connections on the unix socket `path`, else why not."""
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as probe:
+        probe.settimeout(2.0)
+        try:
+            probe.connect(str(path))
+        except OSError as err:
+            return err.strerror or str(err)
+    return None
+
+
+def build_assigner(startup: Startup) -> EagerAssigner | LazyAssigner:
+    settings = startup.settings
+    if startup.mode is Mode.LAZY:
+        return LazyAssigner(startup.layout, driver=settings.driver_name)
+    client_mode = settings.feature_gates.enabled("DevicePluginClientMode")
+    return EagerAssigner(startup.layout, driver=settings.driver_name, client_mode=client_mode)
+
+
+def build_driver(startup: Startup, assigner: EagerAssigner | LazyAssigner, recorder: Recorder) -> DraDriver:
+    """The DRA driver with its node facts and checkpoint, from the settings."""
+    settings = startup.settings
+    client_mode = settings.feature_gates.enabled("DevicePluginClientMode")
     facts = NodeFacts(
         driver=settings.driver_name,
         node_name=settings.node_name,
-        layout=layout,
-        gpus_by_minor={gpu.minor: gpu for gpu in gpus},
+        layout=startup.layout,
+        gpus_by_minor={gpu.minor: gpu for gpu in startup.gpus},
         client_mode=client_mode,
         cgroup_v2=cgroup_v2(),
         memory_ratio=settings.device_memory_ratio,
         library_version=LIBRARY_VERSION,
         sm_watcher=settings.feature_gates.enabled("SharedSMUtilizationWatcher"),
     )
-    log.info("partition mode %s, client registration %s", mode, "on" if client_mode else "off")
+    log.info("partition mode %s, client registration %s", assigner.mode, "on" if client_mode else "off")
     settings.plugin_dir.mkdir(parents=True, exist_ok=True)
     return DraDriver(
-        kube=kube,
+        kube=startup.kube,
         assigner=assigner,
         facts=facts,
-        store=CheckpointStore(settings.plugin_dir / CHECKPOINT_FILE, boot_id),
+        store=CheckpointStore(settings.plugin_dir / CHECKPOINT_FILE, startup.boot_id),
         cdi_root=settings.cdi_root,
         lock_path=settings.plugin_dir / NODE_LOCK_FILE,
         recorder=recorder,
     )
 
 
-async def _main(settings: Settings, gpus: list[GpuInfo], kube: KubeApi, layout: Layout, boot_id: str) -> None:
+async def _main(startup: Startup) -> None:
+    settings = startup.settings
     with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
         async with trio_asyncio.open_loop():
             recorder = Recorder()
-            driver = build_driver(
-                settings=settings, gpus=gpus, kube=kube, layout=layout, boot_id=boot_id, recorder=recorder
-            )
+            assigner = build_assigner(startup)
+            driver = build_driver(startup, assigner, recorder)
             await driver.load()
+            nri = None
+            if isinstance(assigner, LazyAssigner):
+                nri = NriHooks(
+                    assigner=assigner, is_prepared=driver.is_vgpu_claim_prepared, recorder=recorder
+                )
             async with Supervisor(shutdown_timeout=settings.shutdown_timeout) as supervisor:
                 registration = RegistrationService(settings.driver_name, settings.dra_socket)
-                node = Node(settings, gpus, kube, recorder, supervisor, driver, registration)
+                node = Node(startup, recorder, supervisor, driver, registration, nri)
                 _start_components(node)
                 async for signum in signals:
                     log.info("%s received: stopping every component", signal.Signals(signum).name)
@@ -179,10 +230,10 @@ def _start_components(node: Node) -> None:
     supervise = node.supervisor.supervise
     supervise("dra-plugin", partial(_serve_dra, node), *policies)
     slices = SliceKeeper(
-        node.kube,
+        node.startup.kube,
         driver=settings.driver_name,
         node_name=settings.node_name,
-        gpus=node.gpus,
+        gpus=node.startup.gpus,
         cores_ratio=settings.device_cores_ratio,
         memory_ratio=settings.device_memory_ratio,
         # mock GPUs have made-up PCI addresses: never look them up in this host's sysfs
@@ -190,6 +241,9 @@ def _start_components(node: Node) -> None:
     )
     supervise("resource-slices", slices.run, *policies)
     supervise("dra-cleanup", node.driver.run_cleanup, *policies)
+    if node.nri is not None:
+        identity = Identity(settings.driver_name, settings.nri_plugin_idx)
+        supervise("nri-plugin", partial(run_session, str(settings.nri_socket), node.nri, identity), *policies)
     if settings.healthcheck_port >= 0:
         supervise("health", partial(_serve_health, node), *policies, counts_for_health=False)
 

@@ -11,6 +11,7 @@ import contextlib
 import errno
 import os
 import secrets
+import shutil
 import stat
 from pathlib import Path
 
@@ -66,3 +67,14 @@ def write_atomic(path: Path, data: bytes, mode: int, *, durable: bool = True) ->
         raise
     if durable:
         fsync_dir(path.parent)
+
+
+def remove_tree(path: Path) -> bool:
+    """rm -rf that refuses a symlink at the top (rmtree itself never follows links inside); False when
+    there was nothing to remove."""
+    if path.is_symlink():
+        raise OSError(errno.ELOOP, f"{path} is a symlink; refusing to remove through it")
+    if not path.exists():
+        return False
+    shutil.rmtree(path)
+    return True

@@ -13,7 +13,6 @@ Every per-claim failure is a message in that claim's reply entry, never a whole-
 from __future__ import annotations
 
 import logging
-import shutil
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -31,6 +30,7 @@ from vgpud.dra.checkpoint import (
 )
 from vgpud.dra.claimedits import NodeFacts, PrepareError, build_claim_spec, gpu_for
 from vgpud.dra.nodelock import NodeLockTimeout, node_lock
+from vgpud.fsutil import remove_tree
 from vgpud.kube import KubeApi, KubeError, NotFound
 from vgpud.observe.recorder import HookCall, Outcome, Recorder, TimedCall
 from vgpud.partition.assigner import Mode, PartitionAssigner, PartitionError, PrepareResult
@@ -262,7 +262,7 @@ class DraDriver:
     def _create_directories(self, result: PrepareResult) -> None:
         """A fresh claim dir, then each partition dir with an empty pids.config (blocking)."""
         claim_dir = Path(result.claim_dir)
-        _remove_tree(claim_dir)
+        remove_tree(claim_dir)
         claim_dir.mkdir(parents=True, mode=0o755)
         for paths in result.partition_dirs:
             for directory in paths.directories:
@@ -375,7 +375,7 @@ class DraDriver:
     async def _remove_artifacts(self, claim_uid: str) -> None:
         """Remove everything Prepare may have created for the claim: its directory and CDI spec."""
         for path in self._assigner.unprepare(claim_uid, {}).paths:
-            await trio.to_thread.run_sync(_remove_tree, Path(path))
+            await trio.to_thread.run_sync(remove_tree, Path(path))
         await trio.to_thread.run_sync(remove_spec, self._cdi_root, self.driver, claim_uid)
 
     async def _load(self) -> Checkpoint:
@@ -398,11 +398,3 @@ class DraDriver:
 def _state_error(err: Exception) -> str:
     """The reply text when the node lock or the checkpoint fails a whole batch."""
     return f"node busy: {err}" if isinstance(err, NodeLockTimeout) else f"checkpoint: {err}"
-
-
-def _remove_tree(path: Path) -> None:
-    """rm -rf that refuses a symlink at the top (rmtree never follows links inside)."""
-    if path.is_symlink():
-        raise PrepareError(f"{path} is a symlink; refusing to remove through it")
-    if path.exists():
-        shutil.rmtree(path)

@@ -1,0 +1,79 @@
+"""vgpud's real NRI plugin (hooks, session, supervision) as a process the Go conformance harness drives.
+
+Only the DRA side is replaced: the claim UIDs given with --prepared-claim count as prepared vGPU claims.
+--delay-container NAME=SECONDS makes CreateContainer of that container slow, so the harness can check
+what the runtime does with a plugin slower than its request timeout (it drops it; we reconnect).
+
+    plugin_under_test.py --socket /tmp/x/nri.sock --manager-root /tmp/x/root --prepared-claim UID ...
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import signal
+import sys
+from functools import partial
+from pathlib import Path
+
+import trio
+
+REPO = Path(__file__).resolve().parents[3]
+sys.path.insert(0, str(REPO))
+
+from vgpud._pb.nri.pkg.api.v1alpha1 import CreateContainerRequest, CreateContainerResponse  # noqa: E402
+from vgpud.nri.conn import Identity, run_session  # noqa: E402
+from vgpud.nri.hooks import NriHooks  # noqa: E402
+from vgpud.observe.recorder import Recorder  # noqa: E402
+from vgpud.partition.layout import Layout  # noqa: E402
+from vgpud.partition.lazy import LazyAssigner  # noqa: E402
+from vgpud.supervisor import Backoff, Restart, Supervisor  # noqa: E402
+
+DRIVER = "manager.nvidia.com"
+
+
+def parse_args() -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--socket", required=True, help="the runtime's NRI socket")
+    parser.add_argument("--manager-root", required=True, type=Path, help="where claim directories go")
+    parser.add_argument("--idx", default="00", help="NRI plugin index")
+    parser.add_argument("--name", default=DRIVER, help="NRI plugin name")
+    parser.add_argument("--prepared-claim", action="append", default=[], help="a prepared vGPU claim UID")
+    parser.add_argument("--backoff", type=float, default=0.1, help="first reconnect delay, seconds")
+    parser.add_argument("--delay-container", action="append", default=[], metavar="NAME=SECONDS",
+                        help="CreateContainer of this container sleeps first")
+    return parser.parse_args()
+
+
+def with_delays(hooks: NriHooks, delays: dict[str, float]) -> None:
+    """Make CreateContainer of the named containers slow, in front of the real hook."""
+    real = hooks.create_container
+
+    async def create_container(request: CreateContainerRequest) -> CreateContainerResponse:
+        name = request.container.name if request.container else ""
+        if name in delays:
+            await trio.sleep(delays[name])
+        return await real(request)
+
+    message_type, _ = hooks.methods["CreateContainer"]
+    hooks.methods["CreateContainer"] = (message_type, create_container)
+
+
+async def main(args: argparse.Namespace) -> None:
+    prepared = frozenset(args.prepared_claim)
+    hooks = NriHooks(assigner=LazyAssigner(Layout(args.manager_root.resolve()), driver=DRIVER),
+                     is_prepared=prepared.__contains__, recorder=Recorder())
+    with_delays(hooks, {name: float(sec) for name, _, sec in (d.partition("=") for d in args.delay_container)})
+    restart = Restart(Backoff(initial=args.backoff, factor=2, cap=max(args.backoff, 2.0)), healthy_after=30)
+    with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+        async with Supervisor(shutdown_timeout=5) as supervisor:
+            run = partial(run_session, args.socket, hooks, Identity(args.name, args.idx))
+            supervisor.supervise("nri-plugin", run, restart)
+            async for _ in signals:
+                supervisor.cancel()
+                break
+
+
+if __name__ == "__main__":
+    logging.basicConfig(level=logging.INFO, format="plugin-under-test %(levelname)s %(name)s: %(message)s")
+    trio.run(main, parse_args())

@@ -1,0 +1,186 @@
+"""The NRI hooks on decoded messages, with real directories in a temp dir."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from vgpud._pb.nri.pkg.api.v1alpha1 import (
+    ConfigureRequest,
+    Container,
+    CreateContainerRequest,
+    Event,
+    PodSandbox,
+    RemoveContainerRequest,
+    StateChangeEvent,
+    StopPodSandboxRequest,
+    SynchronizeRequest,
+)
+from vgpud.nri.hooks import Code, HookError, NriHooks, env_value, event_mask, known_events_mask
+from vgpud.observe.recorder import Recorder
+from vgpud.partition.layout import Layout
+from vgpud.partition.lazy import LazyAssigner
+
+CLAIM = "5b0e7c1a-3f2d-4c8e-9a71-0d6f1e2b3c4d"
+POD_UID = "8f0c6a5e-1b2d-4e3f-a4b5-c6d7e8f90a1b"
+DRIVER = "manager.nvidia.com"
+
+
+@pytest.fixture
+def hooks(tmp_path: Path) -> NriHooks:
+    prepared = {CLAIM}
+    return NriHooks(
+        assigner=LazyAssigner(Layout(tmp_path), driver=DRIVER),
+        is_prepared=prepared.__contains__,
+        recorder=Recorder(),
+    )
+
+
+def pod(uid: str = POD_UID, sandbox: str = "sandbox-1") -> PodSandbox:
+    return PodSandbox(id=sandbox, name="train", namespace="ml", uid=uid)
+
+
+def container(name: str = "main", claim: str | None = CLAIM, sandbox: str = "sandbox-1") -> Container:
+    env = ["PATH=/usr/bin"] + ([f"MANAGER_VGPU_CLAIM_UID={claim}"] if claim is not None else [])
+    return Container(id=f"ctr-{name}", pod_sandbox_id=sandbox, name=name, env=env)
+
+
+def container_dir(hooks: NriHooks, name: str = "main", pod_uid: str = POD_UID) -> Path:
+    return Path(hooks.assigner.paths(CLAIM, pod_uid, name).base)
+
+
+def test_event_masks() -> None:
+    assert event_mask([Event.CREATE_CONTAINER, Event.REMOVE_CONTAINER]) == 1032  # what containerd 1.7 took
+    assert known_events_mask("") == 0x7FF
+    assert known_events_mask("v0.9.0") == 0x7FF
+    assert known_events_mask("v0.10.0") == 0x3FFF
+    assert known_events_mask("0.12.2") == 0x3FFF
+
+
+async def test_configure_subscribes_only_to_known_events(hooks: NriHooks) -> None:
+    old = await hooks.configure(ConfigureRequest(runtime_name="containerd", runtime_version="1.7.24"))
+    new = await hooks.configure(ConfigureRequest(runtime_name="containerd", NRI_version="v0.12.0"))
+    expected = (1 << 3) | (1 << 10) | (1 << 1) | (1 << 2)  # create, remove container; stop, remove sandbox
+    assert old.events == new.events == expected
+    assert old.events & ~0x7FF == 0
+
+
+def test_env_value_takes_the_last() -> None:
+    assert env_value(["A=1", "B=2", "A=3"], "A") == "3"
+    assert env_value(["AB=1"], "A") == ""
+    assert env_value(["A="], "A") == ""
+
+
+async def test_create_container_injects_directory_mounts_and_identity(hooks: NriHooks) -> None:
+    reply = await hooks.create_container(CreateContainerRequest(pod=pod(), container=container()))
+    base = container_dir(hooks)
+    mounts = {m.destination: m for m in reply.adjust.mounts}
+    assert mounts["/etc/vgpu-manager/config"].source == str(base / "config")
+    assert mounts["/tmp/.vgpu_lock"].source == str(base / "vgpu_lock")
+    assert mounts["/tmp/.vmem_node"].source == str(base / "vmem_node")
+    assert mounts["/tmp/.sm_node"].source == str(base / "sm_node")
+    pids = mounts["/etc/vgpu-manager/config/pids.config"]
+    assert pids.options[0] == "ro" and pids.type == "bind"
+    assert all(m.options[0] == "rw" for d, m in mounts.items() if d != pids.destination)
+    env = {kv.key: kv.value for kv in reply.adjust.env}
+    assert env == {
+        "VGPU_POD_UID": POD_UID,
+        "VGPU_POD_NAME": "train",
+        "VGPU_POD_NAMESPACE": "ml",
+        "VGPU_CONTAINER_NAME": "main",
+        "MANAGER_CLIENT_REGISTER_UUID": "",
+    }
+    assert (base / "config" / "pids.config").read_bytes() == b""
+    assert all((base / d).is_dir() for d in ("vgpu_lock", "vmem_node", "sm_node"))
+    assert hooks.cache.get(POD_UID, "main").claim_uid == CLAIM
+    assert hooks.stats.injected == 1
+
+
+async def test_a_container_without_a_claim_is_not_touched(hooks: NriHooks) -> None:
+    reply = await hooks.create_container(CreateContainerRequest(pod=pod(), container=container(claim=None)))
+    assert reply.adjust is None
+    assert len(hooks.cache) == 0
+    assert hooks.stats.skipped == 1
+
+
+async def test_an_unprepared_claim_uid_is_rejected_without_injection(hooks: NriHooks, tmp_path: Path) -> None:
+    forged = "00000000-0000-4000-8000-000000000bad"
+    reply = await hooks.create_container(CreateContainerRequest(pod=pod(), container=container(claim=forged)))
+    assert reply.adjust is None
+    assert not (tmp_path / "claims").exists()
+    assert hooks.stats.rejected_unprepared == 1
+
+
+async def test_a_directory_that_cannot_be_made_fails_creation(hooks: NriHooks, tmp_path: Path) -> None:
+    (tmp_path / "claims").mkdir()
+    (tmp_path / "claims" / CLAIM).write_text("a file where the claim directory belongs")
+    with pytest.raises(HookError) as info:
+        await hooks.create_container(CreateContainerRequest(pod=pod(), container=container()))
+    assert info.value.code == Code.FAILED_PRECONDITION
+    assert "cannot set up the vGPU directory of container main in pod ml/train" in str(info.value)
+    assert len(hooks.cache) == 0
+
+
+async def test_a_symlinked_pids_file_is_refused(hooks: NriHooks) -> None:
+    base = container_dir(hooks)
+    (base / "config").mkdir(parents=True)
+    (base / "config" / "pids.config").symlink_to("/etc/passwd")
+    with pytest.raises(HookError):
+        await hooks.create_container(CreateContainerRequest(pod=pod(), container=container()))
+
+
+async def test_split_synchronize_rebuilds_the_cache_once_complete(hooks: NriHooks) -> None:
+    synchronized = hooks.begin_session()
+    pods = [pod(), pod(uid="1a2b3c4d-5e6f-4a8b-9c0d-e1f2a3b4c5d6", sandbox="sandbox-2")]
+    first = await hooks.synchronize(SynchronizeRequest(pods=pods, containers=[container("a")], more=True))
+    assert first.more is True
+    assert not hooks.cache.synced and not synchronized.is_set()
+    rest = [
+        container("b", sandbox="sandbox-2"),
+        container("no-claim", claim=None),
+        container("forged", claim="00000000-0000-4000-8000-000000000bad"),
+        container("orphan", sandbox="sandbox-gone"),
+    ]
+    final = await hooks.synchronize(SynchronizeRequest(containers=rest))
+    assert final.more is False and list(final.update) == []
+    assert hooks.cache.synced and synchronized.is_set()
+    assert {key for key, _ in hooks.cache.items()} == {(POD_UID, "a"), (pods[1].uid, "b")}
+    assert (hooks.stats.sync_reported, hooks.stats.sync_rebuilt, hooks.stats.sync_invalid) == (5, 2, 2)
+
+
+async def test_a_new_session_drops_a_half_received_synchronize(hooks: NriHooks) -> None:
+    hooks.begin_session()
+    await hooks.synchronize(SynchronizeRequest(pods=[pod()], containers=[container("stale")], more=True))
+    hooks.begin_session()
+    await hooks.synchronize(SynchronizeRequest(pods=[pod()], containers=[container("fresh")]))
+    assert [key[1] for key, _ in hooks.cache.items()] == ["fresh"]
+
+
+async def test_remove_container_removes_its_directory(hooks: NriHooks) -> None:
+    await hooks.create_container(CreateContainerRequest(pod=pod(), container=container()))
+    assert container_dir(hooks).is_dir()
+    await hooks.remove_container(RemoveContainerRequest(pod=pod(), container=container()))
+    assert not container_dir(hooks).exists()
+    assert hooks.cache.get(POD_UID, "main") is None
+
+
+async def test_state_change_remove_container_as_older_runtimes_send_it(hooks: NriHooks) -> None:
+    await hooks.create_container(CreateContainerRequest(pod=pod(), container=container()))
+    await hooks.state_change(StateChangeEvent(event=Event.REMOVE_CONTAINER, pod=pod(), container=container()))
+    assert not container_dir(hooks).exists()
+
+
+async def test_stop_pod_sandbox_removes_every_container_of_the_pod(hooks: NriHooks) -> None:
+    for name in ("a", "b"):
+        await hooks.create_container(CreateContainerRequest(pod=pod(), container=container(name)))
+    await hooks.stop_pod_sandbox(StopPodSandboxRequest(pod=pod()))
+    assert not container_dir(hooks, "a").exists() and not container_dir(hooks, "b").exists()
+    assert len(hooks.cache) == 0
+    await hooks.state_change(StateChangeEvent(event=Event.REMOVE_POD_SANDBOX, pod=pod()))  # again: harmless
+
+
+async def test_removing_an_unknown_container_is_harmless(hooks: NriHooks) -> None:
+    await hooks.remove_container(RemoveContainerRequest(pod=pod(), container=container("never-ran")))
+    await hooks.remove_container(RemoveContainerRequest())
+    assert hooks.stats.removed_dirs == 0

@@ -1,0 +1,162 @@
+"""One NRI session over a Trio stream: the mux, a ttrpc server on conn 1, a ttrpc client on conn 2.
+
+The codecs (`mux`, `ttrpc`) do no I/O; this module only moves bytes and runs hooks. Order matters
+(nri-protocol.md §0): conn 1 is served before RegisterPlugin goes out on conn 2, because the runtime
+may send Configure before it answers the registration. Each request runs in its own task under the
+deadline the runtime sent (`timeout_nano`); all frames of one message are written together.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import trio
+
+from vgpud._pb.nri.pkg.api.v1alpha1 import RegisterPluginRequest
+from vgpud.nri import mux, ttrpc
+from vgpud.nri.hooks import HookError, NriHooks
+from vgpud.wire import MalformedMessage, parse_strict
+
+log = logging.getLogger("vgpud.nri")
+
+PLUGIN_SERVICE = "nri.pkg.api.v1alpha1.Plugin"
+RUNTIME_SERVICE = "nri.pkg.api.v1alpha1.Runtime"
+REGISTRATION_TIMEOUT = 5.0
+READ_SIZE = 256 * 1024
+
+
+class SessionEnded(Exception):
+    """The runtime closed the connection, broke the framing, or asked the plugin to shut down."""
+
+
+@dataclass(frozen=True)
+class Identity:
+    name: str
+    idx: str
+
+
+class NriSession:
+    def __init__(self, stream: trio.abc.Stream, hooks: NriHooks, identity: Identity) -> None:
+        self._stream = stream
+        self._hooks = hooks
+        self._identity = identity
+        self._mux = mux.MuxDecoder()
+        self._server = ttrpc.ServerConnection()
+        self._client = ttrpc.ClientConnection()
+        self._send_lock = trio.Lock()
+        self._replies: dict[int, tuple[trio.Event, list[ttrpc.Reply]]] = {}
+
+    async def run(self, ready: Callable[[], None]) -> None:
+        """Register, wait for the first Synchronize, report ready, serve until the session ends
+        (always by an exception: a plugin session has no clean end while the runtime lives)."""
+        synchronized = self._hooks.begin_session()
+        try:
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(self._read, nursery)
+                request = RegisterPluginRequest(
+                    plugin_name=self._identity.name, plugin_idx=self._identity.idx
+                )
+                await self._call("RegisterPlugin", bytes(request), REGISTRATION_TIMEOUT)
+                log.info("NRI: registered as %s-%s", self._identity.idx, self._identity.name)
+                await synchronized.wait()
+                ready()
+        except BaseExceptionGroup as group:
+            ended, rest = group.split(SessionEnded)
+            if ended is not None and rest is None:  # say why the session ended, not "1 sub-exception"
+                raise ended.exceptions[0] from None
+            raise
+
+    async def _read(self, nursery: trio.Nursery) -> None:
+        while True:
+            data = await self._stream.receive_some(READ_SIZE)
+            if not data:
+                raise SessionEnded("the runtime closed the connection")
+            try:
+                chunks = self._mux.feed(data)
+            except mux.MuxError as err:
+                raise SessionEnded(f"mux framing lost: {err}") from err
+            for conn_id, chunk in chunks:
+                if conn_id == mux.PLUGIN_CONN:
+                    for item in self._server.receive(chunk):
+                        if isinstance(item, bytes):
+                            await self._send(mux.PLUGIN_CONN, item)
+                        else:
+                            nursery.start_soon(self._handle, item)
+                elif conn_id == mux.RUNTIME_CONN:
+                    for reply in self._client.receive(chunk):
+                        waiter = self._replies.pop(reply.stream_id, None)
+                        if waiter is not None:
+                            waiter[1].append(reply)
+                            waiter[0].set()
+
+    async def _send(self, conn_id: int, message: bytes) -> None:
+        async with self._send_lock:  # the frames of one message are never interleaved with another's
+            for frame in mux.encode(conn_id, message):
+                await self._stream.send_all(frame)
+
+    async def _call(self, method: str, payload: bytes, seconds: float) -> bytes:
+        stream_id, data = self._client.request(
+            RUNTIME_SERVICE, method, payload, timeout_nano=int(seconds * 1e9)
+        )
+        done, replies = trio.Event(), []
+        self._replies[stream_id] = (done, replies)
+        await self._send(mux.RUNTIME_CONN, data)
+        with trio.move_on_after(seconds) as waited:
+            await done.wait()
+        if waited.cancelled_caught:
+            self._replies.pop(stream_id, None)
+            raise SessionEnded(f"the runtime did not answer {method} within {seconds:.0f}s")
+        (reply,) = replies
+        if reply.error is not None:
+            raise SessionEnded(f"{method} refused: {reply.error}")
+        return reply.payload or b""
+
+    async def _handle(self, request: ttrpc.IncomingRequest) -> None:
+        response = await self._dispatch(request)
+        await self._send(mux.PLUGIN_CONN, response)
+        if request.service == PLUGIN_SERVICE and request.method == "Shutdown":
+            raise SessionEnded("the runtime asked the plugin to shut down")
+
+    async def _dispatch(self, request: ttrpc.IncomingRequest) -> bytes:
+        """The reply bytes for one request: the hook's response, or an error status."""
+        entry = self._hooks.methods.get(request.method) if request.service == PLUGIN_SERVICE else None
+        if entry is None:
+            return self._server.fail(
+                request.stream_id,
+                ttrpc.Code.UNIMPLEMENTED,
+                f"{request.service}/{request.method}: not implemented by vgpud",
+            )
+        message_type, handler = entry
+        try:
+            message = parse_strict(request.payload, message_type)
+        except MalformedMessage as err:
+            return self._server.fail(request.stream_id, ttrpc.Code.INVALID_ARGUMENT, f"malformed {err}")
+        deadline = request.timeout_nano / 1e9 if request.timeout_nano > 0 else float("inf")
+        try:
+            with trio.fail_after(deadline):
+                response = await handler(message)
+        except trio.TooSlowError:
+            log.warning("NRI: %s ran past the runtime's %.1fs deadline", request.method, deadline)
+            return self._server.fail(
+                request.stream_id, ttrpc.Code.DEADLINE_EXCEEDED, f"{request.method}: deadline exceeded"
+            )
+        except HookError as err:
+            return self._server.fail(request.stream_id, err.code, str(err))
+        except Exception as err:  # a bug must not take the session down; the runtime sees UNKNOWN
+            log.exception("NRI: %s failed", request.method)
+            return self._server.fail(request.stream_id, ttrpc.Code.UNKNOWN, f"{request.method}: {err!r}")
+        return self._server.respond(request.stream_id, bytes(response))
+
+
+async def run_session(
+    socket_path: str, hooks: NriHooks, identity: Identity, ready: Callable[[], None]
+) -> None:
+    """One supervised session: dial the runtime's NRI socket and serve until the connection ends."""
+    try:
+        stream = await trio.open_unix_socket(socket_path)
+    except OSError as err:
+        raise SessionEnded(f"cannot connect to {socket_path}: {err.strerror or err}") from err
+    async with stream:
+        await NriSession(stream, hooks, identity).run(ready)

@@ -1,0 +1,408 @@
+"""The NRI hooks: what vgpud does when containerd calls its `Plugin` service (seed §12.4-§12.12).
+
+Transport-free: each hook takes the decoded request message and returns the response message (or
+raises `HookError`, which becomes a ttrpc error status). One `NriHooks` lives as long as vgpud; its
+cache survives reconnects, while the split-Synchronize buffer is per session (`begin_session`).
+
+- CreateContainer: a container whose env carries `MANAGER_VGPU_CLAIM_UID` of a vGPU claim this node
+  prepared gets its own directory (created, pids.config reset) and the mounts and identity env of the
+  lazy assigner. No claim UID: not ours, no change. A claim UID this node did not prepare: nothing
+  injected, recorded as rejected (a pod may set that env itself; seed §12.12.1). A directory that
+  cannot be made: an error, so the container is not created (fail-closed).
+- Synchronize: the cache is rebuilt from the containers' env with the same validation; a container
+  that does not validate is skipped and counted, and the sync itself still succeeds.
+- RemoveContainer / StopPodSandbox / RemovePodSandbox, as dedicated RPCs (NRI v0.12) or as
+  StateChange events (older runtimes): the cache entries go and the per-container directories with
+  them (seed §12.10).
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from collections.abc import Awaitable, Callable, Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import betterproto2
+import trio
+
+from vgpud._pb.nri.pkg.api.v1alpha1 import (
+    ConfigureRequest,
+    ConfigureResponse,
+    Container,
+    ContainerAdjustment,
+    CreateContainerRequest,
+    CreateContainerResponse,
+    Empty,
+    Event,
+    KeyValue,
+    Mount,
+    PodSandbox,
+    PostCreateContainerRequest,
+    PostCreateContainerResponse,
+    PostStartContainerRequest,
+    PostStartContainerResponse,
+    PostUpdateContainerRequest,
+    PostUpdateContainerResponse,
+    PostUpdatePodSandboxRequest,
+    PostUpdatePodSandboxResponse,
+    RemoveContainerRequest,
+    RemoveContainerResponse,
+    RemovePodSandboxRequest,
+    RemovePodSandboxResponse,
+    RunPodSandboxRequest,
+    RunPodSandboxResponse,
+    StartContainerRequest,
+    StartContainerResponse,
+    StateChangeEvent,
+    StopContainerRequest,
+    StopContainerResponse,
+    StopPodSandboxRequest,
+    StopPodSandboxResponse,
+    SynchronizeRequest,
+    SynchronizeResponse,
+    UpdateContainerRequest,
+    UpdateContainerResponse,
+    UpdatePodSandboxRequest,
+    UpdatePodSandboxResponse,
+)
+from vgpud.fsutil import remove_tree
+from vgpud.nri.cache import CacheEntry, NriCache
+from vgpud.nri.ttrpc import Code
+from vgpud.observe.recorder import Outcome, Recorder
+from vgpud.partition.assigner import ContainerContext, InjectionPlan
+from vgpud.partition.layout import ENV_CLAIM_UID, LayoutError
+from vgpud.partition.layout import Mount as LayoutMount
+from vgpud.partition.lazy import LazyAssigner
+from vgpud.partition.pidsfile import PidsFileError, reset_pids_file
+
+log = logging.getLogger("vgpud.nri")
+
+#: the events vgpud needs: creation to inject, and every way a container's directory becomes garbage
+WANTED_EVENTS = (
+    Event.CREATE_CONTAINER,
+    Event.REMOVE_CONTAINER,
+    Event.STOP_POD_SANDBOX,
+    Event.REMOVE_POD_SANDBOX,
+)
+#: NRI <= v0.9 (containerd 1.7, 2.0, 2.1) knows events 1..11; v0.10+ adds 12..14 (nri-protocol.md §0)
+MASK_BEFORE_V0_10 = 0x7FF
+MASK_FROM_V0_10 = 0x3FFF
+
+
+class HookError(Exception):
+    """A hook failure the runtime must see (a ttrpc error status)."""
+
+    def __init__(self, code: Code, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+def event_mask(events: Iterable[Event]) -> int:
+    return sum(1 << (int(event) - 1) for event in set(events))
+
+
+def known_events_mask(nri_version: str) -> int:
+    """The events a runtime of this NRI version accepts; unknown bits make it drop the plugin."""
+    match = re.match(r"^v?(\d+)\.(\d+)", nri_version or "")
+    if match and (int(match[1]), int(match[2])) >= (0, 10):
+        return MASK_FROM_V0_10
+    return MASK_BEFORE_V0_10
+
+
+def env_value(env: Iterable[str], name: str) -> str:
+    """The value of `name` in a `KEY=VALUE` list: the last one wins, "" when absent."""
+    value = ""
+    prefix = f"{name}="
+    for item in env:
+        if item.startswith(prefix):
+            value = item[len(prefix) :]
+    return value
+
+
+def _nri_mount(mount: LayoutMount) -> Mount:
+    return Mount(
+        destination=mount.container_path, type="bind", source=mount.host_path, options=list(mount.options)
+    )
+
+
+def adjustment(plan: InjectionPlan) -> ContainerAdjustment:
+    """The NRI adjustment of an injection plan: its bind mounts and env."""
+    return ContainerAdjustment(
+        mounts=[_nri_mount(m) for m in plan.mounts],
+        env=[KeyValue(key=key, value=value) for key, value in plan.env.items()],
+    )
+
+
+def _make_directories(plan: InjectionPlan) -> None:
+    """Blocking: the container's directories and an empty pids.config (in place, never replaced)."""
+    for directory in plan.paths.directories:
+        Path(directory).mkdir(parents=True, exist_ok=True, mode=0o755)
+    reset_pids_file(Path(plan.paths.config))
+
+
+@dataclass
+class NriStats:
+    """Counters the metrics read."""
+
+    injected: int = 0
+    skipped: int = 0
+    rejected_unprepared: int = 0
+    sync_reported: int = 0
+    sync_rebuilt: int = 0
+    sync_invalid: int = 0
+    removed_dirs: int = 0
+
+
+@dataclass
+class _SessionState:
+    runtime: str = ""
+    nri_version: str = ""
+    pods: list[PodSandbox] = field(default_factory=list)
+    containers: list[Container] = field(default_factory=list)
+    synchronized: trio.Event = field(default_factory=trio.Event)
+
+
+Handler = Callable[[Any], Awaitable[betterproto2.Message]]
+
+
+class NriHooks:
+    def __init__(
+        self,
+        *,
+        assigner: LazyAssigner,
+        is_prepared: Callable[[str], bool],
+        recorder: Recorder,
+        cache: NriCache | None = None,
+    ) -> None:
+        self.assigner = assigner
+        self.cache = cache if cache is not None else NriCache()
+        self.stats = NriStats()
+        self._is_prepared = is_prepared
+        self._recorder = recorder
+        self._session = _SessionState()
+        #: bare method name -> (request type, handler)
+        self.methods: dict[str, tuple[type[betterproto2.Message], Handler]] = {
+            "Configure": (ConfigureRequest, self.configure),
+            "Synchronize": (SynchronizeRequest, self.synchronize),
+            "Shutdown": (Empty, self.shutdown),
+            "CreateContainer": (CreateContainerRequest, self.create_container),
+            "UpdateContainer": (UpdateContainerRequest, self.update_container),
+            "StopContainer": (StopContainerRequest, self.stop_container),
+            "RemoveContainer": (RemoveContainerRequest, self.remove_container),
+            "StopPodSandbox": (StopPodSandboxRequest, self.stop_pod_sandbox),
+            "RemovePodSandbox": (RemovePodSandboxRequest, self.remove_pod_sandbox),
+            "StateChange": (StateChangeEvent, self.state_change),
+            **{name: (request, _acknowledge(response)) for name, request, response in _NO_OP_EVENTS},
+        }
+
+    def begin_session(self) -> trio.Event:
+        """A new connection: forget the last session's half-received Synchronize. The returned event
+        is set once this session's Synchronize is complete."""
+        self._session = _SessionState()
+        return self._session.synchronized
+
+    # ---------------------------------------------------------------------------------------------
+
+    async def configure(self, request: ConfigureRequest) -> ConfigureResponse:
+        session = self._session
+        session.runtime = f"{request.runtime_name} {request.runtime_version}".strip()
+        session.nri_version = request.NRI_version
+        mask = event_mask(WANTED_EVENTS) & known_events_mask(request.NRI_version)
+        log.info(
+            "NRI: configured by %s (NRI %s), events 0x%x",
+            session.runtime or "a runtime",
+            request.NRI_version or "<= v0.11",
+            mask,
+        )
+        return ConfigureResponse(events=mask)
+
+    async def synchronize(self, request: SynchronizeRequest) -> SynchronizeResponse:
+        """Rebuild the cache from every container; a split request is answered `more` until the last."""
+        session = self._session
+        session.pods.extend(request.pods)
+        session.containers.extend(request.containers)
+        if request.more:
+            return SynchronizeResponse(more=True)
+        with self._recorder.timed("nri", "Synchronize") as call:
+            entries = list(self._rebuild(session.pods, session.containers))
+            self.cache.replace(entries)
+            self.stats.sync_reported = len(session.containers)
+            self.stats.sync_rebuilt = len(entries)
+            call.detail = f"{len(entries)} vGPU containers of {len(session.containers)}"
+        log.info("NRI: synchronized: %s", call.detail)
+        session.pods, session.containers = [], []
+        session.synchronized.set()
+        return SynchronizeResponse()
+
+    def _rebuild(
+        self, pods: list[PodSandbox], containers: list[Container]
+    ) -> Iterable[tuple[str, str, CacheEntry]]:
+        by_id = {pod.id: pod for pod in pods}
+        for container in containers:
+            claim_uid = env_value(container.env, ENV_CLAIM_UID)
+            if not claim_uid:
+                continue
+            pod = by_id.get(container.pod_sandbox_id)
+            reason = ""
+            if pod is None:
+                reason = f"its pod sandbox {container.pod_sandbox_id} was not reported"
+            elif not self._is_prepared(claim_uid):
+                reason = f"claim {claim_uid} is not a vGPU claim prepared on this node"
+            else:
+                try:
+                    paths = self.assigner.paths(claim_uid, pod.uid, container.name)
+                except LayoutError as err:
+                    reason = str(err)
+                else:
+                    yield pod.uid, container.name, CacheEntry(claim_uid, paths.base)
+                    continue
+            self.stats.sync_invalid += 1
+            log.warning(
+                "NRI: Synchronize: container %s (%s) not cached: %s", container.name, container.id, reason
+            )
+
+    async def shutdown(self, request: Empty) -> Empty:
+        log.info("NRI: the runtime asked the plugin to shut down")
+        return Empty()
+
+    async def create_container(self, request: CreateContainerRequest) -> CreateContainerResponse:
+        pod, container = request.pod or PodSandbox(), request.container or Container()
+        claim_uid = env_value(container.env, ENV_CLAIM_UID)
+        with self._recorder.timed(
+            "nri",
+            "CreateContainer",
+            pod_namespace=pod.namespace,
+            pod_name=pod.name,
+            pod_uid=pod.uid,
+            container=container.name,
+            claim_uid=claim_uid,
+        ) as call:
+            if not claim_uid:
+                call.outcome, call.detail = Outcome.SKIPPED, "no vGPU claim"
+                self.stats.skipped += 1
+                return CreateContainerResponse()
+            if not self._is_prepared(claim_uid):
+                call.outcome = Outcome.REJECTED
+                call.detail = f"claim {claim_uid} is not a vGPU claim prepared on this node: nothing injected"
+                self.stats.rejected_unprepared += 1
+                log.warning(
+                    "NRI: %s/%s container %s: %s", pod.namespace, pod.name, container.name, call.detail
+                )
+                return CreateContainerResponse()
+            context = ContainerContext(
+                claim_uid=claim_uid,
+                pod_uid=pod.uid,
+                pod_name=pod.name,
+                pod_namespace=pod.namespace,
+                container=container.name,
+            )
+            try:
+                plan = self.assigner.inject(context)
+                await trio.to_thread.run_sync(_make_directories, plan)
+            except (OSError, PidsFileError, ValueError) as err:
+                message = (
+                    f"vgpud: cannot set up the vGPU directory of container {container.name} in pod "
+                    f"{pod.namespace}/{pod.name}: {err}"
+                )
+                log.error("NRI: %s", message)
+                raise HookError(Code.FAILED_PRECONDITION, message) from err
+            self.cache.set(pod.uid, container.name, CacheEntry(claim_uid, plan.paths.base))
+            self.stats.injected += 1
+            call.detail = str(plan.paths.base)
+            return CreateContainerResponse(adjust=adjustment(plan))
+
+    async def update_container(self, request: UpdateContainerRequest) -> UpdateContainerResponse:
+        return UpdateContainerResponse()
+
+    async def stop_container(self, request: StopContainerRequest) -> StopContainerResponse:
+        return StopContainerResponse()
+
+    async def remove_container(self, request: RemoveContainerRequest) -> RemoveContainerResponse:
+        await self._forget_container(request.pod, request.container)
+        return RemoveContainerResponse()
+
+    async def stop_pod_sandbox(self, request: StopPodSandboxRequest) -> StopPodSandboxResponse:
+        await self._forget_pod(request.pod)
+        return StopPodSandboxResponse()
+
+    async def remove_pod_sandbox(self, request: RemovePodSandboxRequest) -> RemovePodSandboxResponse:
+        await self._forget_pod(request.pod)
+        return RemovePodSandboxResponse()
+
+    async def state_change(self, request: StateChangeEvent) -> Empty:
+        """Lifecycle events from runtimes before NRI v0.12."""
+        if request.event == Event.REMOVE_CONTAINER:
+            await self._forget_container(request.pod, request.container)
+        elif request.event in (Event.STOP_POD_SANDBOX, Event.REMOVE_POD_SANDBOX):
+            await self._forget_pod(request.pod)
+        return Empty()
+
+    # ---------------------------------------------------------------------------------------------
+
+    async def _forget_container(self, pod: PodSandbox | None, container: Container | None) -> None:
+        pod, container = pod or PodSandbox(), container or Container()
+        entry = self.cache.pop(pod.uid, container.name)
+        claim_uid = entry.claim_uid if entry else env_value(container.env, ENV_CLAIM_UID)
+        if not claim_uid or (entry is None and not self._is_prepared(claim_uid)):
+            return  # not a container vgpud injected (or one that never ran: its removal is harmless)
+        with self._recorder.timed(
+            "nri",
+            "RemoveContainer",
+            pod_namespace=pod.namespace,
+            pod_name=pod.name,
+            pod_uid=pod.uid,
+            container=container.name,
+            claim_uid=claim_uid,
+        ):
+            await self._remove_directory(claim_uid, pod.uid, container.name)
+
+    async def _forget_pod(self, pod: PodSandbox | None) -> None:
+        pod = pod or PodSandbox()
+        for container, entry in self.cache.pop_pod(pod.uid):
+            with self._recorder.timed(
+                "nri",
+                "StopPodSandbox",
+                pod_namespace=pod.namespace,
+                pod_name=pod.name,
+                pod_uid=pod.uid,
+                container=container,
+                claim_uid=entry.claim_uid,
+            ):
+                await self._remove_directory(entry.claim_uid, pod.uid, container)
+
+    async def _remove_directory(self, claim_uid: str, pod_uid: str, container: str) -> None:
+        try:
+            cleanup = self.assigner.remove_container(claim_uid, pod_uid, container)
+        except LayoutError as err:
+            log.warning("NRI: not removing the directory of %s/%s: %s", pod_uid, container, err)
+            return
+        for path in cleanup.paths:
+            try:
+                removed = await trio.to_thread.run_sync(remove_tree, Path(path))
+            except OSError as err:  # a removal hook must not fail: the directory is only garbage
+                log.warning("NRI: cannot remove %s: %s", path, err)
+                continue
+            self.stats.removed_dirs += removed
+
+
+_NO_OP_EVENTS = (
+    ("RunPodSandbox", RunPodSandboxRequest, RunPodSandboxResponse),
+    ("UpdatePodSandbox", UpdatePodSandboxRequest, UpdatePodSandboxResponse),
+    ("PostUpdatePodSandbox", PostUpdatePodSandboxRequest, PostUpdatePodSandboxResponse),
+    ("PostCreateContainer", PostCreateContainerRequest, PostCreateContainerResponse),
+    ("StartContainer", StartContainerRequest, StartContainerResponse),
+    ("PostStartContainer", PostStartContainerRequest, PostStartContainerResponse),
+    ("PostUpdateContainer", PostUpdateContainerRequest, PostUpdateContainerResponse),
+)
+
+
+def _acknowledge(response: type[betterproto2.Message]) -> Handler:
+    """A handler for an event vgpud does not act on: an empty reply (never subscribed, but harmless)."""
+
+    async def handler(request: Any) -> betterproto2.Message:
+        return response()
+
+    return handler
