@@ -93,8 +93,7 @@ class NriSession:
 
     async def _send(self, conn_id: int, message: bytes) -> None:
         async with self._send_lock:  # the frames of one message are never interleaved with another's
-            for frame in mux.encode(conn_id, message):
-                await self._stream.send_all(frame)
+            await self._stream.send_all(b"".join(mux.encode(conn_id, message)))
 
     async def _call(self, method: str, payload: bytes, seconds: float) -> bytes:
         stream_id, data = self._client.request(
@@ -107,6 +106,7 @@ class NriSession:
             await done.wait()
         if waited.cancelled_caught:
             self._replies.pop(stream_id, None)
+            self._client.abandon(stream_id)
             raise SessionEnded(f"the runtime did not answer {method} within {seconds:.0f}s")
         (reply,) = replies
         if reply.error is not None:

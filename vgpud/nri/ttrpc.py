@@ -13,8 +13,9 @@ closed for them:
 * an even stream id (0 included), any frame type: INVALID_ARGUMENT;
 * a Request whose id is not above the last one: INVALID_ARGUMENT (the last id stays);
 * a Request whose protobuf is malformed: INVALID_ARGUMENT (its id counts as used);
-* a Data frame: INVALID_ARGUMENT "no longer active" (no stream of ours accepts data; Go's server would
-  panic here), or ignored when it names a request still being handled, so that stream gets one answer;
+* a Data frame: INVALID_ARGUMENT "no longer active" (no stream of ours accepts data; Go answers so,
+  then trips over the missing stream), or ignored when it names a request still being handled, so that
+  stream gets one answer;
 * Response frames and unknown types with odd ids: ignored, for forward compatibility.
 
 One choice differs from Go: a Request flagged remote-open (a client-streaming call, more Data to come)

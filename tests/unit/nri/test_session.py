@@ -1,0 +1,175 @@
+"""The NRI session (conn.py) against a Python runtime side, and its supervision in virtual time."""
+
+from __future__ import annotations
+
+from functools import partial
+from pathlib import Path
+
+import pytest
+import trio
+import trio.testing
+
+from tests.unit.nri.fakeruntime import fake_runtime
+from tests.unit.nri.test_hooks import CLAIM, POD_UID, container, pod
+from vgpud._pb.nri.pkg.api.v1alpha1 import (
+    CreateContainerRequest,
+    CreateContainerResponse,
+    Empty,
+    RemoveContainerRequest,
+    RemoveContainerResponse,
+    SynchronizeRequest,
+)
+from vgpud.nri.conn import Identity, SessionEnded, run_session
+from vgpud.nri.hooks import NriHooks
+from vgpud.nri.ttrpc import Code, TtrpcError
+from vgpud.observe.recorder import Recorder
+from vgpud.partition.layout import Layout
+from vgpud.partition.lazy import LazyAssigner
+from vgpud.supervisor import Backoff, HealthAfter, HealthState, Ready, Restart, Supervisor
+
+IDENTITY = Identity("manager.nvidia.com", "00")
+
+
+def make_hooks(root: Path) -> NriHooks:
+    return NriHooks(
+        assigner=LazyAssigner(Layout(root), driver=IDENTITY.name),
+        is_prepared={CLAIM}.__contains__,
+        recorder=Recorder(),
+    )
+
+
+async def test_register_configure_synchronize_create_remove(short_tmp: Path) -> None:
+    hooks = make_hooks(short_tmp / "root")
+    socket_path = short_tmp / "nri.sock"
+    ready = trio.Event()
+    async with fake_runtime(socket_path) as plugins, trio.open_nursery() as nursery:
+        nursery.start_soon(run_session, str(socket_path), hooks, IDENTITY, ready.set)
+        with trio.fail_after(10):
+            runtime = await plugins.receive()
+            configured = await runtime.handshake(
+                SynchronizeRequest(pods=[pod()], containers=[container("old")])
+            )
+            await ready.wait()
+        assert runtime.registered is not None
+        assert (runtime.registered.plugin_name, runtime.registered.plugin_idx) == ("manager.nvidia.com", "00")
+        assert configured.events == 1038
+        assert hooks.cache.synced and hooks.cache.get(POD_UID, "old") is not None
+
+        reply = await runtime.call(
+            "CreateContainer",
+            CreateContainerRequest(pod=pod(), container=container()),
+            CreateContainerResponse,
+        )
+        assert {kv.key for kv in reply.adjust.env} >= {"VGPU_POD_UID", "VGPU_CONTAINER_NAME"}
+        directory = Path(hooks.assigner.paths(CLAIM, POD_UID, "main").base)
+        assert directory.is_dir()
+        await runtime.call(
+            "RemoveContainer",
+            RemoveContainerRequest(pod=pod(), container=container()),
+            RemoveContainerResponse,
+        )
+        assert not directory.exists()
+
+        with pytest.raises(TtrpcError) as info:
+            await runtime.call("NoSuchMethod", Empty(), Empty)
+        assert info.value.code == Code.UNIMPLEMENTED
+        nursery.cancel_scope.cancel()
+
+
+async def test_a_hook_failure_is_an_error_status_and_the_session_goes_on(short_tmp: Path) -> None:
+    root = short_tmp / "root"
+    (root / "claims").mkdir(parents=True)
+    (root / "claims" / CLAIM).write_text("not a directory")
+    hooks = make_hooks(root)
+    async with fake_runtime(short_tmp / "nri.sock") as plugins, trio.open_nursery() as nursery:
+        nursery.start_soon(run_session, str(short_tmp / "nri.sock"), hooks, IDENTITY, lambda: None)
+        with trio.fail_after(10):
+            runtime = await plugins.receive()
+            await runtime.handshake()
+            with pytest.raises(TtrpcError) as info:
+                await runtime.call(
+                    "CreateContainer",
+                    CreateContainerRequest(pod=pod(), container=container()),
+                    CreateContainerResponse,
+                )
+            assert info.value.code == Code.FAILED_PRECONDITION
+            plain = await runtime.call(
+                "CreateContainer",
+                CreateContainerRequest(pod=pod(), container=container("x", claim=None)),
+                CreateContainerResponse,
+            )
+        assert plain.adjust is None
+        nursery.cancel_scope.cancel()
+
+
+async def test_the_session_ends_when_the_runtime_closes(short_tmp: Path) -> None:
+    hooks = make_hooks(short_tmp / "root")
+    async with fake_runtime(short_tmp / "nri.sock") as plugins, trio.open_nursery() as nursery:
+
+        async def session() -> None:
+            with pytest.raises(SessionEnded, match="closed the connection"):
+                await run_session(str(short_tmp / "nri.sock"), hooks, IDENTITY, lambda: None)
+
+        nursery.start_soon(session)
+        with trio.fail_after(10):
+            runtime = await plugins.receive()
+            await runtime.handshake()
+            await runtime.stream.aclose()
+
+
+async def test_no_runtime_is_a_clear_error(short_tmp: Path) -> None:
+    with pytest.raises(SessionEnded, match=r"cannot connect to .*nri\.sock"):
+        await run_session(str(short_tmp / "nri.sock"), make_hooks(short_tmp), IDENTITY, lambda: None)
+
+
+@pytest.fixture
+def autojump() -> trio.testing.MockClock:
+    return trio.testing.MockClock(autojump_threshold=0)
+
+
+async def test_reconnect_backoff_and_health_in_virtual_time(
+    short_tmp: Path, autojump: trio.testing.MockClock
+) -> None:
+    """Backoff 1, 2, 4, ... 30 s between attempts while the runtime is away; health FAILING only after
+    180 s of continuous failure; the first successful session clears it."""
+    socket_path = short_tmp / "nri.sock"
+    hooks = make_hooks(short_tmp / "root")
+    attempts: list[float] = []
+
+    async def session(ready: Ready) -> None:
+        attempts.append(trio.current_time())
+        await run_session(str(socket_path), hooks, IDENTITY, ready)
+
+    async with Supervisor() as supervisor:
+        supervisor.supervise("nri-plugin", session, Restart(), HealthAfter())
+        await trio.sleep(179.5)
+        assert supervisor.health.get("nri-plugin").state is HealthState.STARTING
+        await trio.sleep(1)
+        assert supervisor.health.get("nri-plugin").state is HealthState.FAILING
+        start = attempts[0]
+        assert [t - start for t in attempts] == [0, 1, 3, 7, 15, 31, 61, 91, 121, 151]
+        failing_since = supervisor.health.get("nri-plugin").since
+        assert failing_since - start == 180
+        supervisor.cancel()
+
+
+async def test_recovery_clears_failing_health(short_tmp: Path) -> None:
+    """Real time with small timings: the runtime appears after the grace period; health recovers."""
+    socket_path = short_tmp / "nri.sock"
+    hooks = make_hooks(short_tmp / "root")
+    async with Supervisor() as supervisor:
+        supervisor.supervise(
+            "nri-plugin",
+            partial(run_session, str(socket_path), hooks, IDENTITY),
+            Restart(Backoff(initial=0.05, cap=0.1)),
+            HealthAfter(grace=0.3),
+        )
+        with trio.fail_after(10):
+            while supervisor.health.get("nri-plugin").state is not HealthState.FAILING:
+                await supervisor.health.wait_changed()
+            async with fake_runtime(socket_path) as plugins:
+                runtime = await plugins.receive()
+                await runtime.handshake()
+                while supervisor.health.get("nri-plugin").state is not HealthState.HEALTHY:
+                    await supervisor.health.wait_changed()
+                supervisor.cancel()
