@@ -45,16 +45,22 @@ class Bound:
         return f"unix:{self.path}" if self.path is not None else f"{self.host}:{self.port}"
 
 
-def remove_stale_socket(path: Path) -> None:
-    """Remove a socket left by an earlier process; refuse to remove anything that is not a socket."""
+def check_socket_path(path: Path) -> bool:
+    """True when a socket sits at `path`, False when nothing does; SocketPathError for anything else."""
     try:
         mode = path.lstat().st_mode
     except FileNotFoundError:
-        return
+        return False
     if not stat.S_ISSOCK(mode):
         raise SocketPathError(f"{path} exists and is not a socket; refusing to replace it")
-    path.unlink()
-    log.info("removed stale socket %s", path)
+    return True
+
+
+def remove_stale_socket(path: Path) -> None:
+    """Remove a socket left by an earlier process; refuse to remove anything that is not a socket."""
+    if check_socket_path(path):
+        path.unlink()
+        log.info("removed stale socket %s", path)
 
 
 def _unlink_if_ours(path: Path, inode: int | None) -> None:
@@ -65,6 +71,24 @@ def _unlink_if_ours(path: Path, inode: int | None) -> None:
         return
     if inode is None or st.st_ino == inode:
         path.unlink()
+
+
+def new_server(handlers: Sequence[Any]) -> Server:
+    """A grpclib server with the strict codec; build it inside `trio_asyncio.open_loop()`."""
+    return Server(list(handlers), codec=StrictProtoCodec())
+
+
+async def close_server(server: Server, where: object, close_timeout: float = CLOSE_TIMEOUT) -> None:
+    """Stop accepting, cancel the running handlers and wait for them, at most `close_timeout`
+    seconds (shielded: this runs while the component is being cancelled)."""
+    with trio.CancelScope(shield=True):
+        server.close()
+        with trio.move_on_after(close_timeout) as waited:
+            await trio_asyncio.aio_as_trio(server.wait_closed)()
+        if waited.cancelled_caught:
+            log.warning(
+                "gRPC server on %s: peers still connected after %.1fs; closed anyway", where, close_timeout
+            )
 
 
 async def serve(
@@ -82,7 +106,7 @@ async def serve(
     """
     if (path is None) == (port is None):
         raise ValueError("serve needs exactly one of path or port")
-    server = Server(list(handlers), codec=StrictProtoCodec())
+    server = new_server(handlers)
     inode: int | None = None
     if path is not None:
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -100,16 +124,7 @@ async def serve(
             ready(bound)
         await trio.sleep_forever()
     finally:
-        with trio.CancelScope(shield=True):
-            server.close()
-            with trio.move_on_after(close_timeout) as waited:
-                await trio_asyncio.aio_as_trio(server.wait_closed)()
-            if waited.cancelled_caught:
-                log.warning(
-                    "gRPC server on %s: peers still connected after %.1fs; closed anyway",
-                    bound,
-                    close_timeout,
-                )
-            if path is not None:
-                _unlink_if_ours(path, inode)
-            log.info("gRPC server on %s closed", bound)
+        await close_server(server, bound, close_timeout)
+        if path is not None:
+            _unlink_if_ours(path, inode)
+        log.info("gRPC server on %s closed", bound)

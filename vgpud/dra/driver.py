@@ -33,7 +33,7 @@ from vgpud.dra.nodelock import NodeLockTimeout, node_lock
 from vgpud.fsutil import remove_tree
 from vgpud.kube import KubeApi, KubeError, NotFound
 from vgpud.observe.recorder import HookCall, Outcome, Recorder, TimedCall
-from vgpud.partition.assigner import Mode, PartitionAssigner, PartitionError, PrepareResult
+from vgpud.partition.assigner import Mode, PartitionAssigner, PartitionError, PartitionRecord, PrepareResult
 from vgpud.partition.model import ClaimView, ModelError, PodView, parse_claim, parse_pod
 from vgpud.partition.pidsfile import PidsFileError, reset_pids_file
 
@@ -82,6 +82,8 @@ class DraDriver:
         self._recorder = recorder
         self._lock_timeout = lock_timeout
         self._vgpu_claims: frozenset[str] = frozenset()
+        self._prepared: dict[str, ClaimRef] = {}
+        self._by_register_uuid: dict[str, ClaimRef] = {}
 
     @property
     def driver(self) -> str:
@@ -90,6 +92,15 @@ class DraDriver:
     def is_vgpu_claim_prepared(self, claim_uid: str) -> bool:
         """The NRI plugin's anti-spoof check: is this a vGPU claim that this node has prepared?"""
         return claim_uid in self._vgpu_claims
+
+    def prepared_claim(self, claim_uid: str) -> ClaimRef | None:
+        """The registry's lazy path: the name of a claim this node has prepared (PrepareCompleted)."""
+        return self._prepared.get(claim_uid)
+
+    def claim_for_register_uuid(self, register_uuid: str) -> ClaimRef | None:
+        """The registry's eager path: the prepared claim whose partition got `register_uuid`. Every
+        UUID this node minted is in a PrepareCompleted entry, so the checkpoint is the UUID index."""
+        return self._by_register_uuid.get(register_uuid)
 
     async def load(self) -> Checkpoint:
         """Read the checkpoint at start (a corrupt one is quarantined by the store) and index it."""
@@ -388,11 +399,21 @@ class DraDriver:
         return checkpoint
 
     def _index(self, checkpoint: Checkpoint) -> None:
-        self._vgpu_claims = frozenset(
-            uid
-            for uid, entry in checkpoint.claims.items()
-            if entry.state is PrepareState.COMPLETED and entry.vgpu
-        )
+        completed = {
+            uid: entry for uid, entry in checkpoint.claims.items() if entry.state is PrepareState.COMPLETED
+        }
+        self._vgpu_claims = frozenset(uid for uid, entry in completed.items() if entry.vgpu)
+        self._prepared = {uid: ClaimRef(e.namespace, uid, e.name) for uid, e in completed.items()}
+        by_uuid: dict[str, ClaimRef] = {}
+        for uid, entry in completed.items():
+            try:
+                record = PartitionRecord.from_dict(entry.partition)
+            except ValueError as err:
+                log.warning("checkpoint: claim %s: register UUIDs not indexed: %s", uid, err)
+                continue
+            for register_uuid in record.register_uuids.values():
+                by_uuid[register_uuid] = self._prepared[uid]
+        self._by_register_uuid = by_uuid
 
 
 def _state_error(err: Exception) -> str:

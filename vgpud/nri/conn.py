@@ -17,7 +17,7 @@ import trio
 from vgpud._pb.nri.pkg.api.v1alpha1 import RegisterPluginRequest
 from vgpud.nri import mux, ttrpc
 from vgpud.nri.hooks import HookError, NriHooks
-from vgpud.wire import MalformedMessage, parse_strict
+from vgpud.wire import MalformedMessage
 
 log = logging.getLogger("vgpud.nri")
 
@@ -128,9 +128,9 @@ class NriSession:
                 ttrpc.Code.UNIMPLEMENTED,
                 f"{request.service}/{request.method}: not implemented by vgpud",
             )
-        message_type, handler = entry
+        decode, handler = entry
         try:
-            message = parse_strict(request.payload, message_type)
+            message = decode(request.payload)
         except MalformedMessage as err:
             return self._server.fail(request.stream_id, ttrpc.Code.INVALID_ARGUMENT, f"malformed {err}")
         deadline = request.timeout_nano / 1e9 if request.timeout_nano > 0 else float("inf")

@@ -22,6 +22,7 @@ import logging
 import re
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -61,7 +62,6 @@ from vgpud._pb.nri.pkg.api.v1alpha1 import (
     StopContainerResponse,
     StopPodSandboxRequest,
     StopPodSandboxResponse,
-    SynchronizeRequest,
     SynchronizeResponse,
     UpdateContainerRequest,
     UpdateContainerResponse,
@@ -70,6 +70,7 @@ from vgpud._pb.nri.pkg.api.v1alpha1 import (
 )
 from vgpud.fsutil import remove_tree
 from vgpud.nri.cache import CacheEntry, NriCache
+from vgpud.nri.sync import SyncBatch, SyncContainer, SyncPod, decode_sync
 from vgpud.nri.ttrpc import Code
 from vgpud.observe.recorder import Outcome, Recorder
 from vgpud.partition.assigner import ContainerContext, InjectionPlan
@@ -77,6 +78,7 @@ from vgpud.partition.layout import ENV_CLAIM_UID, LayoutError
 from vgpud.partition.layout import Mount as LayoutMount
 from vgpud.partition.lazy import LazyAssigner
 from vgpud.partition.pidsfile import PidsFileError, reset_pids_file
+from vgpud.wire import parse_strict
 
 log = logging.getLogger("vgpud.nri")
 
@@ -160,12 +162,18 @@ class NriStats:
 class _SessionState:
     runtime: str = ""
     nri_version: str = ""
-    pods: list[PodSandbox] = field(default_factory=list)
-    containers: list[Container] = field(default_factory=list)
+    pods: list[SyncPod] = field(default_factory=list)
+    containers: list[SyncContainer] = field(default_factory=list)
     synchronized: trio.Event = field(default_factory=trio.Event)
 
 
 Handler = Callable[[Any], Awaitable[betterproto2.Message]]
+#: request bytes -> the message a handler takes; MalformedMessage for bytes that are not one
+Decoder = Callable[[bytes], Any]
+
+
+def _strict(message_type: type[betterproto2.Message]) -> Decoder:
+    return partial(parse_strict, message_type=message_type)
 
 
 class NriHooks:
@@ -183,19 +191,19 @@ class NriHooks:
         self._is_prepared = is_prepared
         self._recorder = recorder
         self._session = _SessionState()
-        #: bare method name -> (request type, handler)
-        self.methods: dict[str, tuple[type[betterproto2.Message], Handler]] = {
-            "Configure": (ConfigureRequest, self.configure),
-            "Synchronize": (SynchronizeRequest, self.synchronize),
-            "Shutdown": (Empty, self.shutdown),
-            "CreateContainer": (CreateContainerRequest, self.create_container),
-            "UpdateContainer": (UpdateContainerRequest, self.update_container),
-            "StopContainer": (StopContainerRequest, self.stop_container),
-            "RemoveContainer": (RemoveContainerRequest, self.remove_container),
-            "StopPodSandbox": (StopPodSandboxRequest, self.stop_pod_sandbox),
-            "RemovePodSandbox": (RemovePodSandboxRequest, self.remove_pod_sandbox),
-            "StateChange": (StateChangeEvent, self.state_change),
-            **{name: (request, _acknowledge(response)) for name, request, response in _NO_OP_EVENTS},
+        #: bare method name -> (decoder of the request bytes, handler)
+        self.methods: dict[str, tuple[Decoder, Handler]] = {
+            "Configure": (_strict(ConfigureRequest), self.configure),
+            "Synchronize": (decode_sync, self.synchronize),
+            "Shutdown": (_strict(Empty), self.shutdown),
+            "CreateContainer": (_strict(CreateContainerRequest), self.create_container),
+            "UpdateContainer": (_strict(UpdateContainerRequest), self.update_container),
+            "StopContainer": (_strict(StopContainerRequest), self.stop_container),
+            "RemoveContainer": (_strict(RemoveContainerRequest), self.remove_container),
+            "StopPodSandbox": (_strict(StopPodSandboxRequest), self.stop_pod_sandbox),
+            "RemovePodSandbox": (_strict(RemovePodSandboxRequest), self.remove_pod_sandbox),
+            "StateChange": (_strict(StateChangeEvent), self.state_change),
+            **{name: (_strict(request), _acknowledge(response)) for name, request, response in _NO_OP_EVENTS},
         }
 
     def begin_session(self) -> trio.Event:
@@ -219,7 +227,7 @@ class NriHooks:
         )
         return ConfigureResponse(events=mask)
 
-    async def synchronize(self, request: SynchronizeRequest) -> SynchronizeResponse:
+    async def synchronize(self, request: SyncBatch) -> SynchronizeResponse:
         """Rebuild the cache from every container; a split request is answered `more` until the last."""
         session = self._session
         session.pods.extend(request.pods)

@@ -1,12 +1,13 @@
-"""The in-place pids.config reset: the one filesystem operation of the partition package.
+"""pids.config on the host: the in-place reset (Prepare, CreateContainer) and the registry's writer.
 
 pids.config is bind-mounted read-only into the container as a file, and a bind mount pins an inode,
-so the file is created or truncated in place, never replaced by rename or unlink. The config dir
-around it is writable by the container, so the last path component is attacker-controlled: it is
-opened with O_NOFOLLOW and must turn out to be a regular file; a symlink, directory or FIFO in its
-place is refused, never followed or opened for I/O. The lock is the registry writer's (flock), taken
-with a short budget because Prepare and CreateContainer are on the runtime's synchronous path: a
-wedged holder becomes an error, not a stalled node. Blocking: call it from a worker thread.
+so the file is created, truncated or rewritten in place, never replaced by rename or unlink. The
+config dir around it is writable by the container, so the last path component is attacker-controlled:
+it is opened with O_NOFOLLOW and must turn out to be a regular file; a symlink, directory or FIFO in
+its place is refused, never followed or opened for I/O. Both operations hold an exclusive flock, the
+library's readers a shared one. The reset takes it with a short budget because Prepare and
+CreateContainer are on the runtime's synchronous path: a wedged holder becomes an error, not a
+stalled node. Blocking: call these from a worker thread.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import fcntl
 import os
 import stat
 import time
+from collections.abc import Iterable
 from pathlib import Path
 
 from vgpud.partition.layout import PIDS_FILE
@@ -23,21 +25,24 @@ from vgpud.partition.layout import PIDS_FILE
 PIDS_FILE_MODE = 0o644
 #: the only other holder writes a few hundred bytes; 50 ms is generous (the reference's budget)
 LOCK_BUDGET = 0.05
+#: the registry's writes race each other (every process of a container registers at start) and the
+#: library's readers; they are off the runtime's path, so they may wait longer
+WRITE_LOCK_BUDGET = 1.0
 LOCK_POLL = 0.002
 
 
 class PidsFileError(OSError):
-    """pids.config could not be reset; the caller fails closed (no container without its PID list)."""
+    """pids.config could not be reset or written; the caller fails closed."""
 
 
 class PidsFileLockTimeout(PidsFileError):
     """Another holder kept the pids.config lock past the budget."""
 
 
-def _open(path: Path) -> int:
+def _open(path: Path, verb: str) -> int:
     flags = os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK
     try:
-        return os.open(path, flags, PIDS_FILE_MODE)
+        fd = os.open(path, flags, PIDS_FILE_MODE)
     except OSError as err:
         if err.errno == errno.ELOOP:
             reason = "it is a symbolic link (refused, not followed)"
@@ -45,10 +50,14 @@ def _open(path: Path) -> int:
             reason = "it is a directory, not a regular file"
         else:
             reason = err.strerror or str(err)
-        raise PidsFileError(err.errno, f"cannot reset {path}: {reason}") from None
+        raise PidsFileError(err.errno, f"cannot {verb} {path}: {reason}") from None
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise PidsFileError(errno.EINVAL, f"cannot {verb} {path}: it is not a regular file")
+    return fd
 
 
-def _lock(fd: int, path: Path, budget: float) -> None:
+def _lock(fd: int, path: Path, budget: float, verb: str) -> None:
     deadline = time.monotonic() + budget
     while True:
         try:
@@ -58,7 +67,7 @@ def _lock(fd: int, path: Path, budget: float) -> None:
             if time.monotonic() >= deadline:
                 raise PidsFileLockTimeout(
                     errno.EWOULDBLOCK,
-                    f"cannot reset {path}: another holder keeps its lock (gave up after "
+                    f"cannot {verb} {path}: another holder keeps its lock (gave up after "
                     f"{budget * 1000:.0f} ms)",
                 ) from None
             time.sleep(LOCK_POLL)
@@ -69,14 +78,47 @@ def _lock(fd: int, path: Path, budget: float) -> None:
 def reset_pids_file(config_dir: str | os.PathLike[str], *, lock_budget: float = LOCK_BUDGET) -> Path:
     """Create `<config_dir>/pids.config` (mode 0644) or empty it in place; return its path."""
     path = Path(config_dir) / PIDS_FILE
-    fd = _open(path)
+    fd = _open(path, "reset")
     try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            raise PidsFileError(errno.EINVAL, f"cannot reset {path}: it is not a regular file")
-        _lock(fd, path, lock_budget)
+        _lock(fd, path, lock_budget, "reset")
         # normalise a mode an older release or the umask left behind, then empty it in place
         os.fchmod(fd, PIDS_FILE_MODE)
         os.ftruncate(fd, 0)
+    finally:
+        os.close(fd)  # also releases the lock
+    return path
+
+
+def format_pids(pids: Iterable[int]) -> bytes:
+    """The file's content: distinct PIDs ascending, one decimal per line, each `\\n`-terminated."""
+    values = sorted(set(pids))
+    if not values:
+        raise ValueError("an empty PID list is never written (the library reads it as 'not registered')")
+    if values[0] <= 0 or not all(type(pid) is int for pid in values):
+        raise ValueError(f"PIDs must be positive integers, got {values!r}")
+    return "".join(f"{pid}\n" for pid in values).encode("ascii")
+
+
+def write_pids_file(
+    config_dir: str | os.PathLike[str], pids: Iterable[int], *, lock_budget: float = WRITE_LOCK_BUDGET
+) -> Path:
+    """Write the registered container's host PIDs into `<config_dir>/pids.config`; return its path.
+
+    No O_TRUNC and no rename: truncating at open would publish an empty file before the lock is
+    held, and an empty list is what the library treats as "no registered process" (fatal there).
+    The new list is written at offset 0 and only then is the file shrunk to its length, so even a
+    reader that takes no lock sees a whole list, at worst followed by stale PIDs of this container.
+    """
+    data = format_pids(pids)  # refuses an empty list before anything is opened
+    path = Path(config_dir) / PIDS_FILE
+    fd = _open(path, "write")
+    try:
+        _lock(fd, path, lock_budget, "write")
+        os.fchmod(fd, PIDS_FILE_MODE)
+        written = os.pwrite(fd, data, 0)
+        if written != len(data):
+            raise PidsFileError(errno.EIO, f"cannot write {path}: short write ({written} of {len(data)})")
+        os.ftruncate(fd, len(data))
     finally:
         os.close(fd)  # also releases the lock
     return path

@@ -10,6 +10,7 @@ what the runtime does with a plugin slower than its request timeout (it drops it
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import signal
 import sys
@@ -21,9 +22,14 @@ import trio
 REPO = Path(__file__).resolve().parents[3]
 sys.path.insert(0, str(REPO))
 
-from vgpud._pb.nri.pkg.api.v1alpha1 import CreateContainerRequest, CreateContainerResponse  # noqa: E402
+from vgpud._pb.nri.pkg.api.v1alpha1 import (  # noqa: E402
+    CreateContainerRequest,
+    CreateContainerResponse,
+    SynchronizeResponse,
+)
 from vgpud.nri.conn import Identity, run_session  # noqa: E402
 from vgpud.nri.hooks import NriHooks  # noqa: E402
+from vgpud.nri.sync import SyncBatch  # noqa: E402
 from vgpud.observe.recorder import Recorder  # noqa: E402
 from vgpud.partition.layout import Layout  # noqa: E402
 from vgpud.partition.lazy import LazyAssigner  # noqa: E402
@@ -40,8 +46,14 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--name", default=DRIVER, help="NRI plugin name")
     parser.add_argument("--prepared-claim", action="append", default=[], help="a prepared vGPU claim UID")
     parser.add_argument("--backoff", type=float, default=0.1, help="first reconnect delay, seconds")
-    parser.add_argument("--delay-container", action="append", default=[], metavar="NAME=SECONDS",
-                        help="CreateContainer of this container sleeps first")
+    parser.add_argument(
+        "--delay-container",
+        action="append",
+        default=[],
+        metavar="NAME=SECONDS",
+        help="CreateContainer of this container sleeps first",
+    )
+    parser.add_argument("--sync-report", type=Path, help="append a JSON line after each complete Synchronize")
     return parser.parse_args()
 
 
@@ -59,11 +71,38 @@ def with_delays(hooks: NriHooks, delays: dict[str, float]) -> None:
     hooks.methods["CreateContainer"] = (message_type, create_container)
 
 
+def with_sync_report(hooks: NriHooks, report: Path) -> None:
+    """After each complete Synchronize: {"pods": P, "containers": C, "tracked": T} over all its chunks."""
+    real = hooks.synchronize
+    totals = {"pods": 0, "containers": 0}
+
+    async def synchronize(request: SyncBatch) -> SynchronizeResponse:
+        response = await real(request)
+        totals["pods"] += len(request.pods)
+        totals["containers"] += len(request.containers)
+        if not request.more:
+            line = {**totals, "tracked": len(hooks.cache)}
+            with report.open("a") as out:
+                out.write(json.dumps(line) + "\n")
+            totals.update(pods=0, containers=0)
+        return response
+
+    message_type, _ = hooks.methods["Synchronize"]
+    hooks.methods["Synchronize"] = (message_type, synchronize)
+
+
 async def main(args: argparse.Namespace) -> None:
     prepared = frozenset(args.prepared_claim)
-    hooks = NriHooks(assigner=LazyAssigner(Layout(args.manager_root.resolve()), driver=DRIVER),
-                     is_prepared=prepared.__contains__, recorder=Recorder())
-    with_delays(hooks, {name: float(sec) for name, _, sec in (d.partition("=") for d in args.delay_container)})
+    hooks = NriHooks(
+        assigner=LazyAssigner(Layout(args.manager_root.resolve()), driver=DRIVER),
+        is_prepared=prepared.__contains__,
+        recorder=Recorder(),
+    )
+    with_delays(
+        hooks, {name: float(sec) for name, _, sec in (d.partition("=") for d in args.delay_container)}
+    )
+    if args.sync_report is not None:
+        with_sync_report(hooks, args.sync_report)
     restart = Restart(Backoff(initial=args.backoff, factor=2, cap=max(args.backoff, 2.0)), healthy_after=30)
     with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
         async with Supervisor(shutdown_timeout=5) as supervisor:

@@ -18,6 +18,7 @@ from vgpud._pb.nri.pkg.api.v1alpha1 import (
     SynchronizeRequest,
 )
 from vgpud.nri.hooks import Code, HookError, NriHooks, env_value, event_mask, known_events_mask
+from vgpud.nri.sync import SyncBatch, decode_sync
 from vgpud.observe.recorder import Recorder
 from vgpud.partition.layout import Layout
 from vgpud.partition.lazy import LazyAssigner
@@ -44,6 +45,11 @@ def pod(uid: str = POD_UID, sandbox: str = "sandbox-1") -> PodSandbox:
 def container(name: str = "main", claim: str | None = CLAIM, sandbox: str = "sandbox-1") -> Container:
     env = ["PATH=/usr/bin"] + ([f"MANAGER_VGPU_CLAIM_UID={claim}"] if claim is not None else [])
     return Container(id=f"ctr-{name}", pod_sandbox_id=sandbox, name=name, env=env)
+
+
+def sync(**fields: object) -> SyncBatch:
+    """A Synchronize chunk as the session hands it to the hook: decoded from its wire bytes."""
+    return decode_sync(bytes(SynchronizeRequest(**fields)))
 
 
 def container_dir(hooks: NriHooks, name: str = "main", pod_uid: str = POD_UID) -> Path:
@@ -133,7 +139,7 @@ async def test_a_symlinked_pids_file_is_refused(hooks: NriHooks) -> None:
 async def test_split_synchronize_rebuilds_the_cache_once_complete(hooks: NriHooks) -> None:
     synchronized = hooks.begin_session()
     pods = [pod(), pod(uid="1a2b3c4d-5e6f-4a8b-9c0d-e1f2a3b4c5d6", sandbox="sandbox-2")]
-    first = await hooks.synchronize(SynchronizeRequest(pods=pods, containers=[container("a")], more=True))
+    first = await hooks.synchronize(sync(pods=pods, containers=[container("a")], more=True))
     assert first.more is True
     assert not hooks.cache.synced and not synchronized.is_set()
     rest = [
@@ -142,7 +148,7 @@ async def test_split_synchronize_rebuilds_the_cache_once_complete(hooks: NriHook
         container("forged", claim="00000000-0000-4000-8000-000000000bad"),
         container("orphan", sandbox="sandbox-gone"),
     ]
-    final = await hooks.synchronize(SynchronizeRequest(containers=rest))
+    final = await hooks.synchronize(sync(containers=rest))
     assert final.more is False and list(final.update) == []
     assert hooks.cache.synced and synchronized.is_set()
     assert {key for key, _ in hooks.cache.items()} == {(POD_UID, "a"), (pods[1].uid, "b")}
@@ -151,9 +157,9 @@ async def test_split_synchronize_rebuilds_the_cache_once_complete(hooks: NriHook
 
 async def test_a_new_session_drops_a_half_received_synchronize(hooks: NriHooks) -> None:
     hooks.begin_session()
-    await hooks.synchronize(SynchronizeRequest(pods=[pod()], containers=[container("stale")], more=True))
+    await hooks.synchronize(sync(pods=[pod()], containers=[container("stale")], more=True))
     hooks.begin_session()
-    await hooks.synchronize(SynchronizeRequest(pods=[pod()], containers=[container("fresh")]))
+    await hooks.synchronize(sync(pods=[pod()], containers=[container("fresh")]))
     assert [key[1] for key, _ in hooks.cache.items()] == ["fresh"]
 
 

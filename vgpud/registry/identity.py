@@ -1,0 +1,196 @@
+"""Who is calling, and is it the container it registers: SO_PEERCRED, /proc and the cgroup tree.
+
+The request names a pod and container (or a register UUID); nothing in it is trusted. The kernel
+says which process connected (SO_PEERCRED, in vgpud's PID namespace: the host's, as vgpud runs with
+hostPID) and, through `/proc/<pid>/cgroup`, which pod and container that process runs in.
+
+How a candidate container is matched (a choice; the alternative is below): the caller's own
+container ID, read from its cgroup path, must equal the candidate's `containerID` in the pod's
+status, and the container's cgroup, found from the pod UID and that same directory name under the
+cgroup root, must list the caller among its processes; that listing is also what pids.config gets.
+Computing the candidate's cgroup from the pod object alone (QoS class + UID + status containerID +
+the kubelet's cgroup driver) would need the cgroup driver setting and the runtime's naming scheme
+to be right, and it cannot work for a target whose pod object vgpud cannot read (the device-plugin
+fallback). Matching the caller's own path needs neither, and works unchanged in a private cgroup
+namespace because only the pod and container components are read.
+
+Blocking but quick (a few small procfs/cgroupfs reads): called from the Trio thread.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import socket
+import struct
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from vgpud.partition.assigner import Candidate, ResolveError, TargetNotFound
+from vgpud.registry.cgroup import (
+    CgroupParseError,
+    Membership,
+    container_id_of_status,
+    container_status,
+    is_running,
+    parse_proc_cgroup,
+    pod_cgroup_dirs,
+    pod_terminated,
+)
+
+_UCRED = struct.Struct("3i")  # struct ucred: pid, uid, gid
+#: a container has a handful of processes; a cgroup.procs larger than this is not one we read whole
+MAX_PROCS_BYTES = 1 << 20
+DEFAULT_CGROUP_MOUNT = Path("/sys/fs/cgroup")
+
+
+class IdentityError(Exception):
+    """The caller's identity cannot be established."""
+
+
+class WrongPod(Exception):
+    """The caller is not a process of the candidate's pod (or of any pod's container): final."""
+
+
+class NotTheCaller(ResolveError):
+    """The caller runs in the candidate's pod but is not (or, by the API's view, not yet) the
+    candidate container: retried, as the pod status may lag a container restart."""
+
+
+def peer_pid(stream: Any) -> int | None:
+    """The PID of the process at the other end of a grpclib server stream's unix socket.
+
+    grpclib (0.4) has no public accessor for the connection's socket; `stream.peer` is its public
+    Peer object and `Peer._transport` the asyncio transport it wraps. This is the one place that
+    reaches in; a grpclib upgrade that moves it makes this return None and every call is refused
+    (fail closed), which the tests catch.
+    """
+    transport = getattr(getattr(stream, "peer", None), "_transport", None)
+    sock = transport.get_extra_info("socket") if transport is not None else None
+    if sock is None or sock.family != socket.AF_UNIX:
+        return None
+    try:
+        pid, _uid, _gid = _UCRED.unpack(sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _UCRED.size))
+    except OSError:
+        return None
+    return pid if pid > 0 else None  # 0: the peer is in a PID namespace we cannot see
+
+
+@dataclass(frozen=True)
+class Caller:
+    """A register call's peer: its PID and where the kernel says it runs (None: not in a pod)."""
+
+    pid: int
+    membership: Membership | None
+
+    @property
+    def key(self) -> str:
+        """What the per-caller limit counts by: the pod, so a pod cannot evade it with many PIDs."""
+        return self.membership.pod_uid if self.membership is not None else f"pid:{self.pid}"
+
+    def describe(self) -> str:
+        m = self.membership
+        if m is None:
+            return f"pid {self.pid} (not in a pod)"
+        where = f"container {m.container_id[:12]}" if m.container_id else "no container"
+        return f"pid {self.pid} (pod {m.pod_uid}, {where})"
+
+
+def identify(proc_root: Path, pid: int | None) -> Caller:
+    """Read the caller's pod and container from `<proc_root>/<pid>/cgroup`; IdentityError if we can't."""
+    if pid is None:
+        raise IdentityError(
+            "the caller's PID is unknown (SO_PEERCRED gave none: is vgpud running with hostPID?)"
+        )
+    try:
+        text = (proc_root / str(pid) / "cgroup").read_text(errors="replace")
+    except OSError as err:
+        raise IdentityError(f"cannot read the cgroups of caller pid {pid}: {err.strerror or err}") from None
+    try:
+        return Caller(pid, parse_proc_cgroup(text))
+    except CgroupParseError as err:
+        raise IdentityError(f"caller pid {pid}: {err}") from None
+
+
+def default_cgroup_root(mount: Path = DEFAULT_CGROUP_MOUNT) -> Path:
+    """The hierarchy in which the kubelet's `kubepods` tree is read: the unified one on a v2 host,
+    else the v1 `pids` hierarchy (the kubelet creates pod cgroups in every v1 controller)."""
+    if (mount / "cgroup.controllers").is_file():
+        return mount
+    return mount / "pids"
+
+
+def container_cgroup(cgroup_root: Path, membership: Membership) -> Path:
+    """The caller's container cgroup directory under `cgroup_root` (the pod's QoS class is probed);
+    ResolveError while it is not there (a wrong cgroup root shows up as the last attempt's reason)."""
+    if membership.container_dir is None:
+        raise WrongPod(f"a process of pod {membership.pod_uid} that is in no container")
+    for pod_dir in pod_cgroup_dirs(membership.pod_uid, membership.systemd):
+        candidate = cgroup_root / pod_dir / membership.container_dir
+        if candidate.is_dir():
+            return candidate
+    raise ResolveError(
+        f"no cgroup of container {membership.container_id} of pod {membership.pod_uid} under "
+        f"{cgroup_root} (is --cgroup-root the hierarchy that holds the kubelet's kubepods tree?)"
+    )
+
+
+def _read_procs(path: Path) -> list[int]:
+    with path.open("rb") as file:
+        data = file.read(MAX_PROCS_BYTES + 1)
+    if len(data) > MAX_PROCS_BYTES:
+        raise OSError(errno.EFBIG, f"{path} is larger than {MAX_PROCS_BYTES} bytes")
+    return [int(line) for line in data.split()]
+
+
+def cgroup_pids(directory: Path) -> tuple[int, ...]:
+    """Every PID in `directory` and the cgroups below it, ascending (host PIDs: we run with hostPID).
+
+    A sub-cgroup that disappears while it is walked is skipped, as its processes have gone too.
+    """
+    pids: set[int] = set()
+    for current, _dirs, _files in os.walk(directory):
+        try:
+            pids.update(_read_procs(Path(current) / "cgroup.procs"))
+        except FileNotFoundError:
+            continue
+    return tuple(sorted(pids))
+
+
+def _pod_name(pod: Mapping[str, Any]) -> str:
+    meta = pod.get("metadata") or {}
+    return f"{meta.get('namespace', '?')}/{meta.get('name', '?')}"
+
+
+def verify_caller(
+    caller: Caller, candidate: Candidate, pod: Mapping[str, Any] | None, cgroup_root: Path
+) -> tuple[int, ...]:
+    """The candidate container's host PIDs, the caller's among them, when the caller is `candidate`.
+
+    `pod` is the candidate's pod object, None when vgpud cannot read it (the device-plugin fallback):
+    then only the kernel's facts count (the caller's pod). Raises WrongPod (final), TargetNotFound
+    (the pod terminated), NotTheCaller or ResolveError (not running yet: retry).
+    """
+    membership = caller.membership
+    if membership is None or membership.container_id is None:
+        raise WrongPod(f"caller {caller.describe()} is not a process of any pod's container")
+    if membership.pod_uid != candidate.pod_uid:
+        raise WrongPod(f"caller {caller.describe()} is not a process of pod {candidate.pod_uid}")
+    if pod is not None:
+        if pod_terminated(pod):
+            raise TargetNotFound(f"pod {_pod_name(pod)} has terminated")
+        status = container_status(pod, candidate.container)
+        if status is None or not is_running(status):
+            raise ResolveError(f"container {candidate.container} of pod {_pod_name(pod)} is not running yet")
+        expected = container_id_of_status(str(status.get("containerID", "")))
+        if expected != membership.container_id:
+            raise NotTheCaller(
+                f"caller {caller.describe()} is not container {candidate.container} of pod "
+                f"{_pod_name(pod)} ({(expected or 'no id')[:12]})"
+            )
+    pids = cgroup_pids(container_cgroup(cgroup_root, membership))
+    if caller.pid not in pids:
+        raise NotTheCaller(f"caller pid {caller.pid} is not among the processes of its container cgroup")
+    return pids

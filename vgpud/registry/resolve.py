@@ -1,0 +1,368 @@
+"""Register-call resolution: which directory gets pids.config, and is the caller allowed to write it.
+
+One attempt (`Resolver.attempt`) gathers what the partition assigner needs (eager: the claim that
+carries the register UUID and its reserved pods; lazy: the NRI cache entry), lets it pick the target
+directory and candidate containers, and then accepts the first candidate the caller really is
+(`vgpud.registry.identity`). `Resolver.resolve` repeats attempts every 40 ms for up to 60 s, because
+what it waits for lags the caller by design: the NRI cache is rebuilt by the first Synchronize after
+a restart, and the pod status says Running only after the kubelet's next relist. Only a target that
+can never exist (TargetNotFound: NOT_FOUND) and a caller that can never be the target (another pod,
+no pod: PERMISSION_DENIED) end the polling early, as in the reference.
+
+Where a candidate's pod object comes from, without a pod informer: the eager path has the claim's
+reserved pods; the lazy path reads the claim the NRI cache names (the checkpoint gives its name) and
+the pod in its `reservedFor` with the requested UID. A device-plugin-fallback target (a pod vgpud
+did not inject) has no claim, so its pod object cannot be looked up by UID: there the caller must
+run in the requested pod (kernel fact), the directory must already exist (vgpud never creates it),
+and the container name is taken from the request; a process can thus write only PIDs of its own
+container, into a directory of its own pod.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path, PurePosixPath
+from typing import Any, Protocol
+
+import trio
+from grpclib.const import Status
+
+from vgpud.kube import KubeApi, KubeError, NotFound
+from vgpud.nri.cache import NriCache
+from vgpud.partition.assigner import (
+    Candidate,
+    Mode,
+    PartitionAssigner,
+    RegisterQuery,
+    ResolveError,
+    ResolveFacts,
+    Target,
+    TargetNotFound,
+    is_register_uuid,
+)
+from vgpud.partition.layout import LayoutError, check_dns_label
+from vgpud.partition.model import ClaimView, ModelError, parse_claim, parse_pod
+from vgpud.registry.cgroup import is_pod_uid
+from vgpud.registry.identity import Caller, NotTheCaller, WrongPod, verify_caller
+
+log = logging.getLogger("vgpud.registry")
+
+POLL_INTERVAL = 0.04
+RESOLVE_TIMEOUT = 60.0
+MAX_IN_FLIGHT = 256
+MAX_PER_CALLER = 8
+
+
+# --------------------------------------------------------------------------------------------------
+# Errors: each is one gRPC status
+
+
+class RegisterError(Exception):
+    """A register call that fails; `status` is what the caller gets."""
+
+    status = Status.INTERNAL
+
+
+class BadRequest(RegisterError):
+    status = Status.INVALID_ARGUMENT
+
+
+class CallerRefused(RegisterError):
+    """The caller is not (and cannot become) the target: wrong pod, no pod, unknown PID."""
+
+    status = Status.PERMISSION_DENIED
+
+
+class TargetGone(RegisterError):
+    status = Status.NOT_FOUND
+
+
+class Overloaded(RegisterError):
+    status = Status.RESOURCE_EXHAUSTED
+
+
+class ResolveTimeout(RegisterError):
+    """Polling ran out of time; the last attempt's reason is in the message.
+
+    The reference answers UNKNOWN ("context deadline exceeded: last attempt: ..."); DEADLINE_EXCEEDED
+    says the same more precisely, and the library only checks for success. When the last attempt
+    found the caller to be another container of the right pod, it is PERMISSION_DENIED instead.
+    """
+
+    status = Status.DEADLINE_EXCEEDED
+
+    def __init__(self, message: str, *, mismatch: bool) -> None:
+        super().__init__(message)
+        if mismatch:
+            self.status = Status.PERMISSION_DENIED
+
+
+class WriteFailed(RegisterError):
+    status = Status.INTERNAL
+
+
+class WriteBusy(RegisterError):
+    """Another writer held pids.config's lock past the budget: worth a retry."""
+
+    status = Status.UNAVAILABLE
+
+
+# --------------------------------------------------------------------------------------------------
+# Limits
+
+
+class Admission:
+    """In-flight limits: `total` calls at once, `per_caller` from one caller; refuse, never queue,
+    so a flood costs the flooder a fast error and everyone else nothing."""
+
+    def __init__(self, total: int = MAX_IN_FLIGHT, per_caller: int = MAX_PER_CALLER) -> None:
+        self.total, self.per_caller = total, per_caller
+        self._counts: dict[str, int] = {}
+        self.in_flight = 0
+
+    @contextmanager
+    def slot(self, key: str) -> Iterator[None]:
+        if self.in_flight >= self.total:
+            raise Overloaded(f"{self.in_flight} register calls in flight (the node's limit); retry later")
+        if self._counts.get(key, 0) >= self.per_caller:
+            raise Overloaded(f"{self.per_caller} register calls of {key} in flight (the limit per caller)")
+        self.in_flight += 1
+        self._counts[key] = self._counts.get(key, 0) + 1
+        try:
+            yield
+        finally:
+            self.in_flight -= 1
+            if self._counts[key] <= 1:
+                del self._counts[key]
+            else:
+                self._counts[key] -= 1
+
+
+# --------------------------------------------------------------------------------------------------
+# Requests
+
+
+def parse_query(pod_uid: str, container: str, register_uuid: str) -> RegisterQuery:
+    """Validate the request's fields (INVALID_ARGUMENT): a UUID, or a pod UID and a container name."""
+    try:
+        if register_uuid and not is_register_uuid(register_uuid):
+            raise BadRequest(f"register_uuid {register_uuid[:64]!r} is not a lower-case UUID")
+        if bool(pod_uid) != bool(container):
+            raise BadRequest("pod_uid and container_name come together")
+        if not register_uuid and not pod_uid:
+            raise BadRequest("a register request needs register_uuid, or pod_uid and container_name")
+        if pod_uid:
+            if not is_pod_uid(pod_uid):
+                raise BadRequest(f"pod_uid {pod_uid[:64]!r} is not a pod UID")
+            check_dns_label(container, "container_name")
+    except LayoutError as err:
+        raise BadRequest(str(err)[:300]) from None
+    return RegisterQuery(register_uuid=register_uuid, pod_uid=pod_uid, container=container)
+
+
+# --------------------------------------------------------------------------------------------------
+# Resolution
+
+
+class ClaimKey(Protocol):
+    """A claim by name and UID (`vgpud.dra.driver.ClaimRef` is one)."""
+
+    @property
+    def namespace(self) -> str: ...
+    @property
+    def uid(self) -> str: ...
+    @property
+    def name(self) -> str: ...
+
+
+class ClaimIndex(Protocol):
+    """What the registry asks the DRA driver's checkpoint (`DraDriver` implements it)."""
+
+    def claim_for_register_uuid(self, register_uuid: str) -> ClaimKey | None:
+        """The prepared claim whose partition got this register UUID (eager client mode)."""
+        ...
+
+    def prepared_claim(self, claim_uid: str) -> ClaimKey | None:
+        """The claim with this UID if this node has prepared it."""
+        ...
+
+
+@dataclass(frozen=True)
+class Resolved:
+    target: Target
+    candidate: Candidate
+    #: the container's host PIDs, ascending, the caller's among them
+    pids: tuple[int, ...]
+
+
+@dataclass
+class _Gathered:
+    facts: ResolveFacts
+    #: pod UID -> pod object, for the pods the facts came with
+    pods: dict[str, Mapping[str, Any]] = field(default_factory=dict)
+
+
+class Resolver:
+    def __init__(
+        self,
+        *,
+        assigner: PartitionAssigner,
+        kube: KubeApi,
+        claims: ClaimIndex,
+        nri_cache: NriCache | None,
+        cgroup_root: Path,
+        driver_name: str,
+        interval: float = POLL_INTERVAL,
+        timeout: float = RESOLVE_TIMEOUT,
+    ) -> None:
+        self.assigner = assigner
+        self.kube = kube
+        self.claims = claims
+        self.nri_cache = nri_cache
+        self.cgroup_root = cgroup_root
+        self.driver_name = driver_name
+        self.interval = interval
+        self.timeout = timeout
+
+    async def resolve(self, query: RegisterQuery, caller: Caller) -> Resolved:
+        """Attempt at once, then every `interval` (on a fixed grid) until `timeout` has passed."""
+        if caller.membership is None or caller.membership.container_id is None:
+            raise CallerRefused(f"caller {caller.describe()} is not a process of any pod's container")
+        last: ResolveError | None = None
+        with trio.move_on_after(self.timeout):
+            start = trio.current_time()
+            attempt = 0
+            while True:
+                try:
+                    return await self.attempt(query, caller)
+                except TargetNotFound as err:
+                    raise TargetGone(str(err)) from None
+                except ResolveError as err:
+                    last = err
+                attempt += 1
+                await trio.sleep_until(start + attempt * self.interval)
+        reason = f"; last attempt: {last}" if last is not None else ""
+        raise ResolveTimeout(
+            f"no target for the caller after {self.timeout:g}s{reason}",
+            mismatch=isinstance(last, NotTheCaller),
+        )
+
+    async def attempt(self, query: RegisterQuery, caller: Caller) -> Resolved:
+        """One resolution; ResolveError (retry), TargetNotFound or CallerRefused (final)."""
+        gathered = await self._gather(query)
+        target = self.assigner.resolve(query, gathered.facts)
+        assert caller.membership is not None
+        mine = [c for c in target.candidates if c.pod_uid == caller.membership.pod_uid]
+        if not mine:
+            raise CallerRefused(
+                f"caller {caller.describe()} may not register {_describe_target(target)}: "
+                "it belongs to another pod"
+            )
+        pods = gathered.pods
+        if self.assigner.mode is Mode.LAZY and target.claim_uid is not None:
+            pods = await self._pods_of_claim(target.claim_uid, caller.membership.pod_uid)
+        last: ResolveError | None = None
+        for candidate in mine:
+            pod = pods.get(candidate.pod_uid)
+            if pod is None and target.claim_uid is not None:  # a prepared container: its pod decides
+                last = ResolveError(f"pod {candidate.pod_uid} is not among the claim's reserved pods (yet)")
+                continue
+            try:
+                pids = verify_caller(caller, candidate, pod, self.cgroup_root)
+            except WrongPod as err:
+                raise CallerRefused(str(err)) from None
+            except TargetNotFound:
+                raise
+            except ResolveError as err:
+                last = err
+                continue
+            if not _is_dir(target.config_dir):  # made by Prepare, NRI or the device plugin; never here
+                raise ResolveError(f"directory {target.config_dir} does not exist (yet)")
+            return Resolved(target, candidate, pids)
+        assert last is not None
+        raise last
+
+    # ---------------------------------------------------------------------------------------------
+    # Facts
+
+    async def _gather(self, query: RegisterQuery) -> _Gathered:
+        if self.assigner.mode is Mode.LAZY:
+            cache = self.nri_cache
+            entry = cache.get(query.pod_uid, query.container) if cache is not None else None
+            synced = cache.synced if cache is not None else True
+            return _Gathered(
+                ResolveFacts(cached_claim_uid=entry.claim_uid if entry else None, cache_synced=synced)
+            )
+        ref = self.claims.claim_for_register_uuid(query.register_uuid) if query.register_uuid else None
+        if ref is None:
+            return _Gathered(ResolveFacts())
+        claim = await self._read_claim(ref)
+        if claim is None:
+            return _Gathered(ResolveFacts())
+        pods = await self._reserved_pods(claim)
+        views = []
+        for obj in pods.values():
+            try:
+                views.append(parse_pod(obj))
+            except ModelError as err:
+                raise ResolveError(str(err)) from None
+        return _Gathered(ResolveFacts(claim=claim, pods=tuple(views)), pods)
+
+    async def _read_claim(self, ref: ClaimKey) -> ClaimView | None:
+        """The claim if it still exists with the prepared UID; ResolveError on an API failure."""
+        try:
+            obj = await self.kube.get_resource_claim(ref.namespace, ref.name)
+        except NotFound:
+            return None
+        except KubeError as err:
+            raise ResolveError(f"claim {ref.namespace}/{ref.name}: API error: {err}") from None
+        if (obj.get("metadata") or {}).get("uid") != ref.uid:
+            return None
+        try:
+            return parse_claim(obj, self.driver_name)
+        except ModelError as err:
+            raise ResolveError(str(err)) from None
+
+    async def _reserved_pods(self, claim: ClaimView, only: str | None = None) -> dict[str, Mapping[str, Any]]:
+        """Pod UID -> pod object of the claim's reserved pods that still exist with the reserved UID."""
+        found: dict[str, Mapping[str, Any]] = {}
+        for reserved in claim.reserved_for:
+            if only is not None and reserved.uid != only:
+                continue
+            try:
+                obj = await self.kube.get_pod(claim.namespace, reserved.name)
+            except NotFound:
+                continue
+            except KubeError as err:
+                raise ResolveError(f"pod {claim.namespace}/{reserved.name}: API error: {err}") from None
+            if (obj.get("metadata") or {}).get("uid") == reserved.uid:
+                found[reserved.uid] = obj
+        return found
+
+    async def _pods_of_claim(self, claim_uid: str, pod_uid: str) -> dict[str, Mapping[str, Any]]:
+        """Lazy path: the pod `pod_uid` through the claim the NRI cache named; TargetNotFound when the
+        claim is no longer prepared or gone, or the pod is no longer reserved (it will not come back)."""
+        ref = self.claims.prepared_claim(claim_uid)
+        if ref is None:
+            raise TargetNotFound(f"claim {claim_uid} is not prepared on this node")
+        claim = await self._read_claim(ref)
+        if claim is None:
+            raise TargetNotFound(f"claim {ref.namespace}/{ref.name} ({claim_uid}) no longer exists")
+        pods = await self._reserved_pods(claim, only=pod_uid)
+        if not pods:
+            raise TargetNotFound(
+                f"pod {pod_uid} does not exist or no longer uses claim {ref.namespace}/{ref.name}"
+            )
+        return pods
+
+
+def _is_dir(path: PurePosixPath) -> bool:
+    return Path(path).is_dir()
+
+
+def _describe_target(target: Target) -> str:
+    who = ", ".join(f"{c.pod_uid}/{c.container}" for c in target.candidates)
+    return f"{target.config_dir} (containers {who})"

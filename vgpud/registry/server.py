@@ -1,0 +1,204 @@
+"""`VDeviceRegistry.RegisterContainerDevice`: the library's register call, and the registry component.
+
+Per call: the peer PID (SO_PEERCRED) and its pod (`/proc/<pid>/cgroup`); the request, at most 16 KiB;
+the in-flight limits (256 on the node, 8 per caller pod); resolution of the target directory with
+the caller checked against it (`vgpud.registry.resolve`); then pids.config written in place. Every
+call is recorded (component "registry") and every failure is one gRPC status:
+
+| INVALID_ARGUMENT   | malformed bytes, a non-UUID register_uuid, neither UUID nor pod UID + container |
+| RESOURCE_EXHAUSTED | a message over 16 KiB; over 256 calls in flight, or over 8 from one caller       |
+| PERMISSION_DENIED  | unknown PID, a caller in no pod's container, a target of another pod, a caller   |
+|                    | that (at the deadline) still is another container of the target's pod           |
+| NOT_FOUND          | a target that cannot exist: unknown UUID, claim or pod gone, pod terminated      |
+| DEADLINE_EXCEEDED  | still unresolved after 60 s (the reference says UNKNOWN; see ResolveTimeout)     |
+| UNAVAILABLE        | pids.config lock held by another writer past its budget                          |
+| INTERNAL           | pids.config could not be written (a symlink in its place is refused and logged)  |
+
+Handlers run on grpclib's asyncio side; each call runs as a Trio task through trio-asyncio.
+"""
+
+from __future__ import annotations
+
+import errno
+import logging
+import struct
+from pathlib import Path
+from typing import Any
+
+import grpclib.const
+import trio
+import trio_asyncio
+from grpclib.const import Status
+from grpclib.exceptions import GRPCError
+
+from vgpud._pb.registry import ContainerDeviceRequest, ContainerDeviceResponse, VDeviceRegistryBase
+from vgpud.kube import KubeApi
+from vgpud.nri.cache import NriCache
+from vgpud.observe.recorder import Outcome, Recorder
+from vgpud.partition.assigner import PartitionAssigner
+from vgpud.partition.layout import Layout
+from vgpud.partition.pidsfile import PidsFileError, PidsFileLockTimeout, write_pids_file
+from vgpud.registry.identity import IdentityError, identify, peer_pid
+from vgpud.registry.publish import GUARD_INTERVAL, serve_published
+from vgpud.registry.resolve import (
+    Admission,
+    CallerRefused,
+    ClaimIndex,
+    RegisterError,
+    Resolved,
+    Resolver,
+    WriteBusy,
+    WriteFailed,
+    parse_query,
+)
+from vgpud.supervisor import Ready
+from vgpud.wire import MalformedMessage, parse_strict
+
+log = logging.getLogger("vgpud.registry")
+
+MAX_MESSAGE = 16 * 1024
+_PREFIX = struct.Struct(">?I")  # gRPC message framing: compressed flag, length
+
+
+async def read_request(stream: Any, limit: int = MAX_MESSAGE) -> ContainerDeviceRequest:
+    """The unary request, refused from its length prefix when over `limit` (RESOURCE_EXHAUSTED).
+
+    grpclib has no receive limit: `Stream.recv_message` reads (and acknowledges) as many bytes as
+    the prefix claims. So the frame is read here from grpclib's HTTP/2 stream (`stream._stream`, its
+    only non-public part) and decoded strictly (INVALID_ARGUMENT for malformed bytes).
+    """
+    h2_stream = stream._stream
+    prefix = await h2_stream.recv_data(_PREFIX.size)
+    if len(prefix) < _PREFIX.size:
+        raise GRPCError(Status.INVALID_ARGUMENT, "no request message")
+    compressed, length = _PREFIX.unpack(prefix)
+    if compressed:
+        raise GRPCError(Status.UNIMPLEMENTED, "compressed messages are not supported")
+    if length > limit:
+        raise GRPCError(
+            Status.RESOURCE_EXHAUSTED, f"request message of {length} bytes exceeds the limit of {limit}"
+        )
+    try:
+        return parse_strict(await h2_stream.recv_data(length), ContainerDeviceRequest)
+    except MalformedMessage as err:
+        raise GRPCError(Status.INVALID_ARGUMENT, f"malformed ContainerDeviceRequest: {err}") from None
+    except AssertionError:  # grpclib's buffer: the stream ended inside the message
+        raise GRPCError(Status.INVALID_ARGUMENT, "truncated request message") from None
+
+
+class RegistryService(VDeviceRegistryBase):
+    """The grpclib handler; `register` is the Trio side, callable directly in tests."""
+
+    def __init__(
+        self,
+        resolver: Resolver,
+        recorder: Recorder,
+        *,
+        proc_root: Path,
+        admission: Admission | None = None,
+        max_message: int = MAX_MESSAGE,
+    ) -> None:
+        self.resolver = resolver
+        self.recorder = recorder
+        self.proc_root = proc_root
+        self.admission = admission or Admission()
+        self.max_message = max_message
+
+    def __mapping__(self) -> dict[str, grpclib.const.Handler]:
+        """The generated mapping with our stream handler (the generated one reads without a limit)."""
+        return {path: h._replace(func=self._handle) for path, h in super().__mapping__().items()}
+
+    async def _handle(self, stream: Any) -> None:
+        pid = peer_pid(stream)
+        request = await read_request(stream, self.max_message)
+        await trio_asyncio.trio_as_aio(self.register)(request, pid)
+        await stream.send_message(ContainerDeviceResponse())
+
+    async def register(self, request: ContainerDeviceRequest, pid: int | None) -> Resolved:
+        """Identify, admit, resolve and write; GRPCError with the status of whatever failed."""
+        with self.recorder.timed(
+            "registry",
+            "RegisterContainerDevice",
+            pod_uid=request.pod_uid[:64],
+            container=request.container_name[:64],
+        ) as call:
+            try:
+                query = parse_query(request.pod_uid, request.container_name, request.register_uuid)
+                try:
+                    caller = identify(self.proc_root, pid)
+                except IdentityError as err:
+                    raise CallerRefused(str(err)) from None
+                with self.admission.slot(caller.key):
+                    resolved = await self.resolver.resolve(query, caller)
+                    call.update(claim_uid=resolved.target.claim_uid or "")
+                    await self._write(resolved)
+            except RegisterError as err:
+                failed = err.status in (Status.DEADLINE_EXCEEDED, Status.INTERNAL, Status.UNAVAILABLE)
+                call.outcome = Outcome.ERROR if failed else Outcome.REJECTED
+                call.detail = str(err)
+                log.log(
+                    logging.WARNING if failed or err.status is Status.PERMISSION_DENIED else logging.INFO,
+                    "register pod_uid=%r container=%r register_uuid=%r from pid %s: %s: %s",
+                    request.pod_uid[:64],
+                    request.container_name[:64],
+                    request.register_uuid[:64],
+                    pid,
+                    err.status.name,
+                    err,
+                )
+                raise GRPCError(err.status, str(err)[:1024]) from None
+        log.info(
+            "registered container %s of pod %s (claim %s, caller pid %s): %d PIDs into %s",
+            resolved.candidate.container,
+            resolved.candidate.pod_uid,
+            resolved.target.claim_uid or "-",
+            pid,
+            len(resolved.pids),
+            resolved.target.config_dir,
+        )
+        return resolved
+
+    async def _write(self, resolved: Resolved) -> None:
+        try:
+            await trio.to_thread.run_sync(write_pids_file, Path(resolved.target.config_dir), resolved.pids)
+        except PidsFileLockTimeout as err:
+            raise WriteBusy(str(err)) from None
+        except (PidsFileError, OSError, ValueError) as err:
+            if isinstance(err, OSError) and err.errno == errno.ELOOP:
+                # nothing legitimate plants one: the container may be redirecting a privileged write
+                log.error("SECURITY: %s", err)
+            raise WriteFailed(str(err)) from None
+
+
+class RegistryServer:
+    """The supervised component: the registry socket at `<root>/registry/socket.sock`."""
+
+    def __init__(
+        self,
+        *,
+        layout: Layout,
+        assigner: PartitionAssigner,
+        nri_cache: NriCache | None,
+        claims: ClaimIndex,
+        kube: KubeApi,
+        recorder: Recorder,
+        driver_name: str,
+        proc_root: Path,
+        cgroup_root: Path,
+        guard_interval: float = GUARD_INTERVAL,
+        admission: Admission | None = None,
+    ) -> None:
+        self.path = Path(layout.registry_socket)
+        self.guard_interval = guard_interval
+        self.resolver = Resolver(
+            assigner=assigner,
+            kube=kube,
+            claims=claims,
+            nri_cache=nri_cache,
+            cgroup_root=cgroup_root,
+            driver_name=driver_name,
+        )
+        self.service = RegistryService(self.resolver, recorder, proc_root=proc_root, admission=admission)
+
+    async def run(self, ready: Ready) -> None:
+        await serve_published([self.service], self.path, ready=ready, guard_interval=self.guard_interval)

@@ -1,0 +1,170 @@
+"""One admission review decided: look up what the rules need, apply them, record the call.
+
+Objects that are not ours are allowed without a look-up: other resources, a pod without resource
+claims, claims without a vGPU request. When a look-up fails or takes too long the answer is a denial
+with code 500 (fail-closed, as `failurePolicy: Fail` would be); an object the rules cannot read is denied
+with code 400. A claim or template that does not exist (yet) constrains nothing at pod creation, and
+the answer carries a warning: a pod may be created before its claim, and the reservation check
+(resourceclaims/status) still holds the line when the claim is allocated.
+
+The race in rule 4 (one pod per request): two pods created at the same moment with the same request of
+one named claim each see a namespace without the other, and both are admitted. That is accepted here
+rather than serialized (a webhook has no lock across API server replicas); the invariant holds anyway
+because the scheduler must reserve the claim for the second pod through a resourceclaims/status
+update, which `check_claim_status` denies, so the second pod stays Pending and never runs.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from typing import Any
+
+import trio
+
+from vgpud.kube.api import KubeError, NotFound
+from vgpud.observe.recorder import Outcome, Recorder
+from vgpud.webhook import rules
+from vgpud.webhook.lookup import Lookup
+from vgpud.webhook.review import AdmissionRequest, Decision
+from vgpud.webhook.rules import Policy, RuleInputError
+
+log = logging.getLogger("vgpud.webhook")
+
+RESOURCE_GROUP = "resource.k8s.io"
+#: below the API server's 10 s webhook timeout, so a slow API answers with our reason, not a timeout
+LOOKUP_TIMEOUT_S = 8.0
+
+#: metric results
+ALLOWED, DENIED, ERROR = "allowed", "denied", "error"
+
+
+def result_of(decision: Decision) -> str:
+    if decision.allowed:
+        return ALLOWED
+    return DENIED if decision.code == 403 else ERROR
+
+
+class Admitter:
+    def __init__(
+        self,
+        lookup: Lookup,
+        policy: Policy,
+        *,
+        recorder: Recorder | None = None,
+        lookup_timeout: float = LOOKUP_TIMEOUT_S,
+    ) -> None:
+        self._lookup = lookup
+        self._policy = policy
+        self.recorder = recorder if recorder is not None else Recorder()
+        self._timeout = lookup_timeout
+
+    async def decide(self, request: AdmissionRequest) -> Decision:
+        """The answer to a well-formed review; never raises for the review's content."""
+        call = f"{request.resource_path} {request.operation}"
+        with self.recorder.timed("webhook", call, **_identity(request)) as timed:
+            decision, checked = await self._decide(request)
+            if decision.allowed:
+                timed.outcome = Outcome.OK if checked else Outcome.SKIPPED
+            else:
+                timed.outcome = Outcome.REJECTED if decision.code == 403 else Outcome.ERROR
+            timed.detail = decision.message or "; ".join(decision.warnings)
+        if not decision.allowed:
+            log.info("denied %s %s/%s: %s", call, request.namespace, request.name, decision.message)
+        return decision
+
+    async def _decide(self, request: AdmissionRequest) -> tuple[Decision, bool]:
+        """(decision, whether the object was ours and checked)."""
+        group, resource = request.resource.group, request.resource.name
+        what = f"{request.resource_path} {request.namespace}/{request.name}".rstrip("/")
+        try:
+            with trio.fail_after(self._timeout):
+                if (group, resource, request.sub_resource, request.operation) == ("", "pods", "", "CREATE"):
+                    return await self._pod(request)
+                if group == RESOURCE_GROUP and resource == "resourceclaims":
+                    if not request.sub_resource and request.operation in ("CREATE", "UPDATE"):
+                        return self._claim(request)
+                    if request.sub_resource == "status" and request.operation == "UPDATE":
+                        return await self._claim_status(request)
+        except RuleInputError as err:
+            return Decision.deny(f"vgpud webhook cannot read {what}: {err}", code=400), True
+        except KubeError as err:
+            return Decision.deny(f"vgpud webhook could not check {what}: {err}", code=500), True
+        except trio.TooSlowError:
+            message = (
+                f"vgpud webhook could not check {what}: the API server did not answer in {self._timeout:g}s"
+            )
+            return Decision.deny(message, code=500), True
+        return Decision.allow(), False
+
+    async def _pod(self, request: AdmissionRequest) -> tuple[Decision, bool]:
+        pod = request.object_with_identity()
+        if not _has_claims(pod):
+            return Decision.allow(), False
+        namespace = pod["metadata"]["namespace"]
+        sources = rules.pod_claims(pod)
+        warnings: list[str] = []
+        claims: dict[str, Mapping[str, Any]] = {}
+        for name in dict.fromkeys(sources.named.values()):
+            try:
+                claims[name] = await self._lookup.get_resource_claim(namespace, name)
+            except NotFound:
+                warnings.append(
+                    f'ResourceClaim "{name}" does not exist yet: its vGPU requests are checked when it is '
+                    "reserved for this pod"
+                )
+        templates: dict[str, Mapping[str, Any]] = {}
+        for name in dict.fromkeys(sources.templates.values()):
+            try:
+                templates[name] = await self._lookup.get_resource_claim_template(namespace, name)
+            except NotFound:
+                warnings.append(f'ResourceClaimTemplate "{name}" does not exist: no claim can be generated')
+        pods = []
+        if rules.uses_named_vgpu_claim(claims, self._policy):
+            pods = await self._lookup.list_pods(namespace)
+        violations = rules.check_pod(pod, claims, templates, pods, self._policy)
+        return _decision(violations, warnings), True
+
+    def _claim(self, request: AdmissionRequest) -> tuple[Decision, bool]:
+        claim = request.object_with_identity()
+        if not rules.is_vgpu_claim(claim, self._policy):
+            return Decision.allow(), False
+        return _decision(rules.check_claim(claim, self._policy), []), True
+
+    async def _claim_status(self, request: AdmissionRequest) -> tuple[Decision, bool]:
+        claim = request.object_with_identity()
+        old = request.old_object
+        if not rules.is_vgpu_claim(claim, self._policy) and not (
+            old and rules.is_vgpu_claim(old, self._policy)
+        ):
+            return Decision.allow(), False
+        status = claim.get("status")
+        if not isinstance(status, Mapping) or not status.get("reservedFor"):
+            return Decision.allow(), True
+        pods = await self._lookup.list_pods(claim["metadata"]["namespace"])
+        return _decision(rules.check_claim_status(claim, old, pods, self._policy), []), True
+
+
+def _has_claims(pod: Mapping[str, Any]) -> bool:
+    spec = pod.get("spec")
+    return isinstance(spec, Mapping) and bool(spec.get("resourceClaims"))
+
+
+def _decision(violations: list[rules.Violation], warnings: list[str]) -> Decision:
+    if violations:
+        return Decision.deny(rules.summary(violations), warnings=tuple(warnings))
+    return Decision.allow(warnings=tuple(warnings))
+
+
+def _identity(request: AdmissionRequest) -> dict[str, str]:
+    """What the recorder shows about the object: the pod, or the claim's namespace and uid."""
+    meta = (request.object or request.old_object or {}).get("metadata")
+    meta = meta if isinstance(meta, Mapping) else {}
+    uid = meta.get("uid") if isinstance(meta.get("uid"), str) else ""
+    name = meta.get("name") if isinstance(meta.get("name"), str) else ""
+    identity = {"pod_namespace": request.namespace}
+    if request.resource.name == "pods":
+        identity.update(pod_name=name or request.name, pod_uid=uid)
+    elif request.resource.name == "resourceclaims":
+        identity["claim_uid"] = uid
+    return identity

@@ -1,0 +1,246 @@
+"""Settings of `vgpud webhook`, in the style of `vgpud run` (vgpud.config): every setting a flag and an
+environment variable, flag over environment over default, all checked before anything starts, a bad
+value a `ConfigError` naming the flag (the CLI prints one line and exits 2)."""
+
+from __future__ import annotations
+
+import argparse
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, fields
+from pathlib import Path
+from typing import Any
+
+from vgpud.config import (
+    OPTIONS,
+    ConfigError,
+    Option,
+    _absolute_path,
+    _dns_subdomain,
+    _int_in,
+    _ip_address,
+    _resolve,
+)
+from vgpud.webhook.rules import DEFAULT_VGPU_CLASSES, Policy
+
+_TRUE = {"true", "1", "yes", "on"}
+_FALSE = {"false", "0", "no", "off", ""}
+
+
+def _boolean(raw: str) -> bool:
+    value = raw.strip().lower()
+    if value in _TRUE:
+        return True
+    if value in _FALSE:
+        return False
+    raise ValueError(f"{raw!r} is not true or false")
+
+
+def _names(raw: str) -> tuple[str, ...]:
+    """A comma-separated list of DNS subdomains (device class names)."""
+    names = tuple(dict.fromkeys(part.strip() for part in raw.split(",") if part.strip()))
+    if not names:
+        raise ValueError("the list is empty")
+    for name in names:
+        _dns_subdomain(name)
+    return names
+
+
+def _hosts(raw: str) -> tuple[str, ...]:
+    """A comma-separated list of IP addresses and DNS names, possibly empty."""
+    hosts = tuple(dict.fromkeys(part.strip() for part in raw.split(",") if part.strip()))
+    for host in hosts:
+        try:
+            _ip_address(host)
+        except ValueError:
+            _dns_subdomain(host.lower())
+    return hosts
+
+
+#: options shared with `vgpud run`, declared once in vgpud.config
+_SHARED = {
+    option.dest: option for option in OPTIONS if option.dest in ("driver_name", "kubeconfig", "log_level")
+}
+
+WEBHOOK_OPTIONS: tuple[Option, ...] = (
+    Option("address", "--address", "WEBHOOK_ADDRESS", _ip_address, "0.0.0.0", "address to listen on", "ADDR"),
+    Option(
+        "port", "--port", "WEBHOOK_PORT", _int_in(0, 65535), "9443", "HTTPS port (0: any free port)", "PORT"
+    ),
+    Option(
+        "tls_cert_file",
+        "--tls-cert-file",
+        "WEBHOOK_TLS_CERT_FILE",
+        _absolute_path,
+        None,
+        "serving certificate (PEM, chain allowed); reloaded when it changes",
+        "FILE",
+    ),
+    Option(
+        "tls_key_file",
+        "--tls-key-file",
+        "WEBHOOK_TLS_KEY_FILE",
+        _absolute_path,
+        None,
+        "private key of --tls-cert-file (PEM); reloaded when it changes",
+        "FILE",
+    ),
+    Option(
+        "tls_reload_interval",
+        "--tls-reload-interval",
+        "WEBHOOK_TLS_RELOAD_INTERVAL",
+        _int_in(1, 3600),
+        "10",
+        "seconds between checks whether the certificate or key file changed",
+        "SECONDS",
+    ),
+    Option(
+        "self_signed_dir",
+        "--self-signed",
+        "WEBHOOK_SELF_SIGNED_DIR",
+        _absolute_path,
+        None,
+        "development: make a CA and serving certificate in DIR (reused when there), print the caBundle "
+        "for the webhook configuration; instead of --tls-cert-file/--tls-key-file",
+        "DIR",
+    ),
+    Option(
+        "self_signed_hosts",
+        "--self-signed-hosts",
+        "WEBHOOK_SELF_SIGNED_HOSTS",
+        _hosts,
+        "",
+        "extra comma-separated DNS names and IPs for the self-signed certificate "
+        "(always: localhost, 127.0.0.1 and the Service's names)",
+        "HOSTS",
+    ),
+    Option(
+        "service_name",
+        "--service-name",
+        "WEBHOOK_SERVICE_NAME",
+        _dns_subdomain,
+        "vgpud-webhook",
+        "the webhook's Service, for the self-signed certificate's names",
+        "NAME",
+    ),
+    Option(
+        "service_namespace",
+        "--service-namespace",
+        "POD_NAMESPACE",
+        _dns_subdomain,
+        "default",
+        "the Service's namespace, for the self-signed certificate's names",
+        "NAMESPACE",
+    ),
+    Option(
+        "vgpu_device_classes",
+        "--vgpu-device-classes",
+        "VGPU_DEVICE_CLASSES",
+        _names,
+        ",".join(sorted(DEFAULT_VGPU_CLASSES)),
+        "comma-separated DeviceClass names whose requests are vGPU requests",
+        "CLASSES",
+    ),
+    Option(
+        "allow_multiple_vgpu_claims_per_container",
+        "--allow-multiple-vgpu-claims-per-container",
+        "ALLOW_MULTIPLE_VGPU_CLAIMS_PER_CONTAINER",
+        _boolean,
+        "false",
+        "let a container use several vGPU claims; only for clusters where every node runs NRI mode "
+        "(NRISupport on and the runtime's NRI socket reachable): an eager-mode node gives such a "
+        "container colliding register identities and mounts",
+    ),
+    *(_SHARED[dest] for dest in ("driver_name", "kubeconfig", "log_level")),
+)
+
+#: flags that take no value (present = true); their environment variables take true/false
+_SWITCHES = frozenset({"allow_multiple_vgpu_claims_per_container"})
+
+
+@dataclass(frozen=True)
+class WebhookSettings:
+    address: str
+    port: int
+    tls_cert_file: Path | None
+    tls_key_file: Path | None
+    tls_reload_interval: int
+    self_signed_dir: Path | None
+    self_signed_hosts: tuple[str, ...]
+    service_name: str
+    service_namespace: str
+    vgpu_device_classes: tuple[str, ...]
+    allow_multiple_vgpu_claims_per_container: bool
+    driver_name: str
+    kubeconfig: Path | None
+    log_level: str
+
+    @property
+    def policy(self) -> Policy:
+        return Policy(
+            driver=self.driver_name,
+            vgpu_classes=frozenset(self.vgpu_device_classes),
+            allow_multiple_claims_per_container=self.allow_multiple_vgpu_claims_per_container,
+        )
+
+    @property
+    def certificate_hosts(self) -> tuple[str, ...]:
+        """SANs of the self-signed certificate: loopback, the Service's DNS names, the extra hosts."""
+        name, namespace = self.service_name, self.service_namespace
+        service = (
+            name,
+            f"{name}.{namespace}",
+            f"{name}.{namespace}.svc",
+            f"{name}.{namespace}.svc.cluster.local",
+        )
+        return tuple(dict.fromkeys(("localhost", "127.0.0.1", *service, *self.self_signed_hosts)))
+
+    def summary(self) -> dict[str, str]:
+        return {f.name: str(getattr(self, f.name)) for f in fields(self)}
+
+
+def add_webhook_arguments(parser: argparse.ArgumentParser) -> None:
+    """Register the options; values stay raw strings until `webhook_settings_from` resolves them."""
+    for option in WEBHOOK_OPTIONS:
+        env = f" [env {option.env}]" if option.env else ""
+        default = f" (default: {option.default})" if option.default not in (None, "") else ""
+        help_text = f"{option.help}{default}{env}"
+        if option.dest in _SWITCHES:
+            parser.add_argument(
+                option.flag, dest=option.dest, action="store_const", const="true", help=help_text
+            )
+        else:
+            parser.add_argument(
+                option.flag, dest=option.dest, default=None, metavar=option.metavar, help=help_text
+            )
+
+
+def webhook_settings_from(
+    args: argparse.Namespace, environ: Mapping[str, str] | None = None
+) -> WebhookSettings:
+    """Resolve flag > environment > default for every option, validate, and check combinations."""
+    environ = os.environ if environ is None else environ
+    values: dict[str, Any] = {
+        option.dest: _resolve(option, args, environ, None) for option in WEBHOOK_OPTIONS
+    }
+    settings = WebhookSettings(**values)
+    _check(settings)
+    return settings
+
+
+def _check(settings: WebhookSettings) -> None:
+    files = (settings.tls_cert_file, settings.tls_key_file)
+    if settings.self_signed_dir is not None:
+        if any(path is not None for path in files):
+            raise ConfigError(
+                "--self-signed replaces --tls-cert-file and --tls-key-file: give one or the other"
+            )
+        return
+    if settings.self_signed_hosts:
+        raise ConfigError("--self-signed-hosts is only used with --self-signed")
+    if files == (None, None):
+        raise ConfigError(
+            "the webhook serves HTTPS: give --tls-cert-file and --tls-key-file, or --self-signed DIR"
+        )
+    if None in files:
+        raise ConfigError("--tls-cert-file and --tls-key-file go together: give both")

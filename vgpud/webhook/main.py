@@ -1,0 +1,135 @@
+"""`vgpud webhook`: the admission webhook as its own process (the chart runs it as a Deployment).
+
+What can fail for good is checked before Trio starts and ends the process with exit 1: the serving
+certificate (or making the self-signed one), the Kubernetes API configuration and the listening
+socket. Then two supervised components run until SIGTERM or SIGINT: the HTTPS server and the
+certificate watcher, each restarting with backoff.
+
+`python -m vgpud.webhook.main ARGS` runs the same thing as `vgpud webhook ARGS`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import signal
+import sys
+from collections.abc import Sequence
+from functools import partial
+
+import trio
+
+from vgpud import __version__
+from vgpud.config import ConfigError
+from vgpud.kube.api import KubeError
+from vgpud.observe.recorder import Recorder
+from vgpud.supervisor import Restart, Supervisor
+from vgpud.webhook.admit import Admitter
+from vgpud.webhook.config import WebhookSettings, add_webhook_arguments, webhook_settings_from
+from vgpud.webhook.lookup import KubeLookup
+from vgpud.webhook.metrics import WebhookMetrics
+from vgpud.webhook.server import WebhookServer
+from vgpud.webhook.tls import ReloadingTls, TlsError, ensure_self_signed
+
+log = logging.getLogger("vgpud.webhook")
+
+EXIT_OK, EXIT_FAILURE, EXIT_USAGE = 0, 1, 2
+SHUTDOWN_TIMEOUT_S = 10.0
+
+
+def run_webhook(settings: WebhookSettings) -> int:
+    """Serve until SIGTERM/SIGINT; the exit code."""
+    log.info("vgpud %s webhook starting (%s)", __version__, settings.policy)
+    metrics = WebhookMetrics()
+    try:
+        tls = _tls(settings, metrics)
+        tls.load()
+    except TlsError as err:
+        log.error("%s", err)
+        return EXIT_FAILURE
+    try:
+        lookup = KubeLookup.from_config(settings.kubeconfig)
+    except KubeError as err:
+        log.error("no Kubernetes API: %s", err)
+        return EXIT_FAILURE
+    try:
+        return trio.run(_main, settings, tls, lookup, metrics)
+    finally:
+        lookup.close()
+
+
+def _tls(settings: WebhookSettings, metrics: WebhookMetrics) -> ReloadingTls:
+    if settings.self_signed_dir is None:
+        assert settings.tls_cert_file is not None and settings.tls_key_file is not None
+        return ReloadingTls(settings.tls_cert_file, settings.tls_key_file, metrics)
+    made = ensure_self_signed(settings.self_signed_dir, settings.certificate_hosts, settings.service_name)
+    # stdout carries exactly this line: what the webhook configuration's clientConfig.caBundle needs
+    print(f"caBundle: {made.ca_bundle()}", flush=True)
+    return ReloadingTls(made.cert, made.key, metrics)
+
+
+async def _main(
+    settings: WebhookSettings, tls: ReloadingTls, lookup: KubeLookup, metrics: WebhookMetrics
+) -> int:
+    with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+        try:
+            listeners = await trio.open_tcp_listeners(settings.port, host=settings.address)
+        except OSError as err:
+            log.error("cannot listen on %s:%d: %s", settings.address, settings.port, err)
+            return EXIT_FAILURE
+        try:
+            recorder = Recorder()
+            admitter = Admitter(lookup, settings.policy, recorder=recorder)
+            async with Supervisor(shutdown_timeout=SHUTDOWN_TIMEOUT_S) as supervisor:
+                server = WebhookServer(
+                    admitter, lambda: tls.context, metrics, healthy=supervisor.health.all_healthy
+                )
+                supervisor.supervise("webhook", partial(server.serve, listeners), Restart())
+                supervisor.supervise(
+                    "webhook-tls", partial(tls.watch, settings.tls_reload_interval), Restart()
+                )
+                host, port = listeners[0].socket.getsockname()[:2]
+                log.info("serving admission reviews on https://%s:%d/validate", host, port)
+                async for signum in signals:
+                    log.info("%s received: stopping", signal.Signals(signum).name)
+                    supervisor.cancel()
+                    break
+            recorder.close()
+        finally:
+            for listener in listeners:
+                await listener.aclose()
+    log.info("webhook stopped")
+    return EXIT_OK
+
+
+def configure_logging(level: str) -> None:
+    logging.basicConfig(
+        level=getattr(logging, level.upper()),
+        format="%(asctime)s %(levelname)-7s %(name)s: %(message)s",
+        stream=sys.stderr,
+    )
+
+
+def command(args: argparse.Namespace) -> int:
+    """`vgpud webhook` once argparse has run: settings (ConfigError propagates), logging, serve."""
+    settings = webhook_settings_from(args)
+    configure_logging(settings.log_level)
+    return run_webhook(settings)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="vgpud webhook",
+        description="Serve the vGPU admission rules as a validating webhook (admission.k8s.io/v1).",
+    )
+    add_webhook_arguments(parser)
+    args = parser.parse_args(argv)
+    try:
+        return command(args)
+    except ConfigError as err:
+        print(f"vgpud webhook: error: {err}", file=sys.stderr)
+        return EXIT_USAGE
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,504 @@
+"""The admission rules that keep "no two concurrent containers share a vGPU request" true (seed §12.2).
+
+Per-container directories (NRI mode) are safe only under that invariant, and eager partitions assume
+it too; these rules are what enforces it ("Webhook rules" in reference/vgpu-manager-contracts.md):
+
+1. A container uses at most one vGPU claim (several requests of it are fine). `Policy.
+   allow_multiple_claims_per_container` turns this off, for clusters where every node runs NRI mode
+   (seed §5.4: there each container gets one directory whatever it references). On an eager node a
+   container with two claims gets two CDI devices whose register identities and mounts collide.
+2. Per vGPU request of a claim, within a pod: at most one app container; at most one sidecar (an init
+   container with restartPolicy Always), and then the sidecar is its only user; any number of plain init
+   containers (they run one after another, before the apps).
+3. A plain init container shares the requests of one claim with at most one app container (otherwise
+   the eager partition graph joins two concurrent apps into one directory through it).
+4. Across pods: a vGPU request of a claim that one pod uses is used by no other pod.
+
+Pure functions over API dicts (no I/O): the server looks up what they need (the pod's named claims and
+claim templates, the pods of the namespace) and hands it in. Which claims are vGPU claims is decided
+from the spec, because at pod CREATE nothing is allocated yet: a request is a vGPU request when its
+device class (`exactly.deviceClassName`, a `firstAvailable` alternative's, or v1beta1's top-level
+`deviceClassName`) is one of `Policy.vgpu_classes`; for a claim already allocated, the requests
+allocated to our driver count too. When a claim's status changes (the scheduler reserving it for a
+pod), rules 2-4 are checked again against what is really allocated, over every reserved pod.
+
+Every rule yields `Violation`s whose message names the pod, the container, the claim and the request.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import Any
+
+from vgpud.partition.model import (
+    ClaimView,
+    ContainerKind,
+    ContainerRef,
+    ModelError,
+    PodView,
+    container_requests,
+    parse_claim,
+    parse_pod,
+)
+
+DEFAULT_VGPU_CLASSES = frozenset({"vgpu-manager"})
+#: pods in these phases run no container any more; unless still reserved they hold no request
+FINISHED_PHASES = frozenset({"Succeeded", "Failed"})
+
+
+class RuleInputError(ValueError):
+    """An object the rules cannot read; the message names the object and the field."""
+
+
+class Rule(StrEnum):
+    ONE_CLAIM_PER_CONTAINER = "one-vgpu-claim-per-container"
+    ONE_APP_PER_REQUEST = "one-app-per-request"
+    ONE_SIDECAR_PER_REQUEST = "one-sidecar-per-request"
+    SIDECAR_ONLY_USER = "sidecar-only-user"
+    INIT_SHARES_WITH_ONE_APP = "init-shares-with-one-app"
+    ONE_POD_PER_REQUEST = "one-pod-per-request"
+
+
+@dataclass(frozen=True)
+class Policy:
+    """What the rules need to know about the cluster."""
+
+    driver: str
+    vgpu_classes: frozenset[str] = DEFAULT_VGPU_CLASSES
+    #: rule 1 off: only where every node runs NRI mode (one directory per container)
+    allow_multiple_claims_per_container: bool = False
+
+
+@dataclass(frozen=True)
+class Violation:
+    """One broken rule. `claim` is the ResourceClaim name, or the pod's claim entry name for a claim
+    a template will generate; `request` lists the requests concerned (comma-separated when several)."""
+
+    pod: str  # namespace/name
+    container: str
+    claim: str
+    request: str
+    rule: Rule
+    message: str
+
+    @property
+    def key(self) -> tuple[str, str, str, str, Rule]:
+        """Identity without the message: the same breach before and after an update."""
+        return (self.pod, self.container, self.claim, self.request, self.rule)
+
+    def __str__(self) -> str:
+        return self.message
+
+
+# --------------------------------------------------------------------------------------------------
+# Which claims and requests are vGPU ones
+
+
+def _entries(value: Any) -> list[Mapping[str, Any]]:
+    """The objects of a list field, ignoring what is not one (the API server validated the shape)."""
+    return [item for item in value if isinstance(item, Mapping)] if isinstance(value, list) else []
+
+
+def _field(obj: Any, *path: str) -> Any:
+    for key in path:
+        if not isinstance(obj, Mapping):
+            return None
+        obj = obj.get(key)
+    return obj
+
+
+def vgpu_requests_in_spec(spec: Any, classes: frozenset[str]) -> frozenset[str]:
+    """Names of the requests of a claim spec that ask for a vGPU device class: resource.k8s.io v1 and
+    v1beta2 (`exactly`, `firstAvailable`) and v1beta1 (`deviceClassName` on the request itself)."""
+    found = set()
+    for request in _entries(_field(spec, "devices", "requests")):
+        name = request.get("name")
+        direct = (_field(request, "exactly", "deviceClassName"), request.get("deviceClassName"))
+        alternatives = (sub.get("deviceClassName") for sub in _entries(request.get("firstAvailable")))
+        if isinstance(name, str) and any(c in classes for c in (*direct, *alternatives)):
+            found.add(name)
+    return frozenset(found)
+
+
+def _claim_view(claim: Any, driver: str) -> ClaimView:
+    try:
+        return parse_claim(claim, driver)
+    except ModelError as err:
+        raise RuleInputError(str(err)) from None
+
+
+def _pod_view(pod: Any) -> PodView:
+    try:
+        return parse_pod(pod)
+    except ModelError as err:
+        raise RuleInputError(str(err)) from None
+
+
+def claim_vgpu_requests(claim: Mapping[str, Any], policy: Policy) -> frozenset[str]:
+    """The vGPU requests of a ResourceClaim: by device class, plus those allocated to our driver."""
+    by_class = vgpu_requests_in_spec(claim.get("spec"), policy.vgpu_classes)
+    if _field(claim, "status", "allocation") is None:
+        return by_class
+    return by_class | frozenset(_claim_view(claim, policy.driver).requests)
+
+
+def template_vgpu_requests(template: Mapping[str, Any], policy: Policy) -> frozenset[str]:
+    """The vGPU requests of the claims a ResourceClaimTemplate generates."""
+    return vgpu_requests_in_spec(_field(template, "spec", "spec"), policy.vgpu_classes)
+
+
+def is_vgpu_claim(claim: Mapping[str, Any], policy: Policy) -> bool:
+    return bool(claim_vgpu_requests(claim, policy))
+
+
+@dataclass(frozen=True)
+class PodClaims:
+    """Where a pod's claims come from: pod claim name -> ResourceClaim or ResourceClaimTemplate name."""
+
+    named: Mapping[str, str]
+    templates: Mapping[str, str]
+
+
+def pod_claims(pod: Mapping[str, Any]) -> PodClaims:
+    """The claims a pod references, for the server to look up; RuleInputError for a malformed pod."""
+    _pod_view(pod)  # checks exactly one of resourceClaimName / resourceClaimTemplateName per entry
+    named: dict[str, str] = {}
+    templates: dict[str, str] = {}
+    for entry in _entries(_field(pod, "spec", "resourceClaims")):
+        if entry.get("resourceClaimName"):
+            named[entry["name"]] = entry["resourceClaimName"]
+        else:
+            templates[entry["name"]] = entry["resourceClaimTemplateName"]
+    return PodClaims(named, templates)
+
+
+# --------------------------------------------------------------------------------------------------
+# Who uses which vGPU request
+
+
+@dataclass(frozen=True)
+class _Claim:
+    """A claim as the messages name it: a ResourceClaim, or a pod's entry a template will generate."""
+
+    name: str
+    template: str | None = None
+
+    def __str__(self) -> str:
+        if self.template is None:
+            return f'"{self.name}"'
+        return f'"{self.name}" (generated from template "{self.template}")'
+
+
+@dataclass(frozen=True)
+class _Use:
+    """One container's use of one vGPU request of one claim."""
+
+    container: ContainerRef
+    claim: _Claim
+    request: str
+
+
+def _role(ref: ContainerRef) -> str:
+    role = "sidecar" if ref.sidecar else str(ref.kind)
+    return f'{role} container "{ref.name}"'
+
+
+def _label(pod: PodView) -> str:
+    return f"{pod.namespace}/{pod.name}"
+
+
+def _uses(pod: PodView, vgpu: Mapping[str, tuple[_Claim, frozenset[str]]]) -> list[_Use]:
+    """Uses by the pod's containers, in container order; `vgpu`: pod claim name -> (claim, its vGPU
+    requests). A reference without `request` uses every vGPU request of the claim; one naming a request
+    that is not a vGPU request uses nothing."""
+    uses: list[_Use] = []
+    for container in pod.containers:
+        seen: set[tuple[_Claim, str]] = set()
+        for ref in container.claims:
+            if ref.name not in vgpu:
+                continue
+            claim, requests = vgpu[ref.name]
+            if ref.request is None:
+                chosen = sorted(requests)
+            else:
+                main = ref.request.partition("/")[0]  # a firstAvailable subrequest folds into its request
+                chosen = [main] if main in requests else []
+            for request in chosen:
+                if (claim, request) not in seen:
+                    seen.add((claim, request))
+                    uses.append(_Use(container.ref, claim, request))
+    return uses
+
+
+def _quoted(names: Iterable[str]) -> str:
+    return ", ".join(f'"{name}"' for name in names)
+
+
+def _requests_text(requests: Sequence[str]) -> str:
+    return f"request{'s' if len(requests) > 1 else ''} {_quoted(requests)}"
+
+
+# --------------------------------------------------------------------------------------------------
+# The rules
+
+
+def _one_claim_per_container(pod: str, uses: Sequence[_Use]) -> list[Violation]:
+    by_container: dict[ContainerRef, dict[_Claim, list[str]]] = {}
+    for use in uses:
+        by_container.setdefault(use.container, {}).setdefault(use.claim, []).append(use.request)
+    out = []
+    for ref, claims in by_container.items():
+        if len(claims) < 2:
+            continue
+        details = ", ".join(f"claim {claim} ({_requests_text(reqs)})" for claim, reqs in claims.items())
+        out.append(
+            Violation(
+                pod,
+                ref.name,
+                ", ".join(claim.name for claim in claims),
+                ", ".join(r for reqs in claims.values() for r in reqs),
+                Rule.ONE_CLAIM_PER_CONTAINER,
+                f"pod {pod}: {_role(ref)} uses {len(claims)} vGPU claims ({details}); "
+                "a container may use at most one vGPU claim",
+            )
+        )
+    return out
+
+
+_WHY = {
+    Rule.ONE_APP_PER_REQUEST: "a vGPU request may be used by at most one app container",
+    Rule.ONE_SIDECAR_PER_REQUEST: "a vGPU request may be used by at most one sidecar container",
+    Rule.SIDECAR_ONLY_USER: "a sidecar container must be the only user of its vGPU request",
+    Rule.ONE_POD_PER_REQUEST: "a vGPU request may be used by one pod only",
+}
+
+
+def _shared(pod: str, use: _Use, holder: str, rule: Rule) -> Violation:
+    """`use` shares its request with `holder` (described) against `rule`."""
+    return Violation(
+        pod,
+        use.container.name,
+        use.claim.name,
+        use.request,
+        rule,
+        f'pod {pod}: {_role(use.container)} uses request "{use.request}" of vGPU claim {use.claim}, '
+        f"which {holder} also uses; {_WHY[rule]}",
+    )
+
+
+def _per_request(pod: str, uses: Sequence[_Use]) -> list[Violation]:
+    """Rules 2 and 3 within one pod."""
+    users: dict[tuple[_Claim, str], list[ContainerRef]] = {}
+    for use in uses:
+        users.setdefault((use.claim, use.request), []).append(use.container)
+    out: list[Violation] = []
+    for (claim, request), refs in users.items():
+        apps = [r for r in refs if r.kind is ContainerKind.APP]
+        sidecars = [r for r in refs if r.sidecar]
+        for extra in apps[1:]:
+            out.append(_shared(pod, _Use(extra, claim, request), _role(apps[0]), Rule.ONE_APP_PER_REQUEST))
+        for extra in sidecars[1:]:
+            out.append(
+                _shared(pod, _Use(extra, claim, request), _role(sidecars[0]), Rule.ONE_SIDECAR_PER_REQUEST)
+            )
+        if sidecars:
+            for other in (r for r in refs if not r.sidecar):
+                out.append(
+                    _shared(pod, _Use(other, claim, request), _role(sidecars[0]), Rule.SIDECAR_ONLY_USER)
+                )
+    out += _init_shares_with_one_app(pod, users)
+    return out
+
+
+def _init_shares_with_one_app(
+    pod: str, users: Mapping[tuple[_Claim, str], list[ContainerRef]]
+) -> list[Violation]:
+    # (init container, claim) -> app container -> requests they share
+    shares: dict[tuple[ContainerRef, _Claim], dict[ContainerRef, list[str]]] = {}
+    for (claim, request), refs in users.items():
+        apps = [r for r in refs if r.kind is ContainerKind.APP]
+        for init in (r for r in refs if r.kind is ContainerKind.INIT and not r.sidecar):
+            for app in apps:
+                shares.setdefault((init, claim), {}).setdefault(app, []).append(request)
+    out = []
+    for (init, claim), apps in shares.items():
+        if len(apps) < 2:
+            continue
+        details = ", ".join(f'"{app.name}" ({_requests_text(reqs)})' for app, reqs in apps.items())
+        out.append(
+            Violation(
+                pod,
+                init.name,
+                claim.name,
+                ", ".join(sorted({r for reqs in apps.values() for r in reqs})),
+                Rule.INIT_SHARES_WITH_ONE_APP,
+                f"pod {pod}: {_role(init)} shares vGPU claim {claim} with {len(apps)} app containers "
+                f"({details}); an init container may share vGPU requests with at most one app container",
+            )
+        )
+    return out
+
+
+_Holders = dict[tuple[_Claim, str], tuple[str, ContainerRef]]
+
+
+def _one_pod_per_request(pod: str, uses: Sequence[_Use], held: _Holders) -> list[Violation]:
+    """Rule 4: the uses of `pod` against the requests other pods already hold; then `pod` holds its own."""
+    out = []
+    for use in uses:
+        holder = held.get((use.claim, use.request))
+        if holder is not None and holder[0] != pod:
+            where = f"{_role(holder[1])} of pod {holder[0]}"
+            out.append(_shared(pod, use, where, Rule.ONE_POD_PER_REQUEST))
+    for use in uses:
+        held.setdefault((use.claim, use.request), (pod, use.container))
+    return out
+
+
+# --------------------------------------------------------------------------------------------------
+# Entry points, one per kind of review
+
+
+def uses_named_vgpu_claim(claims: Mapping[str, Mapping[str, Any]], policy: Policy) -> bool:
+    """Whether any of these ResourceClaims is a vGPU claim: only then rule 4 needs the namespace's pods."""
+    return any(claim_vgpu_requests(claim, policy) for claim in claims.values())
+
+
+def check_pod(
+    pod: Mapping[str, Any],
+    claims: Mapping[str, Mapping[str, Any]],
+    templates: Mapping[str, Mapping[str, Any]],
+    namespace_pods: Sequence[Mapping[str, Any]],
+    policy: Policy,
+) -> list[Violation]:
+    """Rules 1-4 for a pod being created.
+
+    `claims` / `templates`: the ResourceClaims and ResourceClaimTemplates the pod names, by name (one
+    that does not exist is left out and constrains nothing here; the reservation check catches it
+    later). `namespace_pods`: the other pods of the namespace (rule 4), needed only when
+    `uses_named_vgpu_claim`; a pod counts while it has not finished, or while a claim is reserved for it.
+    """
+    view = _pod_view(pod)
+    sources = pod_claims(pod)
+    vgpu: dict[str, tuple[_Claim, frozenset[str]]] = {}
+    named_requests: dict[str, frozenset[str]] = {}
+    for pod_claim, name in sources.named.items():
+        if name in claims and (requests := claim_vgpu_requests(claims[name], policy)):
+            vgpu[pod_claim] = (_Claim(name), requests)
+            named_requests[name] = requests
+    for pod_claim, template in sources.templates.items():
+        if template in templates and (requests := template_vgpu_requests(templates[template], policy)):
+            vgpu[pod_claim] = (_Claim(pod_claim, template), requests)
+    if not vgpu:
+        return []
+    label = _label(view)
+    uses = _uses(view, vgpu)
+    out = [] if policy.allow_multiple_claims_per_container else _one_claim_per_container(label, uses)
+    out += _per_request(label, uses)
+    if named_requests:
+        held: _Holders = {}
+        for other in _other_pods(view, namespace_pods, claims.values(), policy.driver):
+            other_vgpu = {
+                pod_claim: (_Claim(name), named_requests[name])
+                for pod_claim, name in other.claim_names.items()
+                if name in named_requests
+            }
+            _one_pod_per_request(_label(other), _uses(other, other_vgpu), held)
+        out += _one_pod_per_request(label, uses, held)
+    return out
+
+
+def _other_pods(
+    pod: PodView, pods: Sequence[Mapping[str, Any]], claims: Iterable[Mapping[str, Any]], driver: str
+) -> list[PodView]:
+    """The namespace's other pods that can hold a request: reserved ones first (in reservedFor order),
+    then those that have not finished. A pod our parser cannot read is one the API server would not
+    have stored; it is skipped rather than blocking every admission in the namespace."""
+    reserved: list[str] = []
+    for claim in claims:
+        for ref in _entries(_field(claim, "status", "reservedFor")):
+            if ref.get("resource") == "pods" and not ref.get("apiGroup") and isinstance(ref.get("uid"), str):
+                reserved.append(ref["uid"])
+    views: dict[str, PodView] = {}
+    for obj in pods:
+        try:
+            other = parse_pod(obj)
+        except ModelError:
+            continue
+        if other.namespace != pod.namespace or other.name == pod.name or other.uid == pod.uid:
+            continue
+        if other.uid in reserved or _field(obj, "status", "phase") not in FINISHED_PHASES:
+            views[other.uid] = other
+    first = [views.pop(uid) for uid in dict.fromkeys(reserved) if uid in views]
+    return first + list(views.values())
+
+
+def check_claim(claim: Mapping[str, Any], policy: Policy) -> list[Violation]:
+    """ResourceClaim CREATE and UPDATE: a claim alone breaks no rule (the pods using it do), but a vGPU
+    claim must be one the node daemon can read; RuleInputError says why not."""
+    if claim_vgpu_requests(claim, policy):
+        _claim_view(claim, policy.driver)
+    return []
+
+
+def check_claim_status(
+    claim: Mapping[str, Any],
+    old_claim: Mapping[str, Any] | None,
+    namespace_pods: Sequence[Mapping[str, Any]],
+    policy: Policy,
+) -> list[Violation]:
+    """resourceclaims/status UPDATE: rules 2-4 against the requests allocated to our driver, over every
+    pod the claim is reserved for (in reservedFor order; a later pod breaks rule 4, not an earlier one).
+
+    Only breaches the update brings are returned: one already there before (`old_claim`) is not, so the
+    controllers that release reservations and deallocate are never blocked by an older state.
+    """
+    new = _reservation_violations(claim, namespace_pods, policy)
+    if not new or old_claim is None:
+        return new
+    try:
+        before = {v.key for v in _reservation_violations(old_claim, namespace_pods, policy)}
+    except RuleInputError:
+        before = set()
+    return [v for v in new if v.key not in before]
+
+
+def _reservation_violations(
+    claim: Mapping[str, Any], namespace_pods: Sequence[Mapping[str, Any]], policy: Policy
+) -> list[Violation]:
+    view = _claim_view(claim, policy.driver)
+    if not view.requests or not view.reserved_for:
+        return []
+    by_uid: dict[str, PodView] = {}
+    for obj in namespace_pods:
+        try:
+            pod = parse_pod(obj)
+        except ModelError:
+            continue
+        if view.reserves(pod):
+            by_uid[pod.uid] = pod
+    claim_ref = _Claim(view.name)
+    out: list[Violation] = []
+    held: _Holders = {}
+    for reserved in view.reserved_for:
+        pod = by_uid.pop(reserved.uid, None)
+        if pod is None:
+            continue  # gone: it holds nothing any more
+        uses = [
+            _Use(ref, claim_ref, request)
+            for ref, requests in container_requests(view, pod).items()
+            for request in requests
+        ]
+        out += _per_request(_label(pod), uses)
+        out += _one_pod_per_request(_label(pod), uses, held)
+    return out
+
+
+def summary(violations: Sequence[Violation], limit: int = 5) -> str:
+    """One message for the API server to show: the first `limit` violations, then how many more."""
+    text = "; ".join(v.message for v in violations[:limit])
+    if len(violations) > limit:
+        text += f"; and {len(violations) - limit} more"
+    return text
