@@ -22,6 +22,7 @@ from vgpud.config import (
     gpu_source_from,
     settings_from,
 )
+from vgpud.webhook.config import add_webhook_arguments
 
 EXIT_OK, EXIT_FAILURE, EXIT_USAGE = 0, 1, 2
 
@@ -75,6 +76,15 @@ def build_parser() -> argparse.ArgumentParser:
     health.add_argument("--service", default="liveness", help="service name (default: liveness)")
     health.add_argument("--timeout", type=float, default=3.0, help="seconds (default: 3)")
 
+    add_webhook_arguments(
+        commands.add_parser(
+            "webhook",
+            help="serve the vGPU admission rules (HTTPS validating webhook)",
+            description="Serve admission.k8s.io/v1 AdmissionReviews for pods and resource claims: the rules "
+            "that keep per-container vGPU directories safe (no two containers share a vGPU request).",
+        )
+    )
+
     commands.add_parser("version", help="print the version", description="Print vgpud's version.")
     return parser
 
@@ -87,6 +97,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _run(args)
         if args.command == "gpus":
             return _gpus(args)
+        if args.command == "webhook":
+            from vgpud.webhook.main import command
+
+            return command(args)
         if args.command == "health":
             return _health(args)
         if args.command == "version":

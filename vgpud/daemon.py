@@ -39,6 +39,8 @@ from vgpud.partition.assigner import Mode
 from vgpud.partition.eager import EagerAssigner
 from vgpud.partition.layout import Layout
 from vgpud.partition.lazy import LazyAssigner
+from vgpud.registry.identity import default_cgroup_root
+from vgpud.registry.server import RegistryServer
 from vgpud.supervisor import HealthAfter, Ready, Restart, Supervisor
 
 log = logging.getLogger("vgpud")
@@ -74,6 +76,8 @@ class Node:
     driver: DraDriver
     registration: RegistrationService
     nri: NriHooks | None
+    #: the library's client registration (bit 200): only with DevicePluginClientMode
+    registry: RegistryServer | None
 
     @property
     def settings(self) -> Settings:
@@ -199,6 +203,30 @@ def build_driver(startup: Startup, assigner: EagerAssigner | LazyAssigner, recor
     )
 
 
+def build_registry(
+    startup: Startup,
+    assigner: EagerAssigner | LazyAssigner,
+    driver: DraDriver,
+    nri: NriHooks | None,
+    recorder: Recorder,
+) -> RegistryServer | None:
+    """The registry the library's client registration (bit 200) calls: only in that mode."""
+    settings = startup.settings
+    if not settings.feature_gates.enabled("DevicePluginClientMode"):
+        return None
+    return RegistryServer(
+        layout=startup.layout,
+        assigner=assigner,
+        nri_cache=nri.cache if nri is not None else None,
+        claims=driver,
+        kube=startup.kube,
+        recorder=recorder,
+        driver_name=settings.driver_name,
+        proc_root=settings.proc_root,
+        cgroup_root=default_cgroup_root(),
+    )
+
+
 async def _main(startup: Startup) -> None:
     settings = startup.settings
     with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
@@ -212,9 +240,10 @@ async def _main(startup: Startup) -> None:
                 nri = NriHooks(
                     assigner=assigner, is_prepared=driver.is_vgpu_claim_prepared, recorder=recorder
                 )
+            registry = build_registry(startup, assigner, driver, nri, recorder)
             async with Supervisor(shutdown_timeout=settings.shutdown_timeout) as supervisor:
                 registration = RegistrationService(settings.driver_name, settings.dra_socket)
-                node = Node(startup, recorder, supervisor, driver, registration, nri)
+                node = Node(startup, recorder, supervisor, driver, registration, nri, registry)
                 _start_components(node)
                 async for signum in signals:
                     log.info("%s received: stopping every component", signal.Signals(signum).name)
@@ -244,6 +273,8 @@ def _start_components(node: Node) -> None:
     if node.nri is not None:
         identity = Identity(settings.driver_name, settings.nri_plugin_idx)
         supervise("nri-plugin", partial(run_session, str(settings.nri_socket), node.nri, identity), *policies)
+    if node.registry is not None:
+        supervise("registry", node.registry.run, *policies)
     if settings.healthcheck_port >= 0:
         supervise("health", partial(_serve_health, node), *policies, counts_for_health=False)
 

@@ -92,6 +92,8 @@ WANTED_EVENTS = (
 #: NRI <= v0.9 (containerd 1.7, 2.0, 2.1) knows events 1..11; v0.10+ adds 12..14 (nri-protocol.md §0)
 MASK_BEFORE_V0_10 = 0x7FF
 MASK_FROM_V0_10 = 0x3FFF
+#: per-container warnings one Synchronize logs; beyond that only the count in its summary line
+SYNC_WARNINGS_SHOWN = 10
 
 
 class HookError(Exception):
@@ -239,7 +241,10 @@ class NriHooks:
             self.cache.replace(entries)
             self.stats.sync_reported = len(session.containers)
             self.stats.sync_rebuilt = len(entries)
-            call.detail = f"{len(entries)} vGPU containers of {len(session.containers)}"
+            invalid = len([c for c in session.containers if env_value(c.env, ENV_CLAIM_UID)]) - len(entries)
+            call.detail = (
+                f"{len(entries)} vGPU containers of {len(session.containers)}, {invalid} not valid here"
+            )
         log.info("NRI: synchronized: %s", call.detail)
         session.pods, session.containers = [], []
         session.synchronized.set()
@@ -249,6 +254,7 @@ class NriHooks:
         self, pods: list[PodSandbox], containers: list[Container]
     ) -> Iterable[tuple[str, str, CacheEntry]]:
         by_id = {pod.id: pod for pod in pods}
+        invalid_before = self.stats.sync_invalid
         for container in containers:
             claim_uid = env_value(container.env, ENV_CLAIM_UID)
             if not claim_uid:
@@ -268,9 +274,10 @@ class NriHooks:
                     yield pod.uid, container.name, CacheEntry(claim_uid, paths.base)
                     continue
             self.stats.sync_invalid += 1
-            log.warning(
-                "NRI: Synchronize: container %s (%s) not cached: %s", container.name, container.id, reason
-            )
+            if self.stats.sync_invalid - invalid_before <= SYNC_WARNINGS_SHOWN:  # a node may have thousands
+                log.warning(
+                    "NRI: Synchronize: container %s (%s) not cached: %s", container.name, container.id, reason
+                )
 
     async def shutdown(self, request: Empty) -> Empty:
         log.info("NRI: the runtime asked the plugin to shut down")

@@ -39,7 +39,9 @@ DIR_MODE = 0o711
 SOCKET_MODE = 0o666
 #: a single lstat; only needs to bound the outage after someone deletes the path
 GUARD_INTERVAL = 5.0
-BACKLOG = 128
+#: every process of every container on the node may dial at once (a burst of pod starts); a full
+#: backlog makes a non-blocking connect fail with EAGAIN, which the library treats as fatal
+BACKLOG = 1024
 
 _attempts = itertools.count(1)
 
@@ -120,7 +122,7 @@ class PublishedServer:
         try:
             # grpclib hands `sock` to loop.create_server: a pre-bound socket of any family; unlike
             # create_unix_server it never unlinks the path itself
-            await trio_asyncio.aio_as_trio(server.start)(sock=sock)
+            await trio_asyncio.aio_as_trio(server.start)(sock=sock, backlog=BACKLOG)
         except BaseException:
             sock.close()
             unlink_if_ours(self.path, identity)

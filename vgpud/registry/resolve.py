@@ -21,6 +21,7 @@ container, into a directory of its own pod.
 from __future__ import annotations
 
 import logging
+import math
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -242,7 +243,9 @@ class Resolver:
                     raise TargetGone(str(err)) from None
                 except ResolveError as err:
                     last = err
-                attempt += 1
+                # the next grid point still ahead: a slow attempt skips points, never runs back to back
+                elapsed = trio.current_time() - start
+                attempt = max(attempt + 1, math.floor(elapsed / self.interval) + 1)
                 await trio.sleep_until(start + attempt * self.interval)
         reason = f"; last attempt: {last}" if last is not None else ""
         raise ResolveTimeout(

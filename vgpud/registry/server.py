@@ -5,7 +5,8 @@ the in-flight limits (256 on the node, 8 per caller pod); resolution of the targ
 the caller checked against it (`vgpud.registry.resolve`); then pids.config written in place. Every
 call is recorded (component "registry") and every failure is one gRPC status:
 
-| INVALID_ARGUMENT   | malformed bytes, a non-UUID register_uuid, neither UUID nor pod UID + container |
+| INVALID_ARGUMENT   | malformed bytes; a register_uuid that is no UUID, a pod_uid that is no pod UID, |
+|                    | a container_name that is no DNS label; neither a UUID nor pod UID + container   |
 | RESOURCE_EXHAUSTED | a message over 16 KiB; over 256 calls in flight, or over 8 from one caller       |
 | PERMISSION_DENIED  | unknown PID, a caller in no pod's container, a target of another pod, a caller   |
 |                    | that (at the deadline) still is another container of the target's pod           |
@@ -34,7 +35,7 @@ from grpclib.exceptions import GRPCError
 from vgpud._pb.registry import ContainerDeviceRequest, ContainerDeviceResponse, VDeviceRegistryBase
 from vgpud.kube import KubeApi
 from vgpud.nri.cache import NriCache
-from vgpud.observe.recorder import Outcome, Recorder
+from vgpud.observe.recorder import HookCall, Outcome, Recorder
 from vgpud.partition.assigner import PartitionAssigner
 from vgpud.partition.layout import Layout
 from vgpud.partition.pidsfile import PidsFileError, PidsFileLockTimeout, write_pids_file
@@ -110,9 +111,25 @@ class RegistryService(VDeviceRegistryBase):
 
     async def _handle(self, stream: Any) -> None:
         pid = peer_pid(stream)
-        request = await read_request(stream, self.max_message)
+        try:
+            request = await read_request(stream, self.max_message)
+        except GRPCError as err:
+            await trio_asyncio.trio_as_aio(self._unreadable)(pid, err)
+            raise
         await trio_asyncio.trio_as_aio(self.register)(request, pid)
         await stream.send_message(ContainerDeviceResponse())
+
+    async def _unreadable(self, pid: int | None, err: GRPCError) -> None:
+        """Record a request refused before it was decoded (oversize, malformed)."""
+        log.info("register from pid %s refused: %s: %s", pid, err.status.name, err.message)
+        self.recorder.record(
+            HookCall(
+                component="registry",
+                call="RegisterContainerDevice",
+                outcome=Outcome.REJECTED,
+                detail=f"{err.status.name}: {err.message}",
+            )
+        )
 
     async def register(self, request: ContainerDeviceRequest, pid: int | None) -> Resolved:
         """Identify, admit, resolve and write; GRPCError with the status of whatever failed."""
@@ -147,7 +164,7 @@ class RegistryService(VDeviceRegistryBase):
                     err,
                 )
                 raise GRPCError(err.status, str(err)[:1024]) from None
-        log.info(
+        log.debug(  # every process of a container registers: the recorder keeps the history
             "registered container %s of pod %s (claim %s, caller pid %s): %d PIDs into %s",
             resolved.candidate.container,
             resolved.candidate.pod_uid,

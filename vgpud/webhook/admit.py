@@ -63,7 +63,14 @@ class Admitter:
         """The answer to a well-formed review; never raises for the review's content."""
         call = f"{request.resource_path} {request.operation}"
         with self.recorder.timed("webhook", call, **_identity(request)) as timed:
-            decision, checked = await self._decide(request)
+            try:
+                decision, checked = await self._decide(request)
+            except Exception as err:  # a bug here must still answer, and never end the server
+                log.exception("review %s of %s failed", request.uid, call)
+                decision, checked = (
+                    Decision.deny(f"vgpud webhook failed: {type(err).__name__}: {err}", 500),
+                    True,
+                )
             if decision.allowed:
                 timed.outcome = Outcome.OK if checked else Outcome.SKIPPED
             else:
@@ -101,8 +108,8 @@ class Admitter:
         pod = request.object_with_identity()
         if not _has_claims(pod):
             return Decision.allow(), False
+        sources = rules.pod_claims(pod)  # RuleInputError for a pod without namespace, name or uid
         namespace = pod["metadata"]["namespace"]
-        sources = rules.pod_claims(pod)
         warnings: list[str] = []
         claims: dict[str, Mapping[str, Any]] = {}
         for name in dict.fromkeys(sources.named.values()):
@@ -141,7 +148,10 @@ class Admitter:
         status = claim.get("status")
         if not isinstance(status, Mapping) or not status.get("reservedFor"):
             return Decision.allow(), True
-        pods = await self._lookup.list_pods(claim["metadata"]["namespace"])
+        namespace = claim["metadata"].get("namespace")
+        if not namespace:
+            raise RuleInputError("the claim has no namespace")
+        pods = await self._lookup.list_pods(namespace)
         return _decision(rules.check_claim_status(claim, old, pods, self._policy), []), True
 
 

@@ -117,7 +117,9 @@ def vgpu_requests_in_spec(spec: Any, classes: frozenset[str]) -> frozenset[str]:
         name = request.get("name")
         direct = (_field(request, "exactly", "deviceClassName"), request.get("deviceClassName"))
         alternatives = (sub.get("deviceClassName") for sub in _entries(request.get("firstAvailable")))
-        if isinstance(name, str) and any(c in classes for c in (*direct, *alternatives)):
+        if isinstance(name, str) and any(
+            isinstance(c, str) and c in classes for c in (*direct, *alternatives)
+        ):
             found.add(name)
     return frozenset(found)
 
@@ -164,6 +166,11 @@ class PodClaims:
 def pod_claims(pod: Mapping[str, Any]) -> PodClaims:
     """The claims a pod references, for the server to look up; RuleInputError for a malformed pod."""
     _pod_view(pod)  # checks exactly one of resourceClaimName / resourceClaimTemplateName per entry
+    return _sources(pod)
+
+
+def _sources(pod: Mapping[str, Any]) -> PodClaims:
+    """`pod_claims` of a pod already parsed."""
     named: dict[str, str] = {}
     templates: dict[str, str] = {}
     for entry in _entries(_field(pod, "spec", "resourceClaims")):
@@ -381,7 +388,7 @@ def check_pod(
     `uses_named_vgpu_claim`; a pod counts while it has not finished, or while a claim is reserved for it.
     """
     view = _pod_view(pod)
-    sources = pod_claims(pod)
+    sources = _sources(pod)
     vgpu: dict[str, tuple[_Claim, frozenset[str]]] = {}
     named_requests: dict[str, frozenset[str]] = {}
     for pod_claim, name in sources.named.items():
@@ -399,7 +406,7 @@ def check_pod(
     out += _per_request(label, uses)
     if named_requests:
         held: _Holders = {}
-        for other in _other_pods(view, namespace_pods, claims.values(), policy.driver):
+        for other in _other_pods(view, namespace_pods, claims.values()):
             other_vgpu = {
                 pod_claim: (_Claim(name), named_requests[name])
                 for pod_claim, name in other.claim_names.items()
@@ -411,7 +418,7 @@ def check_pod(
 
 
 def _other_pods(
-    pod: PodView, pods: Sequence[Mapping[str, Any]], claims: Iterable[Mapping[str, Any]], driver: str
+    pod: PodView, pods: Sequence[Mapping[str, Any]], claims: Iterable[Mapping[str, Any]]
 ) -> list[PodView]:
     """The namespace's other pods that can hold a request: reserved ones first (in reservedFor order),
     then those that have not finished. A pod our parser cannot read is one the API server would not

@@ -8,8 +8,9 @@ bounded, every phase under a timeout, keep-alive for the API server's connection
 
 Routes: POST /validate (AdmissionReview, any query string: the API server adds `?timeout=10s`),
 GET /healthz, GET /metrics. A body that is not a review gets 400 with the reason as text; a body over
-the limit gets 413 before it is read; malformed HTTP gets 400; a request that does not arrive in time
-gets 408. Whatever a client sends, only its own connection ends: the server keeps serving.
+the limit gets 400 (the reason names the limit) before it is read; malformed HTTP gets 400; a request
+that does not arrive in time gets 408. Whatever a client sends, only its own connection ends: the
+server keeps serving.
 """
 
 from __future__ import annotations
@@ -45,7 +46,6 @@ _STATUS_TEXT = {
     404: b"Not Found",
     405: b"Method Not Allowed",
     408: b"Request Timeout",
-    413: b"Content Too Large",
     431: b"Request Header Fields Too Large",
     500: b"Internal Server Error",
     503: b"Service Unavailable",
@@ -203,7 +203,7 @@ class WebhookServer:
                     length = _content_length(event)
                     if length is not None and length > limits.max_body:
                         raise _HttpError(
-                            413, f"request body of {length} bytes is over the limit of {limits.max_body}"
+                            400, f"request body of {length} bytes is over the limit of {limits.max_body}"
                         )
                     if conn.client_is_waiting_for_100_continue:
                         await stream.send_all(
@@ -212,7 +212,7 @@ class WebhookServer:
                 elif isinstance(event, h11.Data):
                     body += event.data
                     if len(body) > limits.max_body:
-                        raise _HttpError(413, f"request body is over the limit of {limits.max_body} bytes")
+                        raise _HttpError(400, f"request body is over the limit of {limits.max_body} bytes")
                 elif isinstance(event, h11.EndOfMessage):
                     assert request is not None
                     return request, bytes(body)

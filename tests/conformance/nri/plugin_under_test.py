@@ -67,8 +67,8 @@ def with_delays(hooks: NriHooks, delays: dict[str, float]) -> None:
             await trio.sleep(delays[name])
         return await real(request)
 
-    message_type, _ = hooks.methods["CreateContainer"]
-    hooks.methods["CreateContainer"] = (message_type, create_container)
+    decode, _ = hooks.methods["CreateContainer"]
+    hooks.methods["CreateContainer"] = (decode, create_container)
 
 
 def with_sync_report(hooks: NriHooks, report: Path) -> None:
@@ -87,8 +87,15 @@ def with_sync_report(hooks: NriHooks, report: Path) -> None:
             totals.update(pods=0, containers=0)
         return response
 
-    message_type, _ = hooks.methods["Synchronize"]
-    hooks.methods["Synchronize"] = (message_type, synchronize)
+    real_begin = hooks.begin_session
+
+    def begin_session() -> trio.Event:  # a new connection's Synchronize starts from zero
+        totals.update(pods=0, containers=0)
+        return real_begin()
+
+    hooks.begin_session = begin_session  # type: ignore[method-assign]
+    decode, _ = hooks.methods["Synchronize"]
+    hooks.methods["Synchronize"] = (decode, synchronize)
 
 
 async def main(args: argparse.Namespace) -> None:

@@ -1,0 +1,69 @@
+"""NRI CreateContainer round trip and Synchronize time: vgpud's plugin against the Go stub plugin.
+
+One run of the Go harness (tests/conformance/nri/, README.md there) with containerd's own runtime side of
+NRI in process drives, one after the other, vgpud's NRI plugin (tests/conformance/nri/plugin_under_test.py)
+and a minimal Go plugin on NRI's own stub doing the same injection (directories, 5 mounts, 5 env vars):
+CreateContainer p50/p99 and calls/s at concurrency 1 and 32 (the runtime serializes CreateContainer, so
+at 32 a call's time includes its wait), the time to Synchronize 10,000 containers, and process start ->
+synchronized. The ratio column is the figure. Builds the harness on first use (Go >= 1.24 and the Go
+module proxy on a cold cache).
+
+    .venv/bin/python bench/nri_latency.py [--calls N] [--nri v0.12|v0.6.1] [--verbose]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from tests.conformance.nri import gobuild
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--calls", type=int, default=2000, help="CreateContainer calls per row")
+    parser.add_argument("--nri", choices=list(gobuild.VARIANTS), default="v0.12", help="runtime NRI version")
+    parser.add_argument("--plugin-cmd", help="the plugin under test as a JSON array (default: vgpud's)")
+    parser.add_argument("--verbose", action="store_true", help="stream the runtime's and plugins' logs")
+    args = parser.parse_args()
+
+    if not gobuild.go_usable():
+        print(f"nri_latency: needs Go >= {'.'.join(map(str, gobuild.MIN_GO))} on PATH", file=sys.stderr)
+        return 2
+    plugin_cmd = json.loads(args.plugin_cmd) if args.plugin_cmd else gobuild.plugin_under_test_cmd()
+    if not args.plugin_cmd and not gobuild.PLUGIN_UNDER_TEST.exists():
+        print(f"nri_latency: {gobuild.PLUGIN_UNDER_TEST} is missing", file=sys.stderr)
+        return 2
+    try:
+        harness = gobuild.build("harness", args.nri, log=sys.stderr)
+        goplugin = gobuild.build("goplugin", "v0.12", log=sys.stderr)
+    except gobuild.BuildError as err:
+        print(err, file=sys.stderr)
+        return 1
+    label = "plugin under test" if args.plugin_cmd else "vgpud (Python)"
+    bench_args = ["-test.run", "^TestBench$", "-test.timeout", "3000s", "-vgpud.bench"]
+    bench_args += [f"-vgpud.bench-calls={args.calls}", f"-vgpud.bench-label={label}"]
+    with tempfile.TemporaryFile("w+") as log:
+        result = gobuild.run(
+            harness,
+            bench_args,
+            plugin_cmd=plugin_cmd,
+            goplugin_cmd=[str(goplugin)],
+            timeout=3600,
+            echo_stdout=sys.stdout,
+            echo_stderr=sys.stderr if args.verbose else log,
+        )
+        if result.returncode != 0 and not args.verbose:
+            log.seek(0)
+            tail = log.read().splitlines()[-60:]
+            print("\n".join(["nri_latency: the harness failed; last log lines:", *tail]), file=sys.stderr)
+    return 0 if result.returncode == 0 else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,193 @@
+"""Registry throughput: N containers register at the same moment, end to end.
+
+N client processes (forked before the server starts, so no fork happens under a running event loop)
+each wait on a shared "go" pipe, then dial the registry socket with grpcio on a fresh channel, as the
+in-container register client does, and register their own container. The server is `RegistryServer`
+in lazy (NRI) mode in a Trio thread of this process, over the in-memory kube facade and a host /proc +
+cgroup tree written to a temp dir (each child placed in its own pod's container), so every call runs
+vgpud's real path: SO_PEERCRED, /proc/<pid>/cgroup, limits, the NRI cache, the claim and pod reads,
+the container check, cgroup.procs and the locked in-place pids.config write. Afterwards every
+container's pids.config must hold exactly its client's PID.
+
+Prints the wall time from "go" to the last answer, calls per second, per-call latency as the client
+sees it (p50, p99, max: connect + call, so it includes waiting for the CPU among N processes) and as
+vgpud records it (from the request read to pids.config written). N defaults to 256, the node's
+in-flight limit.
+
+    .venv/bin/python bench/registry.py [--containers N] [--rounds R]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import sys
+import tempfile
+import threading
+import time
+from collections import Counter
+from pathlib import Path
+
+import grpc  # imported before fork, but no channel exists until a child makes its own
+import trio
+import trio_asyncio
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from tests import objects as o
+from tests.unit.registry.world import World
+from vgpud._pb.registry import ContainerDeviceRequest
+from vgpud.registry.server import RegistryServer
+
+METHOD = "/registry.VDeviceRegistry/RegisterContainerDevice"
+
+
+def client(socket_path: Path, request: bytes, go: int, results: int) -> None:
+    """A child: wait for "go", register, report `<pid> <status> <seconds>` as one atomic line."""
+    os.read(go, 1)
+    started = time.perf_counter()
+    with grpc.insecure_channel(f"unix://{socket_path}") as channel:
+        call = channel.unary_unary(METHOD, request_serializer=None, response_deserializer=None)
+        try:
+            call(request, timeout=30)
+            code = "OK"
+        except grpc.RpcError as err:
+            code = err.code().name
+            sys.stderr.write(f"client {os.getpid()}: {code}: {err.details()}\n")
+    took = time.perf_counter() - started
+    os.write(results, f"{os.getpid()} {code} {took:.6f}\n".encode())
+
+
+def fork_clients(socket_path: Path, requests: list[bytes]) -> tuple[list[int], int, int]:
+    """(child PIDs, write end of the go pipe, read end of the results pipe)."""
+    go_read, go_write = os.pipe()
+    results_read, results_write = os.pipe()
+    pids = []
+    for request in requests:
+        pid = os.fork()
+        if pid == 0:
+            code = 0
+            try:
+                os.close(go_write)
+                os.close(results_read)
+                client(socket_path, request, go_read, results_write)
+            except BaseException:
+                code = 1
+            os._exit(code)
+        pids.append(pid)
+    os.close(go_read)
+    os.close(results_write)
+    return pids, go_write, results_read
+
+
+class ServerThread:
+    """RegistryServer in a Trio thread; `stop` cancels it from here."""
+
+    def __init__(self, server: RegistryServer) -> None:
+        self.server = server
+        self.ready = threading.Event()
+        self.token: trio.lowlevel.TrioToken | None = None
+        self.scope: trio.CancelScope | None = None
+        self.thread = threading.Thread(target=trio.run, args=(self._main,), daemon=True)
+
+    async def _main(self) -> None:
+        self.token = trio.lowlevel.current_trio_token()
+        with trio.CancelScope() as self.scope:
+            async with trio_asyncio.open_loop():
+                await self.server.run(self.ready.set)
+
+    def start(self) -> None:
+        self.thread.start()
+        if not self.ready.wait(30):
+            raise RuntimeError("the registry server did not start")
+
+    def stop(self) -> None:
+        assert self.scope is not None and self.token is not None
+        trio.from_thread.run_sync(self.scope.cancel, trio_token=self.token)
+        self.thread.join(30)
+
+
+def percentile(values: list[float], p: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, round(p / 100 * (len(ordered) - 1)))]
+
+
+def one_round(n: int) -> bool:
+    root = Path(tempfile.mkdtemp(prefix="vgb", dir="/tmp"))
+    try:
+        world = World(root)
+        world.cache.replace([])  # synchronized
+        containers = [world.add_container(i) for i in range(n)]
+        server = RegistryServer(
+            layout=world.layout,
+            assigner=world.assigner,
+            nri_cache=world.cache,
+            claims=world.claims,
+            kube=world.kube,
+            recorder=world.recorder,
+            driver_name=o.DRIVER,
+            proc_root=world.proc,
+            cgroup_root=world.cgroup,
+        )
+        requests = [
+            bytes(ContainerDeviceRequest(pod_uid=uid, container_name="main")) for uid, _, _ in containers
+        ]
+        children, go, results = fork_clients(server.path, requests)
+        for pid, (uid, cid, _) in zip(children, containers, strict=True):
+            world.place(pid, uid, cid)
+        runner = ServerThread(server)
+        runner.start()
+        started = time.perf_counter()
+        os.write(go, b"g" * n)
+        lines: list[str] = []
+        buffer = b""
+        with os.fdopen(results, "rb") as answers:
+            while len(lines) < n:
+                chunk = answers.read1(65536)
+                if not chunk:
+                    break
+                buffer += chunk
+                *complete, buffer = buffer.split(b"\n")
+                lines += [line.decode() for line in complete]
+        wall = time.perf_counter() - started
+        for pid in children:
+            os.waitpid(pid, 0)
+        os.close(go)
+        runner.stop()
+
+        outcomes = Counter(line.split()[1] for line in lines)
+        latencies = [float(line.split()[2]) for line in lines]
+        wrong = [
+            str(config)
+            for pid, (_, _, config) in zip(children, containers, strict=True)
+            if (config / "pids.config").read_text() != f"{pid}\n"
+        ]
+        p50, p99 = (percentile(latencies, p) * 1000 for p in (50, 99))
+        inside = [c.latency_seconds for c in world.recorder.recent(component="registry")]
+        s50, s99 = (percentile(inside, p) * 1000 for p in (50, 99))
+        print(
+            f"{n} containers: {wall * 1000:7.1f} ms total, {n / wall:6.0f} calls/s; per call (client) "
+            f"p50 {p50:6.1f} ms, p99 {p99:6.1f} ms, max {max(latencies) * 1000:6.1f} ms; "
+            f"in vgpud p50 {s50:5.2f} ms, p99 {s99:5.2f} ms; "
+            f"{dict(outcomes)}; pids.config right: {n - len(wrong)}/{n}"
+        )
+        return outcomes == Counter({"OK": n}) and not wrong and len(lines) == n
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--containers", type=int, default=256, help="concurrent registrations (default 256)")
+    parser.add_argument("--rounds", type=int, default=3)
+    args = parser.parse_args()
+    print(
+        f"registry bench: {os.cpu_count()} CPUs, Python {sys.version.split()[0]}, grpcio {grpc.__version__}"
+    )
+    ok = all([one_round(args.containers) for _ in range(args.rounds)])
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,160 @@
+"""A node as the registry sees it, in a temp dir: a fake host /proc and cgroup tree, pods whose status
+says which container runs where, claims in the in-memory kube facade, an NRI cache and the checkpoint's
+claim index. The unit tests, the gRPC end-to-end tests and bench/registry.py build on it.
+
+`place(pid, ...)` puts any PID (the test process itself, a forked client) into a pod's container:
+it writes `<proc>/<pid>/cgroup` the way the kernel would and adds the PID to the container cgroup's
+`cgroup.procs`, so vgpud's real code reads both.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from tests import objects as o
+from vgpud.kube.fake import FakeKube
+from vgpud.nri.cache import CacheEntry, NriCache
+from vgpud.observe.recorder import Recorder
+from vgpud.partition.layout import Layout
+from vgpud.partition.lazy import LazyAssigner
+from vgpud.partition.pidsfile import reset_pids_file
+from vgpud.registry.resolve import Resolver
+from vgpud.registry.server import RegistryService
+
+
+def container_id(n: int) -> str:
+    return f"{n:064x}"
+
+
+def pod_uid(n: int) -> str:
+    return f"{n:08x}-1111-4222-8333-444455556666"
+
+
+def claim_uid(n: int) -> str:
+    return f"{n:08x}-aaaa-4bbb-8ccc-ddddeeeeffff"
+
+
+def cgroup_path(uid: str, cid: str, *, qos: str = "besteffort", systemd: bool = False) -> str:
+    """The container's cgroup path as the kubelet and containerd name it (cgroupfs or systemd)."""
+    if systemd:
+        u = uid.replace("-", "_")
+        slices = "kubepods.slice" if qos == "guaranteed" else f"kubepods.slice/kubepods-{qos}.slice"
+        pod = f"kubepods-pod{u}.slice" if qos == "guaranteed" else f"kubepods-{qos}-pod{u}.slice"
+        return f"/{slices}/{pod}/cri-containerd-{cid}.scope"
+    parent = "kubepods" if qos == "guaranteed" else f"kubepods/{qos}"
+    return f"/{parent}/pod{uid}/{cid}"
+
+
+def with_status(pod: dict[str, Any], containers: dict[str, str | None]) -> dict[str, Any]:
+    """`pod` Running, each named container Running with its containerd ID (None: still waiting)."""
+    statuses = []
+    for name, cid in containers.items():
+        entry: dict[str, Any] = {"name": name, "ready": cid is not None, "restartCount": 0}
+        if cid is None:
+            entry["state"] = {"waiting": {"reason": "ContainerCreating"}}
+        else:
+            entry["containerID"] = f"containerd://{cid}"
+            entry["state"] = {"running": {"startedAt": "2025-01-01T00:00:00Z"}}
+        statuses.append(entry)
+    pod = dict(pod)
+    pod["status"] = {**pod.get("status", {}), "phase": "Running", "qosClass": "BestEffort"}
+    pod["status"]["containerStatuses"] = statuses
+    return pod
+
+
+@dataclass(frozen=True)
+class Ref:
+    namespace: str
+    uid: str
+    name: str
+
+
+@dataclass
+class Claims:
+    """The checkpoint's claim index, as `DraDriver` answers it."""
+
+    prepared: dict[str, Ref] = field(default_factory=dict)
+    uuids: dict[str, Ref] = field(default_factory=dict)
+
+    def prepared_claim(self, uid: str) -> Ref | None:
+        return self.prepared.get(uid)
+
+    def claim_for_register_uuid(self, register_uuid: str) -> Ref | None:
+        return self.uuids.get(register_uuid)
+
+
+class World:
+    """A lazy (NRI) node: `add_container` prepares a claim, its pod and the container's directory."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self.proc = root / "proc"
+        self.cgroup = root / "cgroup"
+        self.layout = Layout(root / "manager")
+        self.kube = FakeKube()
+        self.cache = NriCache()
+        self.claims = Claims()
+        self.recorder = Recorder()
+        self.assigner = LazyAssigner(self.layout, driver=o.DRIVER)
+
+    def place(self, pid: int, uid: str, cid: str, *, systemd: bool = False) -> None:
+        """Make `pid` a process of container `cid` of pod `uid` (as /proc and the cgroup tree say)."""
+        path = cgroup_path(uid, cid, systemd=systemd)
+        (self.proc / str(pid)).mkdir(parents=True, exist_ok=True)
+        (self.proc / str(pid) / "cgroup").write_text(f"0::{path}\n")
+        directory = self.cgroup / path.lstrip("/")
+        directory.mkdir(parents=True, exist_ok=True)
+        with (directory / "cgroup.procs").open("a") as procs:
+            procs.write(f"{pid}\n")
+
+    def place_outside(self, pid: int, path: str = "/user.slice/session-1.scope") -> None:
+        (self.proc / str(pid)).mkdir(parents=True, exist_ok=True)
+        (self.proc / str(pid) / "cgroup").write_text(f"0::{path}\n")
+
+    def add_container(
+        self,
+        n: int,
+        *,
+        name: str = "main",
+        running: bool = True,
+        cached: bool = True,
+    ) -> tuple[str, str, Path]:
+        """Claim n, reserved for pod n whose container `name` is `container_id(n)`; the NRI cache
+        entry and the container's directory with an empty pids.config. (pod UID, container ID, dir)."""
+        uid, cid, claim = pod_uid(n), container_id(n), claim_uid(n)
+        claim_name, pod_name = f"claim-{n}", f"pod-{n}"
+        pod = o.pod(pod_name, uid, containers=[o.container(name, o.ref("gpu"))], claims={"gpu": claim_name})
+        self.kube.add_pod(with_status(pod, {name: cid if running else None}))
+        self.kube.add_claim(
+            o.claim(
+                requests=[o.exactly("r1")],
+                results=[o.result("r1", share_id=f"s{n}")],
+                reserved_for=o.reserved(pod),
+                name=claim_name,
+                uid=claim,
+            )
+        )
+        self.claims.prepared[claim] = Ref(o.NAMESPACE, claim, claim_name)
+        paths = self.assigner.paths(claim, uid, name)
+        for directory in paths.directories:
+            Path(directory).mkdir(parents=True, exist_ok=True)
+        reset_pids_file(Path(paths.config))
+        if cached:
+            self.cache.set(uid, name, CacheEntry(claim, paths.base))
+        return uid, cid, Path(paths.config)
+
+    def resolver(self, **kwargs: Any) -> Resolver:
+        return Resolver(
+            assigner=self.assigner,
+            kube=self.kube,
+            claims=self.claims,
+            nri_cache=self.cache,
+            cgroup_root=self.cgroup,
+            driver_name=o.DRIVER,
+            **kwargs,
+        )
+
+    def service(self, **kwargs: Any) -> RegistryService:
+        return RegistryService(self.resolver(), self.recorder, proc_root=self.proc, **kwargs)

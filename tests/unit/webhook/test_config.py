@@ -1,0 +1,126 @@
+"""`vgpud webhook` settings: defaults, flag over environment over default, and refused combinations."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+import pytest
+
+from vgpud.config import ConfigError
+from vgpud.webhook.config import WebhookSettings, add_webhook_arguments, webhook_settings_from
+from vgpud.webhook.rules import Policy
+
+TLS = ["--tls-cert-file", "/etc/tls/tls.crt", "--tls-key-file", "/etc/tls/tls.key"]
+
+
+def _settings(argv: list[str], env: dict[str, str] | None = None) -> WebhookSettings:
+    parser = argparse.ArgumentParser()
+    add_webhook_arguments(parser)
+    return webhook_settings_from(parser.parse_args(argv), env or {})
+
+
+def test_defaults() -> None:
+    s = _settings(TLS)
+    assert (s.address, s.port, s.tls_reload_interval) == ("0.0.0.0", 9443, 10)
+    assert (s.tls_cert_file, s.tls_key_file) == (Path("/etc/tls/tls.crt"), Path("/etc/tls/tls.key"))
+    assert s.policy == Policy(driver="manager.nvidia.com", vgpu_classes=frozenset({"vgpu-manager"}))
+    assert s.self_signed_dir is None
+    assert (s.kubeconfig, s.log_level) == (None, "info")
+
+
+def test_flags_beat_the_environment() -> None:
+    env = {
+        "WEBHOOK_PORT": "8443",
+        "WEBHOOK_ADDRESS": "10.0.0.1",
+        "VGPU_DEVICE_CLASSES": "a, b,a",
+        "ALLOW_MULTIPLE_VGPU_CLAIMS_PER_CONTAINER": "true",
+        "DRIVER_NAME": "vgpu.example.com",
+        "WEBHOOK_TLS_CERT_FILE": "/env/tls.crt",
+        "WEBHOOK_TLS_KEY_FILE": "/env/tls.key",
+    }
+    s = _settings(["--port", "7443"], env)
+    assert (s.port, s.address, s.tls_cert_file) == (7443, "10.0.0.1", Path("/env/tls.crt"))
+    assert s.policy == Policy(
+        "vgpu.example.com", frozenset({"a", "b"}), allow_multiple_claims_per_container=True
+    )
+    assert s.vgpu_device_classes == ("a", "b")
+
+
+def test_the_nri_relaxation_is_a_switch() -> None:
+    assert _settings(
+        [*TLS, "--allow-multiple-vgpu-claims-per-container"]
+    ).policy.allow_multiple_claims_per_container
+    env = {"ALLOW_MULTIPLE_VGPU_CLAIMS_PER_CONTAINER": "false"}
+    assert not _settings(TLS, env).policy.allow_multiple_claims_per_container
+
+
+def test_self_signed_names_the_service_and_the_extra_hosts() -> None:
+    s = _settings(
+        [
+            "--self-signed",
+            "/tmp/x",
+            "--self-signed-hosts",
+            "10.1.2.3,hook.example.com",
+            "--service-name",
+            "wh",
+        ],
+        {"POD_NAMESPACE": "kube-system"},
+    )
+    assert s.self_signed_dir == Path("/tmp/x")
+    assert s.certificate_hosts == (
+        "localhost",
+        "127.0.0.1",
+        "wh",
+        "wh.kube-system",
+        "wh.kube-system.svc",
+        "wh.kube-system.svc.cluster.local",
+        "10.1.2.3",
+        "hook.example.com",
+    )
+
+
+@pytest.mark.parametrize(
+    ("argv", "env", "fragment"),
+    [
+        ([], {}, "give --tls-cert-file and --tls-key-file, or --self-signed DIR"),
+        (["--tls-cert-file", "/a.crt"], {}, "--tls-cert-file and --tls-key-file go together"),
+        ([*TLS, "--self-signed", "/tmp/x"], {}, "--self-signed replaces --tls-cert-file and --tls-key-file"),
+        ([*TLS, "--self-signed-hosts", "a"], {}, "--self-signed-hosts is only used with --self-signed"),
+        ([*TLS, "--port", "70000"], {}, "--port: 70000 is outside 0..65535"),
+        ([*TLS, "--address", "localhost"], {}, "--address: 'localhost' is not an IP address"),
+        (["--tls-cert-file", "rel.crt", "--tls-key-file", "/k"], {}, "'rel.crt' is not an absolute path"),
+        ([*TLS, "--vgpu-device-classes", " , "], {}, "--vgpu-device-classes: the list is empty"),
+        ([*TLS, "--vgpu-device-classes", "Bad_Class"], {}, "'Bad_Class' is not a DNS subdomain"),
+        (["--self-signed", "/x", "--self-signed-hosts", "a_b"], {}, "'a_b' is not a DNS subdomain"),
+        (
+            TLS,
+            {"ALLOW_MULTIPLE_VGPU_CLAIMS_PER_CONTAINER": "maybe"},
+            "ALLOW_MULTIPLE_VGPU_CLAIMS_PER_CONTAINER (environment): 'maybe' is not true or false",
+        ),
+        ([*TLS, "--tls-reload-interval", "0"], {}, "--tls-reload-interval: 0 is outside 1..3600"),
+    ],
+)
+def test_bad_settings_name_the_flag(argv: list[str], env: dict[str, str], fragment: str) -> None:
+    with pytest.raises(ConfigError) as caught:
+        _settings(argv, env)
+    assert fragment in str(caught.value)
+
+
+def test_help_names_every_environment_variable() -> None:
+    parser = argparse.ArgumentParser(prog="vgpud webhook")
+    add_webhook_arguments(parser)
+    text = " ".join(parser.format_help().split())
+    for env in (
+        "WEBHOOK_PORT",
+        "WEBHOOK_ADDRESS",
+        "WEBHOOK_TLS_CERT_FILE",
+        "WEBHOOK_TLS_KEY_FILE",
+        "WEBHOOK_SELF_SIGNED_DIR",
+        "VGPU_DEVICE_CLASSES",
+        "ALLOW_MULTIPLE_VGPU_CLAIMS_PER_CONTAINER",
+        "DRIVER_NAME",
+        "KUBECONFIG",
+    ):
+        assert f"[env {env}]" in text
+    assert "every node runs NRI mode" in text

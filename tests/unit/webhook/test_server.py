@@ -1,0 +1,447 @@
+"""The HTTPS server in process, over real TLS on 127.0.0.1: routes, keep-alive, every kind of bad
+request answered with a clear status and reason while the server keeps serving, and certificate reload
+without restart."""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import shutil
+import ssl
+import subprocess
+from collections.abc import AsyncIterator, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+import trio
+
+from tests import objects as o
+from tests.unit.webhook.builders import POLICY, FakeLookup, review, spec_claim
+from vgpud.webhook.admit import Admitter
+from vgpud.webhook.metrics import WebhookMetrics
+from vgpud.webhook.server import Limits, WebhookServer
+from vgpud.webhook.tls import ReloadingTls, SelfSigned, TlsError, ensure_self_signed
+
+GPU = spec_claim("gpu-claim", o.exactly("r0"))
+HOSTS = ("localhost", "127.0.0.1")
+LIMITS = Limits(
+    max_body=64 * 1024,
+    handshake_timeout=0.5,
+    request_timeout=0.5,
+    idle_timeout=1.0,
+    max_connections=8,
+    linger=0.5,
+)
+
+
+@pytest.fixture(scope="module")
+def certs(tmp_path_factory: pytest.TempPathFactory) -> SelfSigned:
+    return ensure_self_signed(tmp_path_factory.mktemp("certs"), HOSTS)
+
+
+@pytest.fixture(scope="module")
+def other_certs(tmp_path_factory: pytest.TempPathFactory) -> SelfSigned:
+    return ensure_self_signed(tmp_path_factory.mktemp("other"), HOSTS)
+
+
+@dataclass
+class Running:
+    port: int
+    ca: Path
+    metrics: WebhookMetrics
+    admitter: Admitter
+    server: WebhookServer
+    tls: ReloadingTls
+
+    def client_context(self, ca: Path | None = None) -> ssl.SSLContext:
+        return ssl.create_default_context(cafile=str(ca or self.ca))
+
+    async def connect(self, ca: Path | None = None) -> trio.SSLStream[trio.SocketStream]:
+        """A TLS connection, handshake done (so a certificate the CA does not sign fails here)."""
+        stream = await trio.open_ssl_over_tcp_stream(
+            "127.0.0.1", self.port, ssl_context=self.client_context(ca), https_compatible=True
+        )
+        try:
+            await stream.do_handshake()
+        except BaseException:
+            await trio.aclose_forcefully(stream)
+            raise
+        return stream
+
+
+@pytest.fixture
+def live_certs(certs: SelfSigned, tmp_path: Path) -> Iterator[SelfSigned]:
+    """A copy of the certificate files the test may replace."""
+    copy = SelfSigned(tmp_path / "ca.crt", tmp_path / "tls.crt", tmp_path / "tls.key")
+    for source, target in zip((certs.ca, certs.cert, certs.key), (copy.ca, copy.cert, copy.key), strict=True):
+        shutil.copyfile(source, target)
+    yield copy
+
+
+@pytest.fixture
+async def running(live_certs: SelfSigned) -> AsyncIterator[Running]:
+    metrics = WebhookMetrics()
+    tls = ReloadingTls(live_certs.cert, live_certs.key, metrics)
+    tls.load()
+    admitter = Admitter(FakeLookup({"gpu-claim": GPU}), POLICY)
+    server = WebhookServer(admitter, lambda: tls.context, metrics, limits=LIMITS)
+    listeners = await trio.open_tcp_listeners(0, host="127.0.0.1")
+    async with trio.open_nursery() as nursery:
+        await nursery.start(lambda task_status: server.serve(listeners, task_status.started))
+        yield Running(listeners[0].socket.getsockname()[1], live_certs.ca, metrics, admitter, server, tls)
+        nursery.cancel_scope.cancel()
+    for listener in listeners:
+        await listener.aclose()
+
+
+@dataclass
+class Reply:
+    status: int
+    headers: dict[str, str]
+    body: bytes
+
+    @property
+    def text(self) -> str:
+        return self.body.decode()
+
+
+async def read_reply(stream: trio.abc.Stream, *, head: bool = False) -> Reply:
+    """One answer; `head`: to a HEAD request (Content-Length without a body)."""
+    buffer = b""
+    while b"\r\n\r\n" not in buffer:
+        data = await stream.receive_some(65536)
+        if not data:
+            raise EOFError(f"connection closed before a full answer: {buffer!r}")
+        buffer += data
+    top, _, body = buffer.partition(b"\r\n\r\n")
+    status_line, *lines = top.decode().split("\r\n")
+    headers = {name.strip().lower(): value.strip() for name, value in (line.split(":", 1) for line in lines)}
+    length = 0 if head else int(headers.get("content-length", "0"))
+    while len(body) < length:
+        data = await stream.receive_some(65536)
+        if not data:
+            raise EOFError("connection closed in the body")
+        body += data
+    return Reply(int(status_line.split()[1]), headers, body[:length])
+
+
+def http(method: str, path: str, body: bytes = b"", *headers: str) -> bytes:
+    lines = [f"{method} {path} HTTP/1.1", "Host: 127.0.0.1", *headers]
+    if body or method == "POST":
+        lines.append(f"Content-Length: {len(body)}")
+    return ("\r\n".join(lines) + "\r\n\r\n").encode() + body
+
+
+def review_body(*containers: dict) -> bytes:
+    pod = o.pod("p", o.POD1_UID, containers=list(containers))
+    return json.dumps(review(pod, uid="the-uid")).encode()
+
+
+VALID = review_body(o.container("a", o.ref("gpu")))
+VIOLATING = review_body(o.container("a", o.ref("gpu")), o.container("b", o.ref("gpu")))
+
+
+async def ask(running: Running, raw: bytes) -> Reply:
+    stream = await running.connect()
+    try:
+        await stream.send_all(raw)
+        return await read_reply(stream, head=raw.startswith(b"HEAD "))
+    finally:
+        await trio.aclose_forcefully(stream)
+
+
+async def assert_serving(running: Running) -> None:
+    """A valid review right after: 200 with the decision."""
+    reply = await ask(running, http("POST", "/validate?timeout=10s", VALID, "Content-Type: application/json"))
+    assert reply.status == 200, reply.text
+    assert json.loads(reply.body)["response"] == {"uid": "the-uid", "allowed": True}
+
+
+async def test_reviews_are_answered_on_a_kept_alive_connection(running: Running) -> None:
+    stream = await running.connect()
+    with trio.fail_after(5):
+        await stream.send_all(http("POST", "/validate?timeout=10s", VIOLATING))
+        denied = await read_reply(stream)
+        await stream.send_all(http("POST", "/validate", VALID))
+        allowed = await read_reply(stream)
+    await stream.aclose()
+    assert (denied.status, denied.headers["content-type"]) == (200, "application/json")
+    response = json.loads(denied.body)["response"]
+    assert (response["uid"], response["allowed"], response["status"]["code"]) == ("the-uid", False, 403)
+    assert 'app container "b" uses request "r0" of vGPU claim "gpu-claim"' in response["status"]["message"]
+    assert json.loads(allowed.body)["response"]["allowed"] is True
+
+
+async def test_health_metrics_and_unknown_routes(running: Running) -> None:
+    assert (await ask(running, http("GET", "/healthz"))).text == "ok\n"
+    await assert_serving(running)
+    metrics = await ask(running, http("GET", "/metrics"))
+    assert metrics.status == 200
+    assert metrics.headers["content-type"].startswith("text/plain; version=")
+    assert 'vgpud_webhook_reviews_total{kind="pods",operation="CREATE",result="allowed"} 1.0' in metrics.text
+    assert 'vgpud_webhook_review_duration_seconds_count{kind="pods"} 1.0' in metrics.text
+    assert "vgpud_webhook_tls_loaded_timestamp_seconds" in metrics.text
+    missing = await ask(running, http("GET", "/nope"))
+    assert (missing.status, missing.text) == (
+        404,
+        "no route /nope: POST /validate, GET /healthz, GET /metrics\n",
+    )
+    wrong = await ask(running, http("GET", "/validate"))
+    assert (wrong.status, wrong.headers["allow"]) == (405, "POST")
+    head = await ask(running, http("HEAD", "/healthz"))
+    assert (head.status, head.body) == (200, b"")
+
+
+@pytest.mark.parametrize(
+    ("body", "reason"),
+    [
+        (b"garbage", "bad AdmissionReview: the body is not JSON: Expecting value: line 1 column 1 (char 0)"),
+        (VALID[: len(VALID) // 2], "bad AdmissionReview: the body is not JSON: "),
+        (b"", "bad AdmissionReview: the body is not JSON: "),
+        (b"\x00\xff" * 100, "bad AdmissionReview: the body is not JSON: "),
+        (
+            b'{"apiVersion": "v1", "kind": "Pod"}',
+            "bad AdmissionReview: apiVersion 'v1' is not admission.k8s.io/v1",
+        ),
+        (json.dumps({**json.loads(VALID), "request": None}).encode(), "AdmissionReview.request is missing"),
+    ],
+    ids=["garbage", "truncated JSON", "empty", "binary", "not a review", "no request"],
+)
+async def test_bad_bodies_get_400_with_the_reason(running: Running, body: bytes, reason: str) -> None:
+    stream = await running.connect()
+    with trio.fail_after(5):
+        await stream.send_all(http("POST", "/validate", body))
+        reply = await read_reply(stream)
+        assert reply.status == 400
+        assert reply.text.startswith(reason) or reason in reply.text
+        # a bad body is not bad HTTP: the same connection goes on
+        await stream.send_all(http("POST", "/validate", VALID))
+        assert (await read_reply(stream)).status == 200
+    await stream.aclose()
+    assert 'result="bad_request"} 1.0' in running.metrics.exposition()[0].decode()
+    (call,) = running.admitter.recorder.recent(call="AdmissionReview")
+    assert call.outcome == "rejected"
+
+
+async def test_an_oversized_body_gets_400_before_it_is_read(running: Running) -> None:
+    big = b"{" + b" " * (LIMITS.max_body + 10) + b"}"
+    reply = await ask(running, http("POST", "/validate", big))
+    assert reply.status == 400
+    assert reply.text == f"request body of {len(big)} bytes is over the limit of {LIMITS.max_body}\n"
+    assert reply.headers["connection"] == "close"
+    await assert_serving(running)
+
+
+async def test_an_oversized_chunked_body_gets_400(running: Running) -> None:
+    stream = await running.connect()
+    await stream.send_all(http("POST", "/validate", b"", "Transfer-Encoding: chunked"))
+    chunk = b"x" * 16384
+    with trio.fail_after(5), pytest.raises((trio.BrokenResourceError, EOFError)):
+        for _ in range(LIMITS.max_body // len(chunk) + 2):
+            await stream.send_all(b"%x\r\n%s\r\n" % (len(chunk), chunk))
+        reply = await read_reply(stream)
+        assert (reply.status, reply.text) == (
+            400,
+            f"request body is over the limit of {LIMITS.max_body} bytes\n",
+        )
+        await stream.send_all(b"0\r\n\r\n")
+        await read_reply(stream)  # the server closed after the answer
+    await trio.aclose_forcefully(stream)
+    await assert_serving(running)
+
+
+async def test_a_truncated_body_times_out_with_408(running: Running) -> None:
+    stream = await running.connect()
+    with trio.fail_after(5):
+        await stream.send_all(http("POST", "/validate", VALID)[:-100])  # the last 100 bytes never come
+        reply = await read_reply(stream)
+    await trio.aclose_forcefully(stream)
+    assert (reply.status, reply.text) == (408, "the request did not arrive completely within 0.5s\n")
+    await assert_serving(running)
+
+
+async def test_a_client_that_leaves_mid_body_harms_nobody(running: Running) -> None:
+    stream = await running.connect()
+    await stream.send_all(http("POST", "/validate", VALID)[:-50])
+    await trio.aclose_forcefully(stream)
+    await assert_serving(running)
+
+
+@pytest.mark.parametrize(
+    ("raw", "status", "reason"),
+    [
+        (b"GARBAGE\r\n\r\n", 400, "malformed HTTP request: illegal request line"),
+        (b"POST /validate HTTP/1.1\r\nContent-Length: nope\r\n\r\n", 400, "malformed HTTP request"),
+        (
+            b"GET / HTTP/1.1\r\nHost: x\r\nX-Big: " + b"a" * 20000 + b"\r\n\r\n",
+            431,
+            "request headers are over the limit of 16384 bytes",
+        ),
+        (b"GET / HTTP/1.1\r\nX-Big: " + b"a" * 100_000, 431, "malformed HTTP request: "),
+    ],
+    ids=["request line", "content length", "headers too long", "header never ends"],
+)
+async def test_malformed_http_gets_an_error_and_the_server_goes_on(
+    running: Running, raw: bytes, status: int, reason: str
+) -> None:
+    reply = await ask(running, raw)
+    assert reply.status == status
+    assert reply.text.startswith(reason)
+    await assert_serving(running)
+
+
+async def test_plain_http_and_silent_clients_are_dropped(running: Running) -> None:
+    with trio.fail_after(5):
+        plain = await trio.open_tcp_stream("127.0.0.1", running.port)
+        await plain.send_all(http("GET", "/healthz"))
+        assert await _drain(plain) is True  # the server closed it
+        silent = await trio.open_tcp_stream("127.0.0.1", running.port)
+        assert await _drain(silent) is True  # no handshake: closed after handshake_timeout
+    await assert_serving(running)
+
+
+async def test_an_idle_connection_is_closed_quietly(running: Running) -> None:
+    stream = await running.connect()
+    with trio.fail_after(5):
+        await stream.send_all(http("GET", "/healthz"))
+        assert (await read_reply(stream)).status == 200
+        assert await stream.receive_some(100) == b""  # after idle_timeout, no answer, just the close
+
+
+async def test_connections_over_the_limit_are_refused(running: Running) -> None:
+    held = [await running.connect() for _ in range(LIMITS.max_connections)]
+    with trio.fail_after(5):
+        await trio.testing.wait_all_tasks_blocked()
+        raw = await trio.open_tcp_stream("127.0.0.1", running.port)
+        assert await _drain(raw) is True
+    for stream in held:
+        await trio.aclose_forcefully(stream)
+    await assert_serving(running)
+
+
+async def _drain(stream: trio.abc.Stream) -> bool:
+    """Read until the peer closes; True when it did (EOF or reset)."""
+    try:
+        while await stream.receive_some(65536):
+            pass
+    except trio.BrokenResourceError:
+        pass
+    return True
+
+
+# --------------------------------------------------------------------------------------------------
+# Certificate reload
+
+
+def _replace(source: SelfSigned, target: SelfSigned) -> None:
+    """As a Secret volume update does: new files renamed over the old ones."""
+    for src, dst in ((source.key, target.key), (source.cert, target.cert)):
+        staged = dst.with_suffix(".new")
+        shutil.copyfile(src, staged)
+        os.replace(staged, dst)
+
+
+async def test_a_replaced_certificate_is_served_without_restart(
+    running: Running, live_certs: SelfSigned, other_certs: SelfSigned
+) -> None:
+    await assert_serving(running)
+    kept = await running.connect()  # established under the old certificate
+    _replace(other_certs, live_certs)
+    assert await trio.to_thread.run_sync(running.tls.reload_if_changed)
+    assert running.tls.loads == 2
+    with pytest.raises(trio.BrokenResourceError):
+        await running.connect()  # the old CA no longer verifies the server
+    fresh = await running.connect(other_certs.ca)
+    await fresh.send_all(http("GET", "/healthz"))
+    assert (await read_reply(fresh)).status == 200
+    await kept.send_all(http("GET", "/healthz"))  # an open connection keeps its session
+    assert (await read_reply(kept)).status == 200
+    for stream in (fresh, kept):
+        await stream.aclose()
+
+
+async def test_a_half_written_pair_keeps_the_previous_certificate(
+    running: Running, live_certs: SelfSigned, other_certs: SelfSigned
+) -> None:
+    staged = live_certs.cert.with_suffix(".new")
+    shutil.copyfile(other_certs.cert, staged)
+    os.replace(staged, live_certs.cert)  # the new certificate, the old key: no match
+    assert not await trio.to_thread.run_sync(running.tls.reload_if_changed)
+    assert not await trio.to_thread.run_sync(running.tls.reload_if_changed)  # not retried until it changes
+    assert "vgpud_webhook_tls_reload_failures_total 1.0" in running.metrics.exposition()[0].decode()
+    await assert_serving(running)  # still the old pair
+    staged = live_certs.key.with_suffix(".new")
+    shutil.copyfile(other_certs.key, staged)
+    os.replace(staged, live_certs.key)  # now the key follows
+    assert await trio.to_thread.run_sync(running.tls.reload_if_changed)
+    fresh = await running.connect(other_certs.ca)
+    await fresh.aclose()
+
+
+async def test_the_watcher_polls_the_files(
+    running: Running, live_certs: SelfSigned, other_certs: SelfSigned
+) -> None:
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(running.tls.watch, 0.05)
+        _replace(other_certs, live_certs)
+        with trio.fail_after(5):
+            while running.tls.loads < 2:  # noqa: ASYNC110 - another task's poll of the files
+                await trio.sleep(0.02)
+        nursery.cancel_scope.cancel()
+    fresh = await running.connect(other_certs.ca)
+    await fresh.aclose()
+
+
+def test_a_key_that_does_not_match_is_a_clear_error(certs: SelfSigned, other_certs: SelfSigned) -> None:
+    tls = ReloadingTls(certs.cert, other_certs.key)
+    with pytest.raises(TlsError, match=r"cannot load certificate .*tls\.crt with key .*tls\.key"):
+        tls.load()
+    with pytest.raises(RuntimeError, match="has not succeeded"):
+        _ = tls.context
+
+
+def test_self_signed_files_are_reused_and_name_the_hosts(certs: SelfSigned, tmp_path: Path) -> None:
+    again = ensure_self_signed(certs.ca.parent, ["other-host"])
+    assert again == certs  # reused: a restart keeps the CA the webhook configuration trusts
+    made = ensure_self_signed(tmp_path / "new", ["localhost", "127.0.0.1", "vgpud-webhook.kube-system.svc"])
+    assert sorted(p.name for p in made.ca.parent.iterdir()) == ["ca.crt", "tls.crt", "tls.key"]
+    assert made.key.stat().st_mode & 0o777 == 0o600
+    san = subprocess.run(
+        ["openssl", "x509", "-in", str(made.cert), "-noout", "-ext", "subjectAltName"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    assert "DNS:localhost, IP Address:127.0.0.1, DNS:vgpud-webhook.kube-system.svc" in san
+    verified = subprocess.run(
+        ["openssl", "verify", "-CAfile", str(made.ca), str(made.cert)],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert verified.returncode == 0, verified.stderr
+    assert base64.b64decode(made.ca_bundle()) == made.ca.read_bytes()
+
+
+async def test_a_request_that_stops_in_its_headers_times_out_with_408(running: Running) -> None:
+    stream = await running.connect()
+    with trio.fail_after(5):
+        await stream.send_all(b"POST /validate HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Le")
+        reply = await read_reply(stream)
+    await trio.aclose_forcefully(stream)
+    assert (reply.status, reply.headers["connection"]) == (408, "close")
+    await assert_serving(running)
+
+
+async def test_expect_100_continue_is_answered(running: Running) -> None:
+    stream = await running.connect()
+    with trio.fail_after(5):
+        headers = f"Content-Length: {len(VALID)}\r\nExpect: 100-continue\r\n"
+        await stream.send_all(f"POST /validate HTTP/1.1\r\nHost: x\r\n{headers}\r\n".encode())
+        interim = await read_reply(stream)
+        await stream.send_all(VALID)
+        final = await read_reply(stream)
+    await stream.aclose()
+    assert (interim.status, final.status) == (100, 200)
