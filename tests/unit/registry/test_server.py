@@ -21,7 +21,7 @@ import trio_asyncio
 
 from tests import objects as o
 from tests.stdproto import message_class
-from tests.support import REPO
+from tests.support import REPO, built
 from tests.unit.registry.world import World, claim_uid
 from vgpud.grpcserve import SocketPathError
 from vgpud.nri.cache import CacheEntry
@@ -369,3 +369,48 @@ async def test_a_live_predecessor_is_taken_over_and_a_non_socket_refused(world: 
         with pytest.raises(SocketPathError, match="is not a socket"):
             await server.run(lambda: None)
     assert path.read_text() == "not a socket"
+
+
+def spawn_after_a_line(script: str) -> subprocess.Popen[str]:
+    """A shell that runs `script` (which waits for a line on stdin first)."""
+    return subprocess.Popen(["sh", "-c", script], stdin=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+async def test_the_c_register_client_registers_through_the_real_server(world: World) -> None:
+    """The library's own client (csrc/libvgpu vgpu-register) against RegistryServer: the exec'd client
+    is the peer, so its PID is what lands in pids.config."""
+    binary = built("libvgpu/vgpu-register")
+    uid, cid, config = world.add_container(1)
+    world.place_outside(ME)
+    server = make_server(world)
+
+    async def body() -> None:
+        script = f"read line; exec {binary} --address {server.path} --pod-uid {uid} --container-name main"
+        child = spawn_after_a_line(script)
+        try:
+            world.place(child.pid, uid, cid)  # `exec` keeps the PID: the client is this process
+            _, err = await trio.to_thread.run_sync(lambda: child.communicate("go\n", timeout=30))
+        finally:
+            if child.poll() is None:
+                child.kill()
+                child.wait()
+        assert child.returncode == 0, err
+        assert (config / "pids.config").read_text() == f"{child.pid}\n"
+
+        other_uid, _, _ = world.add_container(2)
+        argv = [
+            str(binary),
+            "--address",
+            str(server.path),
+            "--pod-uid",
+            other_uid,
+            "--container-name",
+            "main",
+        ]
+        refused = await trio.to_thread.run_sync(
+            lambda: subprocess.run(argv, capture_output=True, text=True, timeout=30, check=False)
+        )
+        assert refused.returncode != 0
+        assert "PERMISSION_DENIED" in refused.stderr, refused.stderr
+
+    await serving(server, body)
