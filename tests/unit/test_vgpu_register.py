@@ -100,7 +100,9 @@ class _GrpclibThread:
     def __init__(self, path: Path, registry: Registry) -> None:
         self.path = path
         self.registry = registry
-        self.loop = asyncio.new_event_loop()
+        # a plain selector loop: once trio-asyncio is imported (other tests), its policy's new_event_loop()
+        # returns a trio-asyncio loop that cannot run in a second thread
+        self.loop = asyncio.SelectorEventLoop()
         self.server: grpclib.server.Server | None = None
         self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
 
