@@ -3,49 +3,12 @@ network raise (DESIGN §3: `partition` is pure)."""
 
 from __future__ import annotations
 
-import subprocess
-import sys
-import textwrap
-
-from tests.support import REPO
+from tests.purity import run_without_io
 
 PURE_MODULES = ["model", "eager", "lazy", "assigner", "layout", "edits", "quantity"]
 
-SCRIPT = textwrap.dedent("""
-    import builtins, io, os, shutil, socket, subprocess, sys
-
-    # The top-level package reads its version from the installed metadata: that is the parent's
-    # business, imported first; everything under vgpud.partition is imported after the patch.
-    import vgpud
-    assert not [m for m in sys.modules if m.startswith("vgpud.")]
-
-    class IOAttempted(AssertionError):
-        pass
-
-    def forbidden(name):
-        def refuse(*args, **kwargs):
-            raise IOAttempted(f"{name} called with {args!r}")
-        return refuse
-
-    for module, names in [
-        (builtins, ["open"]), (io, ["open", "FileIO"]),
-        (os, ["open", "stat", "lstat", "fstat", "listdir", "scandir", "walk", "mkdir", "makedirs", "remove",
-              "unlink", "rmdir", "rename", "replace", "chmod", "symlink", "readlink", "system", "popen"]),
-        (shutil, ["rmtree", "copy", "move"]),
-        (socket, ["socket", "create_connection", "getaddrinfo", "socketpair"]),
-        (subprocess, ["Popen", "run"]),
-    ]:
-        for name in names:
-            setattr(module, name, forbidden(f"{module.__name__}.{name}"))
-    try:
-        open("/etc/hostname")
-    except IOAttempted:
-        pass
-    else:
-        raise SystemExit("the patch is not in effect")
-
+BODY = """
     import importlib
-    before = set(sys.modules)
     for name in MODULES:
         importlib.import_module(f"vgpud.partition.{name}")
     from tests import objects as o
@@ -81,13 +44,10 @@ SCRIPT = textwrap.dedent("""
               if m.startswith(("vgpud.partition.pidsfile", "trio", "kubernetes", "grpclib"))]
     assert not loaded, loaded
     print("pure", target.config_dir, plan.target.config_dir)
-""")
+"""
 
 
 def test_algorithm_modules_run_without_filesystem_or_network() -> None:
-    code = f"MODULES = {PURE_MODULES!r}\n{SCRIPT}"
-    done = subprocess.run(
-        [sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=60, check=False
-    )
+    done = run_without_io(BODY, MODULES=PURE_MODULES)
     assert done.returncode == 0, done.stderr
     assert done.stdout.startswith("pure /etc/vgpu-manager/claims/"), done.stdout

@@ -3,38 +3,12 @@ a process where the filesystem, the network and subprocesses raise."""
 
 from __future__ import annotations
 
-import subprocess
-import sys
-import textwrap
+from tests.purity import run_without_io
 
-from tests.support import REPO
+BODY = """
+    import json
 
-SCRIPT = textwrap.dedent("""
-    import builtins, io, json, os, shutil, socket, subprocess, sys
-
-    import vgpud  # reads its version from installed metadata: the parent's business, done first
     from tests import objects as o
-
-    class IOAttempted(AssertionError):
-        pass
-
-    def forbidden(name):
-        def refuse(*args, **kwargs):
-            raise IOAttempted(f"{name} called with {args!r}")
-        return refuse
-
-    for module, names in [
-        (builtins, ["open"]), (io, ["open", "FileIO"]),
-        (os, ["open", "stat", "lstat", "listdir", "scandir", "mkdir", "remove", "unlink", "rename",
-              "replace", "system", "popen"]),
-        (shutil, ["rmtree", "copy", "move"]),
-        (socket, ["socket", "create_connection", "getaddrinfo", "socketpair"]),
-        (subprocess, ["Popen", "run"]),
-    ]:
-        for name in names:
-            setattr(module, name, forbidden(f"{module.__name__}.{name}"))
-
-    before = set(sys.modules)
     from vgpud.webhook import review, rules
 
     policy = rules.Policy(driver=o.DRIVER)
@@ -60,12 +34,10 @@ SCRIPT = textwrap.dedent("""
     loaded = [m for m in set(sys.modules) - before if m.startswith(("trio", "kubernetes", "h11", "ssl"))]
     assert not loaded, loaded
     print("pure")
-""")
+"""
 
 
 def test_rules_and_review_run_without_io() -> None:
-    done = subprocess.run(
-        [sys.executable, "-c", SCRIPT], cwd=REPO, capture_output=True, text=True, timeout=60, check=False
-    )
+    done = run_without_io(BODY)
     assert done.returncode == 0, done.stderr
     assert done.stdout == "pure\n"
