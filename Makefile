@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 export PIP_CACHE_DIR := $(CURDIR)/.cache/pip
 
-.PHONY: setup build kube test unit lint protos check-protos demo bench clean
+.PHONY: setup build kube node-deps node test unit lint protos check-protos demo bench clean
 
 setup:  ## venv with vgpud and its dev dependencies (idempotent, cached)
 	@./hack/setup-venv.sh
@@ -15,7 +15,13 @@ build: setup  ## C helpers (fake NVML, libvgpu) into build/
 kube:  ## etcd, kube-apiserver, kube-scheduler, kubelet into ~/.cache/vgpud (idempotent, cached)
 	@./hack/install-kube.sh
 
-test: build kube  ## every test tier that runs on this machine
+node-deps:  ## containerd, runc, CNI loopback, busybox + pause images into ~/.cache/vgpud
+	@./hack/install-node.sh
+
+node: build kube node-deps  ## a local node (etcd, apiserver, scheduler, containerd, kubelet, vgpud) until Ctrl-C; NRI=off for eager
+	@$(PY) -m tests.e2e.node --nri $(or $(NRI),on)
+
+test: build kube node-deps  ## every test tier that runs on this machine (as root: the e2e runs a node)
 	@$(VENV)/bin/ruff check
 	@$(VENV)/bin/ruff format --check --quiet
 	@$(PY) -m pytest -q tests
@@ -33,7 +39,7 @@ protos: setup  ## regenerate vgpud/_pb from protos/
 check-protos: setup  ## fail if vgpud/_pb is not what protos/ generates
 	@./hack/gen-protos.sh --check
 
-demo: build kube  ## vgpud on a local control plane, preparing a vGPU claim as the kubelet does
+demo: build kube node-deps  ## vgpud on a local control plane, preparing a vGPU claim as the kubelet does
 	@$(PY) hack/demo.py
 
 bench: build

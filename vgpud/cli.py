@@ -1,4 +1,4 @@
-"""The `vgpud` command line: `run`, `gpus`, `version`.
+"""The `vgpud` command line: `run`, `gpus`, `health`, `webhook`, `debug tail|state`, `version`.
 
 Exit codes: 0 success (also after SIGTERM), 1 a runtime failure (GPU discovery, a component that
 cannot start), 2 a usage or configuration error, printed as one line before anything starts.
@@ -12,19 +12,28 @@ import logging
 import platform
 import sys
 from collections.abc import Sequence
+from functools import partial
+from pathlib import Path
 from typing import NoReturn
 
 from vgpud import __version__
 from vgpud.config import (
+    DEFAULT_DRIVER_NAME,
     GPU_SOURCE_DESTS,
+    OPTIONS,
     ConfigError,
     add_settings_arguments,
     gpu_source_from,
+    parse_host_port,
     settings_from,
 )
 from vgpud.webhook.config import add_webhook_arguments
 
 EXIT_OK, EXIT_FAILURE, EXIT_USAGE = 0, 1, 2
+#: where `vgpud run` puts its debug socket with the default plugins dir and driver name
+DEFAULT_DEBUG_SOCKET = (
+    f"{next(o.default for o in OPTIONS if o.dest == 'kubelet_plugins_dir')}/{DEFAULT_DRIVER_NAME}/debug.sock"
+)
 
 
 class _Parser(argparse.ArgumentParser):
@@ -85,8 +94,55 @@ def build_parser() -> argparse.ArgumentParser:
         )
     )
 
+    _add_debug_parser(commands)
+
     commands.add_parser("version", help="print the version", description="Print vgpud's version.")
     return parser
+
+
+def _add_debug_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    debug = commands.add_parser(
+        "debug",
+        help="look into a running vgpud: its state, its hook calls as they happen",
+        description="Clients of a running vgpud's debug endpoint (a unix socket, root only; or the "
+        "loopback address of `vgpud run --debug-address`).",
+    )
+    subcommands = debug.add_subparsers(
+        dest="debug_command", metavar="SUBCOMMAND", parser_class=_Parser, required=True
+    )
+    tail = subcommands.add_parser(
+        "tail",
+        help="print hook calls as vgpud records them",
+        description="Print every hook and RPC call vgpud records (NRI hooks, DRA Prepare/Unprepare, "
+        "register calls) as it happens, until vgpud stops or Ctrl-C. Exit 0 when vgpud stops the "
+        "stream, 1 when it cannot connect or drops this client as too slow.",
+    )
+    tail.add_argument("--json", action="store_true", help="one JSON object per line")
+    tail.add_argument("--hook", default="", help="only this call (CreateContainer, Prepare, ...)")
+    tail.add_argument("--component", default="", help="only this component (nri, dra, registry)")
+    tail.add_argument("--pod", default="", help="only this pod: UID, name or namespace/name")
+    tail.add_argument("--claim", default="", help="only this claim UID")
+    tail.add_argument("--outcome", default="", help="only this outcome (ok, error, skipped, rejected)")
+    tail.add_argument(
+        "-n", "--last", type=int, default=0, metavar="N", help="first print the last N matching calls"
+    )
+    tail.add_argument("--count", type=int, default=None, metavar="N", help="exit after N calls")
+    state = subcommands.add_parser(
+        "state",
+        help="print vgpud's state as JSON",
+        description="Print the state document: component health, NRI session and cache (directory -> "
+        "container), eager partitions -> containers, unused register UUIDs, drift, recent calls.",
+    )
+    state.add_argument("--calls", type=int, default=20, metavar="N", help="recent calls to include")
+    for sub in (tail, state):
+        where = sub.add_mutually_exclusive_group()
+        where.add_argument(
+            "--socket",
+            default=None,
+            metavar="PATH",
+            help=f"the debug unix socket (default: $DEBUG_SOCKET or {DEFAULT_DEBUG_SOCKET})",
+        )
+        where.add_argument("--address", default=None, metavar="HOST:PORT", help="the debug TCP address")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -103,6 +159,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return command(args)
         if args.command == "health":
             return _health(args)
+        if args.command == "debug":
+            return _debug(args)
         if args.command == "version":
             print(f"vgpud {__version__} (Python {platform.python_version()})")
             return EXIT_OK
@@ -175,6 +233,37 @@ def _health(args: argparse.Namespace) -> int:
     status = asyncio.run(check_remote(host, int(port), args.service, args.timeout))
     print(status)
     return EXIT_OK if status == "SERVING" else EXIT_FAILURE
+
+
+def _debug(args: argparse.Namespace) -> int:
+    import os
+
+    import trio
+
+    from vgpud.observe.client import Endpoint, state, tail
+    from vgpud.observe.filters import CallFilter
+
+    if args.address is not None:
+        try:
+            endpoint = Endpoint(address=parse_host_port(args.address))
+        except ValueError as err:
+            raise ConfigError(f"--address: {err}") from None
+    else:
+        endpoint = Endpoint(
+            unix_path=Path(args.socket or os.environ.get("DEBUG_SOCKET") or DEFAULT_DEBUG_SOCKET)
+        )
+    if args.debug_command == "state":
+        return state(endpoint, calls=args.calls)
+    try:
+        where = CallFilter(
+            hook=args.hook, component=args.component, pod=args.pod, claim=args.claim, outcome=args.outcome
+        )
+    except ValueError as err:
+        raise ConfigError(f"--outcome: {err}") from None
+    try:
+        return trio.run(partial(tail, endpoint, where, as_json=args.json, last=args.last, count=args.count))
+    except KeyboardInterrupt:
+        return EXIT_OK
 
 
 def _configure_logging(level: str) -> None:

@@ -153,6 +153,42 @@ def _ip_address(raw: str) -> str:
     return raw
 
 
+def parse_host_port(raw: str) -> tuple[str, int]:
+    """`HOST:PORT` or `[V6]:PORT` with an IP address as the host -> (host, port)."""
+    host, sep, port = raw.strip().rpartition(":")
+    if host.startswith("[") and host.endswith("]"):
+        host = host[1:-1]
+    if not sep or not port.isdigit() or not host:
+        raise ValueError(f"{raw!r} is not HOST:PORT")
+    if int(port) > 65535:
+        raise ValueError(f"{raw!r}: port {port} is outside 0..65535")
+    return _ip_address(host), int(port)
+
+
+_OFF = {"", "-1", "off"}
+
+
+def _listen_address(raw: str) -> tuple[str, int] | None:
+    """HOST:PORT, or '', -1, off: not served."""
+    return None if raw.strip().lower() in _OFF else parse_host_port(raw)
+
+
+def _loopback_address(raw: str) -> tuple[str, int] | None:
+    """As `_listen_address`, and only a loopback IP: the debug routes have no authentication."""
+    address = _listen_address(raw)
+    if address is not None and not ipaddress.ip_address(address[0]).is_loopback:
+        raise ValueError(f"{raw!r}: the debug address must be a loopback address (127.0.0.1, ::1)")
+    return address
+
+
+#: `--debug-socket off`: no debug unix socket
+SOCKET_OFF = "off"
+
+
+def _socket_path_or_off(raw: str) -> Path | str:
+    return SOCKET_OFF if raw.strip().lower() in _OFF else _absolute_path(raw)
+
+
 def _gpu_profile(raw: str) -> Path:
     """A built-in profile name or the path of a YAML profile file."""
     if raw in BUILTIN_PROFILES:
@@ -368,12 +404,58 @@ OPTIONS: tuple[Option, ...] = (
         "FILE",
     ),
     Option(
+        "register_client_source",
+        "--register-client-source",
+        "REGISTER_CLIENT_SOURCE",
+        _absolute_path,
+        None,
+        "vgpu-register to install as <manager root>/registry/vgpu-register, the client the library runs",
+        "FILE",
+    ),
+    Option(
         "shutdown_timeout",
         "--shutdown-timeout",
         "SHUTDOWN_TIMEOUT",
         _int_in(1, 300),
         "10",
         "seconds every component gets to close on SIGTERM",
+        "SECONDS",
+    ),
+    Option(
+        "metrics_address",
+        "--metrics-address",
+        "METRICS_ADDRESS",
+        _listen_address,
+        "127.0.0.1:9464",
+        "HOST:PORT of the Prometheus /metrics server ('' or off: none; 0.0.0.0:9464 for a scraper)",
+        "HOST:PORT",
+    ),
+    Option(
+        "debug_socket",
+        "--debug-socket",
+        "DEBUG_SOCKET",
+        _socket_path_or_off,
+        None,
+        "unix socket of the debug endpoint and the live hook stream, mode 0600 "
+        "(default: <kubelet plugins dir>/<driver>/debug.sock; off: none)",
+        "PATH",
+    ),
+    Option(
+        "debug_address",
+        "--debug-address",
+        "DEBUG_ADDRESS",
+        _loopback_address,
+        None,
+        "also serve the debug endpoint on this loopback HOST:PORT (default: none)",
+        "HOST:PORT",
+    ),
+    Option(
+        "drift_interval",
+        "--drift-interval",
+        "DRIFT_INTERVAL",
+        _int_in(0, 86400),
+        "60",
+        "seconds between drift self-checks (NRI cache vs runtime vs disk vs checkpoint); 0 = off",
         "SECONDS",
     ),
     Option(
@@ -416,7 +498,13 @@ class Settings:
     nvml_library: Path | None
     kubeconfig: Path | None
     library_source: Path | None
+    register_client_source: Path | None
     shutdown_timeout: int
+    metrics_address: tuple[str, int] | None
+    #: a path, SOCKET_OFF, or None for the default (`debug_socket_path`)
+    debug_socket: Path | str | None
+    debug_address: tuple[str, int] | None
+    drift_interval: int
     log_level: str
     root_prefix: Path | None = field(default=None)
 
@@ -432,6 +520,13 @@ class Settings:
     @property
     def registration_socket(self) -> Path:
         return self.kubelet_registrar_dir / f"{self.driver_name}-reg.sock"
+
+    @property
+    def debug_socket_path(self) -> Path | None:
+        """Where the debug endpoint listens; None when it is off."""
+        if self.debug_socket is None:
+            return self.plugin_dir / "debug.sock"
+        return None if self.debug_socket == SOCKET_OFF else Path(self.debug_socket)
 
     @property
     def nri_socket(self) -> Path:
@@ -531,8 +626,7 @@ def _check_gpu_source(source: GpuSource) -> None:
 
 def _check_combinations(settings: Settings) -> None:
     _check_gpu_source(settings.gpu_source)
-    if len(str(settings.dra_socket)) >= 108 or len(str(settings.registration_socket)) >= 108:
-        raise ConfigError(
-            f"socket path {settings.dra_socket} or {settings.registration_socket} is "
-            "longer than the 107 bytes a unix socket address holds"
-        )
+    sockets = (settings.dra_socket, settings.registration_socket, settings.debug_socket_path)
+    for path in sockets:
+        if path is not None and len(str(path)) >= 108:
+            raise ConfigError(f"socket path {path} is longer than the 107 bytes a unix socket address holds")

@@ -34,14 +34,18 @@ from vgpud.kube.client import KubeClient
 from vgpud.nodesetup import cgroup_v2, prepare_manager_root
 from vgpud.nri.conn import Identity, run_session
 from vgpud.nri.hooks import NriHooks
+from vgpud.observe.debug import ObserveApp, StreamHub, run_debug_server, run_metrics_server
+from vgpud.observe.drift import DriftChecker
+from vgpud.observe.metrics import NodeMetrics
 from vgpud.observe.recorder import Recorder
+from vgpud.observe.state import DebugState, NodeParts, StreamStats
 from vgpud.partition.assigner import Mode
 from vgpud.partition.eager import EagerAssigner
 from vgpud.partition.layout import Layout
 from vgpud.partition.lazy import LazyAssigner
 from vgpud.registry.identity import default_cgroup_root
 from vgpud.registry.server import RegistryServer
-from vgpud.supervisor import HealthAfter, Ready, Restart, Supervisor
+from vgpud.supervisor import HealthAfter, HealthRegistry, Ready, Restart, Supervisor
 
 log = logging.getLogger("vgpud")
 
@@ -78,10 +82,54 @@ class Node:
     nri: NriHooks | None
     #: the library's client registration (bit 200): only with DevicePluginClientMode
     registry: RegistryServer | None
+    observe: Observability
 
     @property
     def settings(self) -> Settings:
         return self.startup.settings
+
+
+@dataclass
+class Observability:
+    """The readers of the node's state: metrics, the debug endpoint with its stream, the drift check."""
+
+    parts: NodeParts
+    metrics: NodeMetrics
+    hub: StreamHub
+    state: DebugState
+    drift: DriftChecker | None
+
+
+def build_observability(
+    startup: Startup,
+    *,
+    recorder: Recorder,
+    health: HealthRegistry,
+    driver: DraDriver,
+    nri: NriHooks | None,
+    registry: RegistryServer | None,
+) -> Observability:
+    settings = startup.settings
+    parts = NodeParts(
+        node_name=settings.node_name,
+        mode=startup.mode.value,
+        nri_fallback=startup.nri_fallback,
+        layout=startup.layout,
+        recorder=recorder,
+        health=health,
+        driver=driver,
+        nri=nri,
+        registry=registry,
+    )
+    stream = StreamStats()
+    drift = DriftChecker(parts, settings.drift_interval) if settings.drift_interval > 0 else None
+    return Observability(
+        parts=parts,
+        metrics=NodeMetrics(parts, stream=stream, drift=drift),
+        hub=StreamHub(recorder, stream),
+        state=DebugState(parts, stream=stream, drift=drift),
+        drift=drift,
+    )
 
 
 def run_daemon(settings: Settings) -> int:
@@ -130,7 +178,9 @@ def check_node(settings: Settings) -> Startup | None:
         return None
     layout = Layout(settings.manager_dir)
     try:
-        prepare_manager_root(layout, LIBRARY_VERSION, settings.library_source)
+        prepare_manager_root(
+            layout, LIBRARY_VERSION, settings.library_source, settings.register_client_source
+        )
         boot_id = read_boot_id()
     except OSError as err:
         log.error("cannot set up the manager root %s: %s", settings.manager_dir, err)
@@ -241,9 +291,13 @@ async def _main(startup: Startup) -> None:
                     assigner=assigner, is_prepared=driver.is_vgpu_claim_prepared, recorder=recorder
                 )
             registry = build_registry(startup, assigner, driver, nri, recorder)
-            async with Supervisor(shutdown_timeout=settings.shutdown_timeout) as supervisor:
+            health = HealthRegistry()
+            observe = build_observability(
+                startup, recorder=recorder, health=health, driver=driver, nri=nri, registry=registry
+            )
+            async with Supervisor(shutdown_timeout=settings.shutdown_timeout, health=health) as supervisor:
                 registration = RegistrationService(settings.driver_name, settings.dra_socket)
-                node = Node(startup, recorder, supervisor, driver, registration, nri, registry)
+                node = Node(startup, recorder, supervisor, driver, registration, nri, registry, observe)
                 _start_components(node)
                 async for signum in signals:
                     log.info("%s received: stopping every component", signal.Signals(signum).name)
@@ -277,6 +331,30 @@ def _start_components(node: Node) -> None:
         supervise("registry", node.registry.run, *policies)
     if settings.healthcheck_port >= 0:
         supervise("health", partial(_serve_health, node), *policies, counts_for_health=False)
+    _start_observability(node, policies)
+
+
+def _start_observability(node: Node, policies: tuple[Restart, HealthAfter]) -> None:
+    """Metrics, the debug endpoint and the drift check: supervised like the rest, but their failure
+    never makes the node unhealthy (a taken metrics port must not restart the daemon)."""
+    settings, observe = node.settings, node.observe
+    supervise = partial(node.supervisor.supervise, counts_for_health=False)
+    if settings.metrics_address is not None:
+        supervise(
+            "metrics", partial(run_metrics_server, observe.metrics, settings.metrics_address), *policies
+        )
+    if settings.debug_socket_path is not None or settings.debug_address is not None:
+        app = ObserveApp(observe.metrics, state=observe.state, hub=observe.hub)
+        serve = partial(
+            run_debug_server,
+            app,
+            observe.hub,
+            unix_path=settings.debug_socket_path,
+            address=settings.debug_address,
+        )
+        supervise("debug-http", serve, *policies)
+    if observe.drift is not None:
+        supervise("drift", observe.drift.run, *policies)
 
 
 async def _serve_dra(node: Node, ready: Ready) -> None:

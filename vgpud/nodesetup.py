@@ -11,7 +11,7 @@ import logging
 from pathlib import Path
 
 from vgpud.fsutil import write_atomic
-from vgpud.partition.layout import CONT_CONTROL_LIBRARY, Layout
+from vgpud.partition.layout import CONT_CONTROL_LIBRARY, REGISTER_CLIENT, Layout
 
 log = logging.getLogger("vgpud.node")
 
@@ -23,8 +23,11 @@ def cgroup_v2(cgroup_root: Path = Path("/sys/fs/cgroup")) -> bool:
     return (cgroup_root / "cgroup.controllers").is_file()
 
 
-def prepare_manager_root(layout: Layout, library_version: str, library_source: Path | None) -> None:
-    """Create the claims and registry dirs, `ld.so.preload` and the versioned control library."""
+def prepare_manager_root(
+    layout: Layout, library_version: str, library_source: Path | None, register_client: Path | None = None
+) -> None:
+    """Create the claims and registry dirs, `ld.so.preload`, the versioned control library and the
+    register client the library runs from the (read-only mounted) registry dir."""
     root = Path(layout.root)
     root.mkdir(parents=True, exist_ok=True, mode=0o755)
     Path(layout.claims_dir).mkdir(exist_ok=True, mode=0o755)
@@ -32,6 +35,8 @@ def prepare_manager_root(layout: Layout, library_version: str, library_source: P
     registry.mkdir(exist_ok=True)
     registry.chmod(REGISTRY_DIR_MODE)
     _replace_if_different(Path(layout.ld_so_preload), f"{CONT_CONTROL_LIBRARY}\n".encode(), 0o644)
+    if register_client is not None:
+        _replace_if_different(registry / REGISTER_CLIENT, register_client.read_bytes(), 0o755)
     library = Path(layout.control_library(library_version))
     if library_source is not None:
         _replace_if_different(library, library_source.read_bytes(), 0o755)

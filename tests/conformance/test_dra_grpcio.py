@@ -196,3 +196,22 @@ async def test_garbage_request_is_a_transport_error_and_the_server_keeps_serving
     assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert "malformed NodePrepareResourcesRequest" in info.value.details()
     assert dict((await _prepare(plugin, DRA_V1)).claims) == {}
+
+
+async def test_device_health_stream_is_a_well_formed_unimplemented(plugin: Plugin) -> None:
+    """Kubelets with ResourceHealthStatus open this stream unasked; the answer must be a proper gRPC
+    status (grpc-go refuses a reply without content-type as malformed)."""
+
+    def watch() -> Any:
+        with grpc.insecure_channel(f"unix://{plugin.dra_socket}") as channel:
+            stream = channel.unary_stream(
+                "/v1alpha1.DRAResourceHealth/NodeWatchResources",
+                request_serializer=lambda m: m.SerializeToString(),
+                response_deserializer=message_class("v1alpha1.NodeWatchResourcesResponse").FromString,
+            )
+            return list(stream(message_class("v1alpha1.NodeWatchResourcesRequest")(), timeout=5))
+
+    with pytest.raises(grpc.RpcError) as info:
+        await trio.to_thread.run_sync(watch)
+    assert info.value.code() == grpc.StatusCode.UNIMPLEMENTED
+    assert info.value.details() == "vgpud does not report device health"

@@ -13,8 +13,8 @@ Every per-claim failure is a message in that claim's reply entry, never a whole-
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import trio
@@ -33,8 +33,23 @@ from vgpud.dra.nodelock import NodeLockTimeout, node_lock
 from vgpud.fsutil import remove_tree
 from vgpud.kube import KubeApi, KubeError, NotFound
 from vgpud.observe.recorder import HookCall, Outcome, Recorder, TimedCall
-from vgpud.partition.assigner import Mode, PartitionAssigner, PartitionError, PartitionRecord, PrepareResult
-from vgpud.partition.model import ClaimView, ModelError, PodView, parse_claim, parse_pod
+from vgpud.partition.assigner import (
+    Mode,
+    PartitionAssigner,
+    PartitionConflict,
+    PartitionError,
+    PartitionRecord,
+    PrepareResult,
+)
+from vgpud.partition.model import (
+    ClaimView,
+    ContainerRef,
+    ModelError,
+    PodView,
+    claim_consumers,
+    parse_claim,
+    parse_pod,
+)
 from vgpud.partition.pidsfile import PidsFileError, reset_pids_file
 
 log = logging.getLogger("vgpud.dra")
@@ -55,6 +70,20 @@ class ClaimRef:
 @dataclass(frozen=True)
 class PrepareOutcome:
     devices: tuple[PreparedDevice, ...] = ()
+    error: str = ""
+
+
+@dataclass(frozen=True)
+class ClaimPartitions:
+    """A prepared claim's partitions as Prepare recorded them, with the containers that use each now
+    (from the claim's reserved pods in the API) and the conflicts among them (bug-2, eager mode)."""
+
+    claim: ClaimRef
+    record: PartitionRecord
+    #: partition key -> the containers whose requests went to it; a conflicting container is in several
+    containers: Mapping[str, tuple[ContainerRef, ...]] = field(default_factory=dict, hash=False)
+    conflicts: tuple[PartitionConflict, ...] = ()
+    #: why the claim or its pods could not be read (then `containers` and `conflicts` are empty)
     error: str = ""
 
 
@@ -83,15 +112,18 @@ class DraDriver:
         self._lock_timeout = lock_timeout
         self._vgpu_claims: frozenset[str] = frozenset()
         self._prepared: dict[str, ClaimRef] = {}
+        self._records: dict[str, PartitionRecord] = {}
         self._by_register_uuid: dict[str, ClaimRef] = {}
 
     @property
     def driver(self) -> str:
         return self._facts.driver
 
-    def is_vgpu_claim_prepared(self, claim_uid: str) -> bool:
-        """The NRI plugin's anti-spoof check: is this a vGPU claim that this node has prepared?"""
-        return claim_uid in self._vgpu_claims
+    def is_vgpu_claim_prepared(self, claim_uid: str, namespace: str) -> bool:
+        """The NRI plugin's anti-spoof check: is this a vGPU claim this node has prepared, of the pod's
+        own namespace? (Claims are namespaced: no pod can legitimately use another namespace's claim.)"""
+        ref = self._prepared.get(claim_uid)
+        return claim_uid in self._vgpu_claims and ref is not None and ref.namespace == namespace
 
     def prepared_claim(self, claim_uid: str) -> ClaimRef | None:
         """The registry's lazy path: the name of a claim this node has prepared (PrepareCompleted)."""
@@ -101,6 +133,44 @@ class DraDriver:
         """The registry's eager path: the prepared claim whose partition got `register_uuid`. Every
         UUID this node minted is in a PrepareCompleted entry, so the checkpoint is the UUID index."""
         return self._by_register_uuid.get(register_uuid)
+
+    # Read-only views for the debug state, the metrics and the drift self-check
+
+    def prepared_claim_uids(self) -> frozenset[str]:
+        """Every claim in PrepareCompleted."""
+        return frozenset(self._prepared)
+
+    def vgpu_claim_uids(self) -> frozenset[str]:
+        """The prepared claims with vGPU devices (those that have a claim directory)."""
+        return self._vgpu_claims
+
+    def register_uuids(self) -> dict[str, ClaimRef]:
+        """Every register UUID a prepared claim's partition got -> that claim (eager client mode)."""
+        return dict(self._by_register_uuid)
+
+    async def claim_partitions(self, *, min_partitions: int = 1) -> list[ClaimPartitions]:
+        """The prepared claims whose record has at least `min_partitions` partitions, each with the
+        containers that use its partitions now and the conflicts among them. Reads each claim and its
+        reserved pods from the API (eager mode only: lazy records have no partitions)."""
+        found = []
+        for uid, record in sorted(self._records.items()):
+            ref = self._prepared.get(uid)
+            if ref is None or len(set(record.request_partitions.values())) < min_partitions:
+                continue
+            try:
+                claim, pods = await self._read_claim(ref)
+            except PrepareError as err:
+                found.append(ClaimPartitions(ref, record, error=str(err)))
+                continue
+            by_key: dict[str, list[ContainerRef]] = {}
+            for container, requests in claim_consumers(claim, pods).items():
+                for key in sorted(
+                    {record.request_partitions[r] for r in requests if r in record.request_partitions}
+                ):
+                    by_key.setdefault(key, []).append(container)
+            conflicts = self._assigner.conflicts(record, claim, pods)
+            found.append(ClaimPartitions(ref, record, {k: tuple(v) for k, v in by_key.items()}, conflicts))
+        return found
 
     async def load(self) -> Checkpoint:
         """Read the checkpoint at start (a corrupt one is quarantined by the store) and index it."""
@@ -405,15 +475,18 @@ class DraDriver:
         self._vgpu_claims = frozenset(uid for uid, entry in completed.items() if entry.vgpu)
         self._prepared = {uid: ClaimRef(e.namespace, uid, e.name) for uid, e in completed.items()}
         by_uuid: dict[str, ClaimRef] = {}
+        records: dict[str, PartitionRecord] = {}
         for uid, entry in completed.items():
             try:
                 record = PartitionRecord.from_dict(entry.partition)
             except ValueError as err:
                 log.warning("checkpoint: claim %s: register UUIDs not indexed: %s", uid, err)
                 continue
+            records[uid] = record
             for register_uuid in record.register_uuids.values():
                 by_uuid[register_uuid] = self._prepared[uid]
         self._by_register_uuid = by_uuid
+        self._records = records
 
 
 def _state_error(err: Exception) -> str:

@@ -9,11 +9,13 @@ error); per-claim failures go into the entry, so the whole call fails only at th
 from __future__ import annotations
 
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from types import ModuleType
 from typing import Any
 
+import grpclib
+import grpclib.const
 import trio_asyncio
 from grpclib.client import Channel
 
@@ -27,6 +29,7 @@ from vgpud._pb.pluginregistration import (
     RegistrationStatusResponse,
     RegistrationStub,
 )
+from vgpud._pb.v1alpha1 import DraResourceHealthBase, NodeWatchResourcesRequest, NodeWatchResourcesResponse
 from vgpud.dra.checkpoint import PreparedDevice
 from vgpud.dra.driver import ClaimRef, DraDriver, PrepareOutcome
 
@@ -112,9 +115,22 @@ DraNodeServiceV1 = _node_service(dra_v1, with_share_id=True)
 DraNodeServiceV1beta1 = _node_service(dra_v1beta1, with_share_id=False)
 
 
+class DeviceHealthService(DraResourceHealthBase):
+    """`v1alpha1.DRAResourceHealth`, which kubelets with ResourceHealthStatus on open whether or not the
+    plugin advertises it. vgpud does not watch device health yet, so it says so with a well-formed
+    UNIMPLEMENTED (an unregistered method gets a reply without content-type, which grpc-go reports as a
+    malformed header) and does not advertise the service."""
+
+    async def node_watch_resources(
+        self, message: NodeWatchResourcesRequest
+    ) -> AsyncIterator[NodeWatchResourcesResponse]:
+        raise grpclib.GRPCError(grpclib.const.Status.UNIMPLEMENTED, "vgpud does not report device health")
+        yield NodeWatchResourcesResponse()  # pragma: no cover - makes this an async generator
+
+
 def node_services(driver: DraDriver) -> list[object]:
-    """Both wire versions of the node service, served together on the DRA socket."""
-    return [DraNodeServiceV1(driver), DraNodeServiceV1beta1(driver)]
+    """Both wire versions of the node service, and the device-health stream, on the DRA socket."""
+    return [DraNodeServiceV1(driver), DraNodeServiceV1beta1(driver), DeviceHealthService()]
 
 
 def probes(registration_socket: Path, dra_socket: Path) -> list[Callable[[], Awaitable[None]]]:

@@ -9,7 +9,7 @@ deadline the runtime sent (`timeout_nano`); all frames of one message are writte
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 import trio
@@ -52,6 +52,13 @@ class NriSession:
         """Register, wait for the first Synchronize, report ready, serve until the session ends
         (always by an exception: a plugin session has no clean end while the runtime lives)."""
         synchronized = self._hooks.begin_session()
+        try:
+            await self._serve(ready, synchronized)
+        except BaseException as exc:
+            self._hooks.end_session(_why_ended(exc))
+            raise
+
+    async def _serve(self, ready: Callable[[], None], synchronized: trio.Event) -> None:
         try:
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(self._read, nursery)
@@ -148,6 +155,27 @@ class NriSession:
             log.exception("NRI: %s failed", request.method)
             return self._server.fail(request.stream_id, ttrpc.Code.UNKNOWN, f"{request.method}: {err!r}")
         return self._server.respond(request.stream_id, bytes(response))
+
+
+def _why_ended(exc: BaseException) -> str:
+    """One line for the debug state: why a session ended (the first SessionEnded, else the first
+    error; only cancellations: vgpud stopped it)."""
+    leaves = list(_leaves(exc))
+    for leaf in leaves:
+        if isinstance(leaf, SessionEnded):
+            return str(leaf)
+    for leaf in leaves:
+        if not isinstance(leaf, trio.Cancelled):
+            return f"{type(leaf).__name__}: {leaf}"
+    return "vgpud stopped the session"
+
+
+def _leaves(exc: BaseException) -> Iterator[BaseException]:
+    if isinstance(exc, BaseExceptionGroup):
+        for inner in exc.exceptions:
+            yield from _leaves(inner)
+    else:
+        yield exc
 
 
 async def run_session(

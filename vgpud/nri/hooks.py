@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import logging
 import re
+import time
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
 from functools import partial
@@ -69,7 +70,7 @@ from vgpud._pb.nri.pkg.api.v1alpha1 import (
     UpdatePodSandboxResponse,
 )
 from vgpud.fsutil import remove_tree
-from vgpud.nri.cache import CacheEntry, NriCache
+from vgpud.nri.cache import CacheEntry, NriCache, RuntimeContainer, RuntimeContainers
 from vgpud.nri.sync import SyncBatch, SyncContainer, SyncPod, decode_sync
 from vgpud.nri.ttrpc import Code
 from vgpud.observe.recorder import Outcome, Recorder
@@ -158,6 +159,24 @@ class NriStats:
     sync_rebuilt: int = 0
     sync_invalid: int = 0
     removed_dirs: int = 0
+    #: sessions that ended (the runtime closed or dropped the connection, or vgpud stopped)
+    connection_closes: int = 0
+
+
+@dataclass(frozen=True)
+class NriSessionState:
+    """What the debug endpoint shows about the connection to the runtime."""
+
+    connected: bool
+    runtime: str
+    nri_version: str
+    synchronized: bool
+    #: sessions begun since vgpud started (1 after the first connection)
+    sessions: int
+    #: why the last session ended ("" while none has)
+    last_close: str
+    #: wall clock of the last complete Synchronize (None before the first)
+    last_sync_time: float | None
 
 
 @dataclass
@@ -183,13 +202,19 @@ class NriHooks:
         self,
         *,
         assigner: LazyAssigner,
-        is_prepared: Callable[[str], bool],
+        is_prepared: Callable[[str, str], bool],
         recorder: Recorder,
         cache: NriCache | None = None,
     ) -> None:
         self.assigner = assigner
         self.cache = cache if cache is not None else NriCache()
+        #: what the runtime reported (for the drift self-check; never decides anything)
+        self.runtime = RuntimeContainers()
         self.stats = NriStats()
+        self._sessions = 0
+        self._connected = False
+        self._last_close = ""
+        self._last_sync_time: float | None = None
         self._is_prepared = is_prepared
         self._recorder = recorder
         self._session = _SessionState()
@@ -212,7 +237,27 @@ class NriHooks:
         """A new connection: forget the last session's half-received Synchronize. The returned event
         is set once this session's Synchronize is complete."""
         self._session = _SessionState()
+        self._sessions += 1
+        self._connected = True
         return self._session.synchronized
+
+    def end_session(self, reason: str) -> None:
+        """The connection of the current session ended (counted for the metrics)."""
+        self._connected = False
+        self._last_close = reason
+        self.stats.connection_closes += 1
+
+    def session_state(self) -> NriSessionState:
+        session = self._session
+        return NriSessionState(
+            connected=self._connected,
+            runtime=session.runtime,
+            nri_version=session.nri_version,
+            synchronized=session.synchronized.is_set(),
+            sessions=self._sessions,
+            last_close=self._last_close,
+            last_sync_time=self._last_sync_time,
+        )
 
     # ---------------------------------------------------------------------------------------------
 
@@ -239,6 +284,8 @@ class NriHooks:
         with self._recorder.timed("nri", "Synchronize") as call:
             entries = list(self._rebuild(session.pods, session.containers))
             self.cache.replace(entries)
+            self.runtime.replace(_runtime_containers(session.pods, session.containers))
+            self._last_sync_time = time.time()
             self.stats.sync_reported = len(session.containers)
             self.stats.sync_rebuilt = len(entries)
             invalid = len([c for c in session.containers if env_value(c.env, ENV_CLAIM_UID)]) - len(entries)
@@ -263,8 +310,8 @@ class NriHooks:
             reason = ""
             if pod is None:
                 reason = f"its pod sandbox {container.pod_sandbox_id} was not reported"
-            elif not self._is_prepared(claim_uid):
-                reason = f"claim {claim_uid} is not a vGPU claim prepared on this node"
+            elif not self._is_prepared(claim_uid, pod.namespace):
+                reason = f"claim {claim_uid} is not a vGPU claim of namespace {pod.namespace} prepared here"
             else:
                 try:
                     paths = self.assigner.paths(claim_uid, pod.uid, container.name)
@@ -299,9 +346,13 @@ class NriHooks:
                 call.outcome, call.detail = Outcome.SKIPPED, "no vGPU claim"
                 self.stats.skipped += 1
                 return CreateContainerResponse()
-            if not self._is_prepared(claim_uid):
+            self.runtime.set(pod.uid, container.name, RuntimeContainer(claim_uid, pod.namespace, pod.name))
+            if not self._is_prepared(claim_uid, pod.namespace):
                 call.outcome = Outcome.REJECTED
-                call.detail = f"claim {claim_uid} is not a vGPU claim prepared on this node: nothing injected"
+                call.detail = (
+                    f"claim {claim_uid} is not a vGPU claim of namespace {pod.namespace} prepared on this "
+                    "node: nothing injected"
+                )
                 self.stats.rejected_unprepared += 1
                 log.warning(
                     "NRI: %s/%s container %s: %s", pod.namespace, pod.name, container.name, call.detail
@@ -323,6 +374,7 @@ class NriHooks:
                     f"{pod.namespace}/{pod.name}: {err}"
                 )
                 log.error("NRI: %s", message)
+                self.runtime.pop(pod.uid, container.name)  # creation fails: the runtime will not run it
                 raise HookError(Code.FAILED_PRECONDITION, message) from err
             self.cache.set(pod.uid, container.name, CacheEntry(claim_uid, plan.paths.base))
             self.stats.injected += 1
@@ -359,9 +411,10 @@ class NriHooks:
 
     async def _forget_container(self, pod: PodSandbox | None, container: Container | None) -> None:
         pod, container = pod or PodSandbox(), container or Container()
+        self.runtime.pop(pod.uid, container.name)
         entry = self.cache.pop(pod.uid, container.name)
         claim_uid = entry.claim_uid if entry else env_value(container.env, ENV_CLAIM_UID)
-        if not claim_uid or (entry is None and not self._is_prepared(claim_uid)):
+        if not claim_uid or (entry is None and not self._is_prepared(claim_uid, pod.namespace)):
             return  # not a container vgpud injected (or one that never ran: its removal is harmless)
         with self._recorder.timed(
             "nri",
@@ -376,6 +429,7 @@ class NriHooks:
 
     async def _forget_pod(self, pod: PodSandbox | None) -> None:
         pod = pod or PodSandbox()
+        self.runtime.pop_pod(pod.uid)
         for container, entry in self.cache.pop_pod(pod.uid):
             with self._recorder.timed(
                 "nri",
@@ -401,6 +455,18 @@ class NriHooks:
                 log.warning("NRI: cannot remove %s: %s", path, err)
                 continue
             self.stats.removed_dirs += removed
+
+
+def _runtime_containers(
+    pods: list[SyncPod], containers: list[SyncContainer]
+) -> Iterable[tuple[str, str, RuntimeContainer]]:
+    """Every container of a Synchronize with a claim UID in its env and a reported pod."""
+    by_id = {pod.id: pod for pod in pods}
+    for container in containers:
+        claim_uid = env_value(container.env, ENV_CLAIM_UID)
+        pod = by_id.get(container.pod_sandbox_id)
+        if claim_uid and pod is not None:
+            yield pod.uid, container.name, RuntimeContainer(claim_uid, pod.namespace, pod.name)
 
 
 _NO_OP_EVENTS = (

@@ -47,9 +47,164 @@ WEBHOOK_TLS_RELOAD_FAILURES = MetricName(
     "Changed certificate or key files the vgpud webhook could not load (the previous pair stays).",
 )
 
+# --------------------------------------------------------------------------------------------------
+# The node daemon (`vgpud run`). Hook calls come from the recorder (one label set per recorded call);
+# the rest is read from the daemon's own state at scrape time.
+
+#: every recorded hook or RPC call. component: nri, dra, registry; call: CreateContainer, Synchronize,
+#: RemoveContainer, StopPodSandbox (NRI), Prepare, Unprepare, Cleanup (DRA, one per claim of a
+#: NodePrepare/NodeUnprepareResources call), RegisterContainerDevice (registry); outcome: ok, error,
+#: skipped, rejected, cancelled
+HOOK_CALLS = MetricName(
+    "vgpud_hook_calls_total",
+    "Hook and RPC calls vgpud handled, by component, call and outcome.",
+    ("component", "call", "outcome"),
+)
+
+#: how long each hook or RPC call took inside vgpud (the runtime's and the kubelet's deadlines are 2 s
+#: and more; buckets resolve 100 us to 2.5 s)
+HOOK_DURATION = MetricName(
+    "vgpud_hook_duration_seconds",
+    "Time vgpud spent in one hook or RPC call, by component and call.",
+    ("component", "call"),
+)
+
+#: register calls of the library by result: ok, or the gRPC status name in lower case
+#: (invalid_argument, permission_denied, not_found, deadline_exceeded, resource_exhausted, ...)
+REGISTRY_REQUESTS = MetricName(
+    "vgpud_registry_requests_total",
+    "Register calls the vgpud registry answered, by result (ok or the gRPC status).",
+    ("result",),
+)
+
+#: containers in the runtime's last complete Synchronize: kind=reported (every container the runtime
+#: listed) and kind=rebuilt (the vGPU containers that went into the NRI cache)
+NRI_SYNC_CONTAINERS = MetricName(
+    "vgpud_nri_sync_containers",
+    "Containers in the last NRI Synchronize: reported by the runtime, and rebuilt into the cache.",
+    ("kind",),
+)
+
+#: vGPU containers a Synchronize reported that could not be cached (unprepared claim, unknown pod...)
+NRI_SYNC_INVALID = MetricName(
+    "vgpud_nri_sync_invalid_containers_total",
+    "Containers with a vGPU claim in an NRI Synchronize that were not valid on this node.",
+)
+
+#: entries of the NRI cache now: (pod UID, container) -> claim and directory
+NRI_CACHE_ENTRIES = MetricName(
+    "vgpud_nri_cache_entries",
+    "Containers in vgpud's NRI cache.",
+)
+
+#: NRI sessions that ended (the runtime closed the connection, dropped the plugin, or a framing error)
+NRI_CONNECTION_CLOSES = MetricName(
+    "vgpud_nri_connection_closes_total",
+    "NRI connections to the runtime that ended.",
+)
+
+#: 1 while an NRI session is registered with the runtime
+NRI_CONNECTED = MetricName(
+    "vgpud_nri_connected",
+    "Whether vgpud's NRI plugin is connected to the runtime (1) or not (0).",
+)
+
+#: per-container directories removed by RemoveContainer / StopPodSandbox
+NRI_REMOVED_DIRECTORIES = MetricName(
+    "vgpud_nri_removed_directories_total",
+    "Per-container vGPU directories vgpud removed on NRI container and pod events.",
+)
+
+#: NRISupport was on but the runtime's NRI socket did not answer at start: eager mode instead (0 or 1
+#: per process; seed §12.1)
+NRI_EAGER_FALLBACKS = MetricName(
+    "vgpud_nri_eager_fallbacks_total",
+    "Starts where NRISupport was on but the NRI socket did not answer, so eager mode was used.",
+)
+
+#: the partition mode this process runs in: mode=lazy or mode=eager, value 1
+PARTITION_MODE = MetricName(
+    "vgpud_partition_mode",
+    "The partition mode vgpud runs in (1 for the current mode).",
+    ("mode",),
+)
+
+#: containers whose devices come from more than one partition (bug-2, eager mode), as found by the
+#: last self-check; 0 in a healthy system
+PARTITION_CONFLICTS = MetricName(
+    "vgpud_partition_conflicts",
+    "Containers whose vGPU devices come from more than one eager partition (last self-check).",
+)
+
+#: component health as a state set: one series per component and state, 1 for the current state
+COMPONENT_HEALTH = MetricName(
+    "vgpud_component_health",
+    "Health of each supervised vgpud component (1 for its current state).",
+    ("component", "state"),
+)
+
+#: completed drift self-checks
+DRIFT_CHECKS = MetricName(
+    "vgpud_drift_checks_total",
+    "Drift self-checks vgpud ran (NRI cache vs runtime vs directories vs checkpoint).",
+)
+
+#: differences found, by kind, summed over checks (a difference that persists counts at every check)
+DRIFT_DETECTED = MetricName(
+    "vgpud_drift_detected_total",
+    "State differences the drift self-check confirmed, by kind, summed over checks.",
+    ("kind",),
+)
+
+#: differences the last check confirmed, by kind
+DRIFT_DIFFERENCES = MetricName(
+    "vgpud_drift_differences",
+    "State differences the last drift self-check confirmed, by kind.",
+    ("kind",),
+)
+
+#: websocket clients of the live hook-call stream now
+STREAM_CLIENTS = MetricName(
+    "vgpud_debug_stream_clients",
+    "Clients connected to vgpud's live hook-call stream.",
+)
+
+#: stream clients closed by vgpud: reason=slow (could not keep up), filter-failed, shutdown
+STREAM_DROPS = MetricName(
+    "vgpud_debug_stream_closed_total",
+    "Live hook-call stream clients vgpud closed, by reason.",
+    ("reason",),
+)
+
+#: always 1; the labels say which build runs
+BUILD_INFO = MetricName(
+    "vgpud_build_info",
+    "vgpud's version and Python (value 1).",
+    ("version", "python"),
+)
+
 ALL: tuple[MetricName, ...] = (
     WEBHOOK_REVIEWS,
     WEBHOOK_REVIEW_DURATION,
     WEBHOOK_TLS_LOADED,
     WEBHOOK_TLS_RELOAD_FAILURES,
+    HOOK_CALLS,
+    HOOK_DURATION,
+    REGISTRY_REQUESTS,
+    NRI_SYNC_CONTAINERS,
+    NRI_SYNC_INVALID,
+    NRI_CACHE_ENTRIES,
+    NRI_CONNECTION_CLOSES,
+    NRI_CONNECTED,
+    NRI_REMOVED_DIRECTORIES,
+    NRI_EAGER_FALLBACKS,
+    PARTITION_MODE,
+    PARTITION_CONFLICTS,
+    COMPONENT_HEALTH,
+    DRIFT_CHECKS,
+    DRIFT_DETECTED,
+    DRIFT_DIFFERENCES,
+    STREAM_CLIENTS,
+    STREAM_DROPS,
+    BUILD_INFO,
 )

@@ -1,7 +1,8 @@
 """The hook-call recorder: the one place where every hook and RPC call is recorded (DESIGN.md §3).
 
 One writer, several readers: ``recent()`` serves the debug ring buffer; subscribers (the websocket
-stream, later metrics) get every call over a Trio memory channel.
+stream) get every call over a Trio memory channel; listeners (the metrics) are called synchronously
+from ``record`` with every call, so they can never be dropped and never lag.
 
 ``record`` is synchronous and never waits: a subscriber whose buffer is full is dropped rather than
 slowing the hook that records. A dropped subscription still yields what was already buffered (an
@@ -67,6 +68,8 @@ FILTER_FIELDS = frozenset(
     {"component", "call", "pod_namespace", "pod_name", "pod_uid", "container", "claim_uid", "outcome"}
 )
 Predicate = Callable[[HookCall], bool]
+#: called by ``record`` with every stamped call: must be O(1) and must not block
+Listener = Callable[[HookCall], None]
 
 
 def matcher(where: Predicate | None = None, **equals: str) -> Predicate:
@@ -208,13 +211,40 @@ class Recorder:
         self._timer = timer
         self._seq = itertools.count(1)
         self._subscribers: dict[Subscription, None] = {}  # an ordered set
+        self._listeners: list[Listener] = []
         self._closed = False
+
+    @property
+    def last_seq(self) -> int:
+        """The ``seq`` of the newest recorded call (0 before the first)."""
+        return self._ring[-1].seq if self._ring else 0
+
+    @property
+    def subscribers(self) -> int:
+        """Live subscriptions (the websocket stream's clients, among others)."""
+        return len(self._subscribers)
+
+    def add_listener(self, listener: Listener) -> None:
+        """Call ``listener(call)`` from ``record`` with every call from now on, before the subscribers.
+
+        For readers that must see every call and cost O(1) (metrics). A listener that raises is logged
+        and kept: the hook that records never sees the error.
+        """
+        self._listeners.append(listener)
+
+    def remove_listener(self, listener: Listener) -> None:
+        self._listeners.remove(listener)
 
     def record(self, call: HookCall) -> HookCall:
         """Stamp ``seq`` and ``time``, keep it, offer it to every subscriber; never waits, and a
         subscriber cannot make it raise. Returns the stamped call."""
         stamped = replace(call, seq=next(self._seq), time=self._clock())
         self._ring.append(stamped)
+        for listener in self._listeners:
+            try:
+                listener(stamped)
+            except Exception:
+                logger.exception("hook-call listener %r failed on call %d", listener, stamped.seq)
         ended = [sub for sub in self._subscribers if not sub._offer(stamped)]
         for sub in ended:
             del self._subscribers[sub]

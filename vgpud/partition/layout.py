@@ -21,6 +21,8 @@ DEFAULT_MANAGER_ROOT = PurePosixPath("/etc/vgpu-manager")
 CLAIMS_DIR = "claims"
 REGISTRY_DIR = "registry"
 REGISTRY_SOCKET = "socket.sock"
+#: the register client in the registry dir: the library runs `/etc/vgpu-manager/registry/vgpu-register`
+REGISTER_CLIENT = "vgpu-register"
 WATCHER_DIR = "watcher"
 CONFIG_DIR = "config"
 VGPU_LOCK_DIR = "vgpu_lock"

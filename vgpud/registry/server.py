@@ -3,7 +3,8 @@
 Per call: the peer PID (SO_PEERCRED) and its pod (`/proc/<pid>/cgroup`); the request, at most 16 KiB;
 the in-flight limits (256 on the node, 8 per caller pod); resolution of the target directory with
 the caller checked against it (`vgpud.registry.resolve`); then pids.config written in place. Every
-call is recorded (component "registry") and every failure is one gRPC status:
+call is recorded (component "registry"; a failure's detail starts with its status name, which the
+metrics count by) and every failure is one gRPC status:
 
 | INVALID_ARGUMENT   | malformed bytes; a register_uuid that is no UUID, a pod_uid that is no pod UID, |
 |                    | a container_name that is no DNS label; neither a UUID nor pod UID + container   |
@@ -58,6 +59,8 @@ from vgpud.wire import MalformedMessage, parse_strict
 log = logging.getLogger("vgpud.registry")
 
 MAX_MESSAGE = 16 * 1024
+#: register UUIDs remembered as used (the debug state lists those issued and never used)
+CONSUMED_REMEMBERED = 4096
 _PREFIX = struct.Struct(">?I")  # gRPC message framing: compressed flag, length
 
 
@@ -104,6 +107,11 @@ class RegistryService(VDeviceRegistryBase):
         self.proc_root = proc_root
         self.admission = admission or Admission()
         self.max_message = max_message
+        self._consumed: dict[str, None] = {}  # an ordered set, oldest first
+
+    def consumed_register_uuids(self) -> frozenset[str]:
+        """Register UUIDs that a successful register call has used (the newest few thousand)."""
+        return frozenset(self._consumed)
 
     def __mapping__(self) -> dict[str, grpclib.const.Handler]:
         """The generated mapping with our stream handler (the generated one reads without a limit)."""
@@ -149,10 +157,11 @@ class RegistryService(VDeviceRegistryBase):
                     resolved = await self.resolver.resolve(query, caller)
                     call.update(claim_uid=resolved.target.claim_uid or "")
                     await self._write(resolved)
+                    self._consumed_uuid(query.register_uuid)
             except RegisterError as err:
                 failed = err.status in (Status.DEADLINE_EXCEEDED, Status.INTERNAL, Status.UNAVAILABLE)
                 call.outcome = Outcome.ERROR if failed else Outcome.REJECTED
-                call.detail = str(err)
+                call.detail = f"{err.status.name}: {err}"  # the status first, as for unreadable requests
                 log.log(
                     logging.WARNING if failed or err.status is Status.PERMISSION_DENIED else logging.INFO,
                     "register pod_uid=%r container=%r register_uuid=%r from pid %s: %s: %s",
@@ -174,6 +183,14 @@ class RegistryService(VDeviceRegistryBase):
             resolved.target.config_dir,
         )
         return resolved
+
+    def _consumed_uuid(self, register_uuid: str) -> None:
+        if not register_uuid:
+            return
+        self._consumed.pop(register_uuid, None)
+        self._consumed[register_uuid] = None
+        if len(self._consumed) > CONSUMED_REMEMBERED:
+            del self._consumed[next(iter(self._consumed))]
 
     async def _write(self, resolved: Resolved) -> None:
         try:
@@ -216,6 +233,9 @@ class RegistryServer:
             driver_name=driver_name,
         )
         self.service = RegistryService(self.resolver, recorder, proc_root=proc_root, admission=admission)
+
+    def consumed_register_uuids(self) -> frozenset[str]:
+        return self.service.consumed_register_uuids()
 
     async def run(self, ready: Ready) -> None:
         await serve_published([self.service], self.path, ready=ready, guard_interval=self.guard_interval)

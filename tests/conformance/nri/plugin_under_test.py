@@ -102,7 +102,7 @@ async def main(args: argparse.Namespace) -> None:
     prepared = frozenset(args.prepared_claim)
     hooks = NriHooks(
         assigner=LazyAssigner(Layout(args.manager_root.resolve()), driver=DRIVER),
-        is_prepared=prepared.__contains__,
+        is_prepared=lambda uid, _namespace: uid in prepared,
         recorder=Recorder(),
     )
     with_delays(

@@ -33,7 +33,7 @@ def hooks(tmp_path: Path) -> NriHooks:
     prepared = {CLAIM}
     return NriHooks(
         assigner=LazyAssigner(Layout(tmp_path), driver=DRIVER),
-        is_prepared=prepared.__contains__,
+        is_prepared=lambda uid, namespace: uid in prepared and namespace == "ml",
         recorder=Recorder(),
     )
 
@@ -190,3 +190,15 @@ async def test_removing_an_unknown_container_is_harmless(hooks: NriHooks) -> Non
     await hooks.remove_container(RemoveContainerRequest(pod=pod(), container=container("never-ran")))
     await hooks.remove_container(RemoveContainerRequest())
     assert hooks.stats.removed_dirs == 0
+
+
+async def test_a_claim_of_another_namespace_is_rejected(hooks: NriHooks, tmp_path: Path) -> None:
+    """A pod may name a real, prepared claim in its env; it still gets nothing unless the claim is of
+    its own namespace."""
+    thief = PodSandbox(
+        id="sandbox-9", name="thief", namespace="other", uid="99999999-0000-4000-8000-000000000009"
+    )
+    reply = await hooks.create_container(CreateContainerRequest(pod=thief, container=container()))
+    assert reply.adjust is None
+    assert not (tmp_path / "claims").exists()
+    assert hooks.stats.rejected_unprepared == 1

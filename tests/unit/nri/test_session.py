@@ -33,7 +33,7 @@ IDENTITY = Identity("manager.nvidia.com", "00")
 def make_hooks(root: Path) -> NriHooks:
     return NriHooks(
         assigner=LazyAssigner(Layout(root), driver=IDENTITY.name),
-        is_prepared={CLAIM}.__contains__,
+        is_prepared=lambda uid, _namespace: uid == CLAIM,
         recorder=Recorder(),
     )
 

@@ -1,0 +1,162 @@
+#!/usr/bin/env bash
+# Installs the container runtime side of the local test node into the cache hack/install-kube.sh uses:
+# containerd 1.7 (NRI v0.6 + CDI), runc, the CNI plugins (only `loopback` is used) and busybox-static,
+# all from Debian trixie's .debs, unpacked with dpkg -x (not installed), plus two local OCI images built
+# by hand (no registry is reachable): localhost/vgpud-busybox and localhost/vgpud-pause (a static C
+# program, csrc/pause/pause.c). Idempotent: prints nothing and does nothing when the cache holds what
+# this recipe asks for.
+#
+#   hack/install-node.sh             install what is missing, then write <cache>/node.env
+#   hack/install-node.sh --print-env also print node.env (NODE_BIN_DIR=..., BUSYBOX_IMAGE_TAR=..., ...)
+#
+# Cache: ${VGPUD_CACHE:-$HOME/.cache/vgpud}. Cold: ~40 MB of .debs; warm: nothing.
+set -euo pipefail
+
+# suite:package. trixie's containerd 1.7.24 (NRI v0.6.1, CDI 0.8.0) needs libc >= 2.34 and runs on bookworm
+# (2.36); trixie's runc 1.1.15 needs libc >= 2.38, so runc comes from bookworm (1.1.5, fine for 1.7).
+NODE_SUITE=${NODE_SUITE:-trixie}
+RUNC_SUITE=${RUNC_SUITE:-bookworm}
+NODE_PACKAGES=("$NODE_SUITE:containerd" "$RUNC_SUITE:runc" "$NODE_SUITE:containernetworking-plugins"
+  "$NODE_SUITE:busybox-static")
+NODE_RECIPE=2                      # bump when the package recipe below changes
+IMAGE_RECIPE=1                     # bump when the image recipe below changes
+BUSYBOX_IMAGE=localhost/vgpud-busybox:v1
+PAUSE_IMAGE=localhost/vgpud-pause:v1
+CACHE=${VGPUD_CACHE:-$HOME/.cache/vgpud}
+HERE=$(cd "$(dirname "$0")" && pwd)
+REPO=$(dirname "$HERE")
+
+print_env=0
+for arg in "$@"; do
+  case $arg in
+    --print-env) print_env=1 ;;
+    -h | --help) sed -n '2,12p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    *) echo "install-node: unknown argument: $arg" >&2; exit 2 ;;
+  esac
+done
+
+say() { echo "install-node: $*" >&2; }
+
+mkdir -p "$CACHE"
+exec 9>"$CACHE/.install-node.lock"
+flock 9
+rm -rf "$CACHE"/.node.* "$CACHE"/.images.*  # what an interrupted run left (we hold the lock)
+
+# --- containerd, runc, CNI plugins, busybox-static ---------------------------------------------------
+NODE_DIR=$CACHE/node-$NODE_SUITE
+NODE_ROOT=$NODE_DIR/root
+node_stamp="suite=$NODE_SUITE recipe=$NODE_RECIPE packages=${NODE_PACKAGES[*]}"
+
+# The Debian mirror the system's own sources use (deb822 or one-line format); deb.debian.org otherwise.
+debian_mirror() {
+  local url
+  url=$(cat /etc/apt/sources.list.d/*.sources 2>/dev/null \
+    | sed -n 's#^URIs:[[:space:]]*\([^[:space:]]*/debian\)/\{0,1\}[[:space:]]*$#\1#p' | head -n1 || true)
+  if [ -z "$url" ]; then
+    url=$(cat /etc/apt/sources.list /etc/apt/sources.list.d/*.list 2>/dev/null \
+      | sed -n 's#^deb[[:space:]]\+\(\[[^]]*\][[:space:]]\+\)\{0,1\}\([^[:space:]]*/debian\)/\{0,1\}[[:space:]].*#\2#p' \
+      | head -n1 || true)
+  fi
+  echo "${url:-http://deb.debian.org/debian}"
+}
+
+# Download one package of one suite into the current directory, with a private apt state per suite so
+# the system's sources and lists stay untouched.
+apt_download() {
+  local suite=$1 pkg=$2 apt_dir=$CACHE/apt-node-$1 keyring=/usr/share/keyrings/debian-archive-keyring.gpg
+  local -a apt_opts=(
+    -o "Dir::Etc::SourceList=$apt_dir/etc/sources.list" -o Dir::Etc::SourceParts=/dev/null
+    -o "Dir::State::Lists=$apt_dir/lists" -o "Dir::Cache=$apt_dir/cache"
+    -o Dir::Etc::Preferences=/dev/null -o Dir::Etc::PreferencesParts=/dev/null
+    -o APT::Sandbox::User=root -o Acquire::Languages=none -o APT::Get::List-Cleanup=0
+  )
+  if [ ! -f "$apt_dir/.updated" ]; then
+    mkdir -p "$apt_dir"/{lists/partial,cache/archives/partial,etc}
+    echo "deb [signed-by=$keyring] $(debian_mirror) $suite main" >"$apt_dir/etc/sources.list"
+    apt-get "${apt_opts[@]}" -qq update
+    touch "$apt_dir/.updated"
+  fi
+  apt-get "${apt_opts[@]}" -qq download "$pkg"
+}
+
+install_packages() {
+  local tmp deb spec suite pkg versions=""
+  say "downloading ${NODE_PACKAGES[*]} from Debian ($(debian_mirror)) with private apt states in $CACHE/apt-node-*"
+  tmp=$(mktemp -d "$CACHE/.node.XXXXXX") && chmod 755 "$tmp"
+  for spec in "${NODE_PACKAGES[@]}"; do
+    suite=${spec%%:*} pkg=${spec#*:}
+    (cd "$tmp" && apt_download "$suite" "$pkg")
+    deb=$(ls "$tmp/${pkg}"_*.deb)
+    versions+=" $pkg=$(dpkg-deb -f "$deb" Version)"
+    dpkg-deb -x "$deb" "$tmp/root"
+    rm -f "$deb"
+  done
+  local check out
+  for check in usr/bin/containerd:--version usr/sbin/runc:--version usr/bin/containerd-shim-runc-v2:-v; do
+    if ! out=$("$tmp/root/${check%%:*}" "${check#*:}" 2>&1); then
+      say "${check%%:*} does not run here: $out"
+      rm -rf "$tmp"
+      exit 1
+    fi
+  done
+  "$tmp/root/usr/bin/busybox" true || { say "busybox from $NODE_SUITE does not run here"; rm -rf "$tmp"; exit 1; }
+  [ -x "$tmp/root/usr/lib/cni/loopback" ] || { say "no CNI loopback plugin in containernetworking-plugins"; rm -rf "$tmp"; exit 1; }
+  echo "$node_stamp versions=${versions# }" >"$tmp/.stamp"
+  rm -rf "$NODE_DIR" && mv "$tmp" "$NODE_DIR"
+  rm -rf "$CACHE"/apt-node-*  # package lists, only needed again for a new recipe
+  say "installed${versions} -> $NODE_ROOT"
+}
+
+if ! grep -q "^$node_stamp versions=" "$NODE_DIR/.stamp" 2>/dev/null; then
+  install_packages
+fi
+
+# --- local OCI images -------------------------------------------------------------------------------
+IMAGES_DIR=$CACHE/images
+src_hash=$(cat "$REPO/csrc/pause/pause.c" "$HERE/ociimage.py" | sha256sum | cut -c1-16)
+images_stamp="recipe=$IMAGE_RECIPE src=$src_hash busybox=$BUSYBOX_IMAGE pause=$PAUSE_IMAGE node=$(sed -n 's/.* versions=//p' "$NODE_DIR/.stamp")"
+
+build_images() {
+  local tmp applet
+  local -a links=()
+  tmp=$(mktemp -d "$CACHE/.images.XXXXXX") && chmod 755 "$tmp"
+  gcc -static -Os -Wall -Wextra -Werror -o "$tmp/pause" "$REPO/csrc/pause/pause.c"
+  python3 "$HERE/ociimage.py" --name "$PAUSE_IMAGE" --out "$tmp/pause.tar" \
+    --file "$tmp/pause:/pause:0755" --entrypoint /pause
+  # Every applet busybox knows, as a symlink at its usual path.
+  while read -r applet; do
+    [ "$applet" = bin/busybox ] || links+=(--link "/$applet:/bin/busybox")
+  done < <("$NODE_ROOT/usr/bin/busybox" --list-full)
+  python3 "$HERE/ociimage.py" --name "$BUSYBOX_IMAGE" --out "$tmp/busybox.tar" \
+    --file "$NODE_ROOT/usr/bin/busybox:/bin/busybox:0755" "${links[@]}" \
+    --dir /tmp:1777 --dir /etc --dir /proc --dir /sys --dir /dev --dir /root:0700 --cmd /bin/sh
+  rm -f "$tmp/pause"
+  echo "$images_stamp" >"$tmp/.stamp"
+  rm -rf "$IMAGES_DIR" && mv "$tmp" "$IMAGES_DIR"
+  say "built $BUSYBOX_IMAGE and $PAUSE_IMAGE -> $IMAGES_DIR"
+}
+
+if ! grep -qxF "$images_stamp" "$IMAGES_DIR/.stamp" 2>/dev/null; then
+  build_images
+fi
+
+# --- node.env ---------------------------------------------------------------------------------------
+env_file=$CACHE/node.env
+env_text="NODE_ROOT=$NODE_ROOT
+NODE_PATH=$NODE_ROOT/usr/bin:$NODE_ROOT/usr/sbin
+CONTAINERD_BIN=$NODE_ROOT/usr/bin/containerd
+CTR_BIN=$NODE_ROOT/usr/bin/ctr
+RUNC_BIN=$NODE_ROOT/usr/sbin/runc
+CNI_BIN_DIR=$NODE_ROOT/usr/lib/cni
+NODE_VERSIONS=$(sed -n 's/.* versions=//p' "$NODE_DIR/.stamp")
+BUSYBOX_IMAGE=$BUSYBOX_IMAGE
+BUSYBOX_IMAGE_TAR=$IMAGES_DIR/busybox.tar
+PAUSE_IMAGE=$PAUSE_IMAGE
+PAUSE_IMAGE_TAR=$IMAGES_DIR/pause.tar"
+if [ "$(cat "$env_file" 2>/dev/null)" != "$env_text" ]; then
+  echo "$env_text" >"$env_file.tmp" && mv "$env_file.tmp" "$env_file"
+  say "wrote $env_file"
+fi
+if [ "$print_env" = 1 ]; then
+  echo "$env_text"
+fi

@@ -1,0 +1,709 @@
+"""A real single-node Kubernetes cluster on this machine, for the node e2e suite and `make demo`.
+
+`LocalNode(nri=True|False)` starts, everything under one short temp dir:
+etcd + kube-apiserver (tests/kubeapi.py), kube-scheduler, containerd 1.7 (CDI on, NRI on or off by
+track, restrict_oom_score_adj, cgroupfs, its sockets under the temp dir, the local images imported),
+kubelet (DRA, cgroupfs, failCgroupV1: false) and vgpud as a host process with the mock GPU backend and
+the environment the DaemonSet sets. `start()` returns once the node is Ready, vgpud's health service
+says SERVING and its ResourceSlice is published; `stop()` tears everything down by PID in reverse order
+and leaves no process, mount or cgroup behind. The binaries come from hack/install-kube.sh (kube.env)
+and hack/install-node.sh (node.env).
+
+    python -m tests.e2e.node [--nri on|off]   bring a node up, print where everything is, Ctrl-C stops it
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from tests.kubeapi import ApiServer, api_request, binary, cache_dir, free_port, log_tail, start_apiserver
+from tests.support import BUILD, REPO
+
+DRIVER = "manager.nvidia.com"
+DEVICE_CLASS = "vgpu-manager"
+GPU_PROFILE = "a100-40gb-x2"
+NODE_NAME = "e2e-node"
+READY_TIMEOUT_S = 120.0
+STOP_TIMEOUT_S = 15.0
+SERVING = 1
+INSTALL_HINT = "run hack/install-kube.sh and hack/install-node.sh (the test command does it)"
+
+
+def node_env() -> dict[str, str]:
+    """`<cache>/node.env` (hack/install-node.sh) as a dict; {} if absent."""
+    try:
+        text = (cache_dir() / "node.env").read_text()
+    except OSError:
+        return {}
+    pairs = (line.split("=", 1) for line in text.splitlines() if "=" in line)
+    return {key.strip(): value.strip() for key, value in pairs}
+
+
+def node_available() -> bool:
+    """True when every binary and image the local node needs is installed."""
+    env = node_env()
+    need = ("CONTAINERD_BIN", "CTR_BIN", "RUNC_BIN", "BUSYBOX_IMAGE_TAR", "PAUSE_IMAGE_TAR")
+    have_node = all(key in env and Path(env[key]).exists() for key in need)
+    have_kube = all(binary(name) for name in ("etcd", "kube-apiserver", "kube-scheduler", "kubelet"))
+    return have_node and have_kube and (BUILD / "libvgpu/vgpu-register").exists()
+
+
+# --------------------------------------------------------------------------------------------------
+# Processes, mounts, cgroups
+
+
+def _spawn(argv: Sequence[str], log: Path, env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
+    with log.open("ab") as out:
+        return subprocess.Popen(
+            list(argv),
+            stdin=subprocess.DEVNULL,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            env=env,
+            start_new_session=True,  # a Ctrl-C in the terminal reaches us, not the node's daemons
+        )
+
+
+def _stop(
+    proc: subprocess.Popen[bytes] | None, sig: int = signal.SIGTERM, timeout: float = STOP_TIMEOUT_S
+) -> None:
+    if proc is None or proc.poll() is not None:
+        return
+    proc.send_signal(sig)
+    try:
+        proc.wait(timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+
+
+def _kill_pid(pid: int) -> None:
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(pid, signal.SIGKILL)
+
+
+def _cmdline(pid: int) -> list[str]:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace").split("\0")
+    except OSError:
+        return []
+
+
+def pids_with_arg(value: str) -> list[int]:
+    """PIDs whose argv holds `value` (our shims carry `-address <our containerd socket>`)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit() and value in _cmdline(int(entry.name)):
+            found.append(int(entry.name))
+    return found
+
+
+def mounts_under(prefix: Path) -> list[str]:
+    """Mount points at or under `prefix` (from /proc/self/mountinfo), deepest first."""
+    points = []
+    for line in Path("/proc/self/mountinfo").read_text().splitlines():
+        point = line.split()[4].encode().decode("unicode_escape")
+        if point == str(prefix) or point.startswith(f"{prefix}/"):
+            points.append(point)
+    return sorted(set(points), key=lambda p: (-p.count("/"), p))
+
+
+def cgroup_mounts() -> list[Path]:
+    """Every cgroup (v1 and v2) hierarchy's mount point."""
+    roots = []
+    for line in Path("/proc/self/mountinfo").read_text().splitlines():
+        pre, _, post = line.partition(" - ")
+        if post.split()[0] in ("cgroup", "cgroup2"):
+            roots.append(Path(pre.split()[4]))
+    return roots
+
+
+def cgroup_dirs(names: Sequence[str] = ("kubepods",)) -> set[Path]:
+    """Every directory of the `names` subtrees in every cgroup hierarchy."""
+    found: set[Path] = set()
+    for root in cgroup_mounts():
+        for name in names:
+            top = root / name
+            if top.is_dir():
+                found.add(top)
+                found.update(p for p in top.rglob("*") if p.is_dir())
+    return found
+
+
+#: containerd 1.7 keeps shim sockets, runc state and client FIFOs here whatever `state` says
+SHARED_RUN_DIRS = (
+    Path("/run/containerd/fifo"),
+    Path("/run/containerd/s"),
+    Path("/run/containerd/runc/k8s.io"),
+)
+
+
+def _shared_run_entries() -> set[Path]:
+    return {entry for d in SHARED_RUN_DIRS if d.is_dir() for entry in d.iterdir()}
+
+
+# --------------------------------------------------------------------------------------------------
+# The node
+
+
+@dataclass
+class LocalNode:
+    """One local node; `start()` / `stop()`, or use it as a context manager."""
+
+    nri: bool
+    name: str = NODE_NAME
+    client_mode: bool = True
+    keep: bool = False
+    workdir: Path = field(default_factory=lambda: Path(tempfile.mkdtemp(prefix="vgn", dir="/tmp")))
+    api: ApiServer | None = None
+    procs: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
+    vgpud_port: int = 0
+    metrics_port: int = 0
+    #: seconds between vgpud's drift self-checks (which also count eager partition conflicts)
+    drift_interval: int = 5
+    _cgroups_before: set[Path] = field(default_factory=set)
+    _netns_before: set[str] = field(default_factory=set)
+    _shared_before: set[Path] = field(default_factory=set)
+
+    # -- paths -------------------------------------------------------------------------------------
+    @property
+    def logs(self) -> Path:
+        return self.workdir / "logs"
+
+    @property
+    def containerd_socket(self) -> Path:
+        return self.workdir / "c/containerd.sock"
+
+    @property
+    def nri_root(self) -> Path:
+        return self.workdir / "nri"
+
+    @property
+    def cdi_root(self) -> Path:
+        return self.workdir / "cdi"
+
+    @property
+    def manager_dir(self) -> Path:
+        return self.workdir / "vgpu"
+
+    @property
+    def kubelet_dir(self) -> Path:
+        return self.workdir / "kubelet"
+
+    @property
+    def registrar_dir(self) -> Path:
+        return self.kubelet_dir / "plugins_registry"
+
+    @property
+    def plugins_dir(self) -> Path:
+        return self.kubelet_dir / "plugins"
+
+    @property
+    def plugin_dir(self) -> Path:
+        return self.plugins_dir / DRIVER
+
+    @property
+    def checkpoint(self) -> Path:
+        return self.plugin_dir / "checkpoint.json"
+
+    def claim_dir(self, uid: str) -> Path:
+        return self.manager_dir / "claims" / uid
+
+    def cdi_spec(self, uid: str) -> Path:
+        from vgpud.dra.cdi import spec_path
+
+        return spec_path(self.cdi_root, DRIVER, uid)
+
+    def log(self, name: str) -> Path:
+        return self.logs / f"{name}.log"
+
+    @property
+    def debug_socket(self) -> Path:
+        """vgpud's debug endpoint and live hook stream (`vgpud debug tail --socket ...`)."""
+        return self.plugin_dir / "debug.sock"
+
+    @property
+    def metrics_url(self) -> str:
+        return f"http://127.0.0.1:{self.metrics_port}/metrics"
+
+    # -- lifecycle ---------------------------------------------------------------------------------
+    def __enter__(self) -> LocalNode:
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def start(self, timeout_s: float = READY_TIMEOUT_S) -> None:
+        env = node_env()
+        if not node_available():
+            raise FileNotFoundError(f"the local node is not installed: {INSTALL_HINT}")
+        self.env = env
+        deadline = time.monotonic() + timeout_s
+        self._cgroups_before = cgroup_dirs()
+        self._netns_before = set(os.listdir("/run/netns")) if os.path.isdir("/run/netns") else set()
+        self._shared_before = _shared_run_entries()
+        for sub in ("logs", "c", "cdi", "nri", "cni", "kubelet", "vgpu", "pod-logs"):
+            (self.workdir / sub).mkdir(parents=True, exist_ok=True)
+        try:
+            self.api = start_apiserver(self.workdir / "kube", timeout_s=timeout_s)
+            self._start_scheduler()
+            self.start_containerd()
+            self._import_images()
+            self._start_kubelet()
+            self._wait_node_ready(deadline)
+            self.install_device_class()
+            self.start_vgpud()
+            self.wait_vgpud(deadline)
+            self.wait_slices(deadline)
+        except BaseException:
+            self.stop()
+            raise
+
+    def stop(self) -> None:
+        """Everything down by PID in reverse order, then mounts, cgroups, the temp dir. Idempotent."""
+        _stop(self.procs.pop("vgpud", None))
+        _stop(self.procs.pop("kubelet", None))
+        self._remove_all_containers()
+        _stop(self.procs.pop("containerd", None))
+        for pid in pids_with_arg(str(self.containerd_socket)):  # shims whose containerd is gone
+            _kill_pid(pid)
+        self._kill_cgroup_procs()
+        _stop(self.procs.pop("kube-scheduler", None))
+        if self.api is not None:
+            self.api.stop()
+            self.api = None
+        for point in mounts_under(self.workdir):
+            subprocess.run(["umount", "-l", point], check=False, capture_output=True)
+        self._remove_netns()
+        self._remove_cgroups()
+        for path in _shared_run_entries() - self._shared_before:  # what ctr/shims/runc left there
+            shutil.rmtree(path, ignore_errors=True)
+        if self.keep:
+            print(f"local node: kept {self.workdir}", file=sys.stderr)
+        else:
+            shutil.rmtree(self.workdir, ignore_errors=True)
+
+    # -- kube-scheduler ----------------------------------------------------------------------------
+    def _start_scheduler(self) -> None:
+        assert self.api is not None
+        argv = [
+            str(binary("kube-scheduler")),
+            f"--kubeconfig={self.api.kubeconfig}",
+            f"--authentication-kubeconfig={self.api.kubeconfig}",
+            f"--authorization-kubeconfig={self.api.kubeconfig}",
+            "--leader-elect=false",
+            "--bind-address=127.0.0.1",
+            f"--secure-port={free_port()}",
+            "--feature-gates=DRAConsumableCapacity=true",
+            "--v=1",
+        ]
+        self.procs["kube-scheduler"] = _spawn(argv, self.log("kube-scheduler"))
+
+    # -- containerd --------------------------------------------------------------------------------
+    def containerd_config(self) -> str:
+        env, w = self.env, self.workdir
+        cri = 'plugins."io.containerd.grpc.v1.cri"'
+        return f"""version = 2
+root = "{w}/containerd/root"
+state = "{w}/c/state"
+[grpc]
+  address = "{self.containerd_socket}"
+[ttrpc]
+  address = "{self.containerd_socket}.ttrpc"
+[plugins."io.containerd.internal.v1.opt"]
+  path = "{w}/containerd/opt"
+[plugins."io.containerd.nri.v1.nri"]
+  disable = {str(not self.nri).lower()}
+  socket_path = "{self.nri_root}/nri.sock"
+  plugin_path = "{self.nri_root}/plugins"
+  plugin_config_path = "{self.nri_root}/conf.d"
+[{cri}]
+  sandbox_image = "{env["PAUSE_IMAGE"]}"
+  enable_cdi = true
+  cdi_spec_dirs = ["{self.cdi_root}"]
+  restrict_oom_score_adj = true
+  disable_apparmor = true
+[{cri}.containerd]
+  snapshotter = "overlayfs"
+  default_runtime_name = "runc"
+[{cri}.containerd.runtimes.runc]
+  runtime_type = "io.containerd.runc.v2"
+[{cri}.containerd.runtimes.runc.options]
+  SystemdCgroup = false
+  BinaryName = "{env["RUNC_BIN"]}"
+[{cri}.cni]
+  bin_dir = "{env["CNI_BIN_DIR"]}"
+  conf_dir = "{w}/cni"
+"""
+
+    def start_containerd(self) -> None:
+        config = self.workdir / "containerd.toml"
+        config.write_text(self.containerd_config())
+        # Only the loopback network: every test pod uses the host network, but the CRI plugin reports
+        # NetworkReady only with a CNI config, and the kubelet holds pods back until it does.
+        (self.workdir / "cni/10-loopback.conflist").write_text(
+            json.dumps({"cniVersion": "1.0.0", "name": "lo-only", "plugins": [{"type": "loopback"}]})
+        )
+        env = {**os.environ, "PATH": f"{self.env['NODE_PATH']}:{os.environ.get('PATH', '/usr/bin:/bin')}"}
+        self.procs["containerd"] = _spawn(
+            [self.env["CONTAINERD_BIN"], "--config", str(config), "--log-level", "info"],
+            self.log("containerd"),
+            env,
+        )
+        end = time.monotonic() + 30
+        while time.monotonic() < end:
+            self._check_alive("containerd")
+            up = self.containerd_socket.exists() and self.ctr("version", check=False).returncode == 0
+            if up and (not self.nri or (self.nri_root / "nri.sock").exists()):
+                return
+            time.sleep(0.1)
+        raise RuntimeError(f"containerd not ready in 30 s:\n{log_tail(self.log('containerd'))}")
+
+    def stop_containerd(self, sig: int = signal.SIGTERM) -> None:
+        _stop(self.procs.pop("containerd", None), sig)
+
+    def ctr(self, *args: str, check: bool = True, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+        """`ctr -n k8s.io <args>` against this node's containerd."""
+        argv = [self.env["CTR_BIN"], "--address", str(self.containerd_socket), "-n", "k8s.io", *args]
+        return subprocess.run(argv, capture_output=True, text=True, check=check, timeout=timeout)
+
+    def _import_images(self) -> None:
+        for key in ("PAUSE_IMAGE_TAR", "BUSYBOX_IMAGE_TAR"):
+            self.ctr("images", "import", "--no-unpack=false", self.env[key])
+
+    def _remove_all_containers(self) -> None:
+        if "containerd" not in self.procs or self.procs["containerd"].poll() is not None:
+            return
+        tasks = self.ctr("tasks", "ls", "-q", check=False).stdout.split()
+        for task in tasks:
+            self.ctr("tasks", "kill", "-a", "-s", "SIGKILL", task, check=False)
+        for task in tasks:
+            self.ctr("tasks", "delete", "-f", task, check=False)
+        containers = self.ctr("containers", "ls", "-q", check=False).stdout.split()
+        if containers:
+            self.ctr("containers", "delete", *containers, check=False)
+
+    def _kill_cgroup_procs(self) -> None:
+        for cgroup in cgroup_dirs() - self._cgroups_before:
+            try:
+                pids = (cgroup / "cgroup.procs").read_text().split()
+            except OSError:
+                continue
+            for pid in pids:
+                _kill_pid(int(pid))
+
+    def _remove_cgroups(self) -> None:
+        leftover = sorted(cgroup_dirs() - self._cgroups_before, key=lambda p: -len(p.parts))
+        for cgroup in leftover:
+            for _ in range(50):
+                try:
+                    cgroup.rmdir()
+                    break
+                except FileNotFoundError:
+                    break
+                except OSError:  # EBUSY while the last killed task exits
+                    time.sleep(0.1)
+
+    def _remove_netns(self) -> None:
+        if not os.path.isdir("/run/netns"):
+            return
+        for name in set(os.listdir("/run/netns")) - self._netns_before:
+            path = f"/run/netns/{name}"
+            subprocess.run(["umount", "-l", path], check=False, capture_output=True)
+            with contextlib.suppress(OSError):
+                os.unlink(path)
+
+    # -- kubelet -----------------------------------------------------------------------------------
+    def kubelet_config(self) -> dict[str, Any]:
+        return {
+            "apiVersion": "kubelet.config.k8s.io/v1beta1",
+            "kind": "KubeletConfiguration",
+            "cgroupDriver": "cgroupfs",
+            "failCgroupV1": False,
+            "failSwapOn": False,
+            "containerRuntimeEndpoint": f"unix://{self.containerd_socket}",
+            "address": "127.0.0.1",
+            "port": free_port(),
+            "readOnlyPort": 0,
+            "healthzPort": 0,
+            "authentication": {"anonymous": {"enabled": False}, "webhook": {"enabled": False}},
+            "authorization": {"mode": "AlwaysAllow"},
+            "podLogsDir": str(self.workdir / "pod-logs"),
+            "enforceNodeAllocatable": [],
+            "cgroupsPerQOS": True,
+            "cgroupRoot": "/",
+            "evictionHard": {
+                "memory.available": "0%",
+                "nodefs.available": "0%",
+                "nodefs.inodesFree": "0%",
+                "imagefs.available": "0%",
+            },
+            "imageGCHighThresholdPercent": 100,
+            "imageMinimumGCAge": "876000h",
+            "resolvConf": "/etc/resolv.conf",
+            "serializeImagePulls": False,
+            "syncFrequency": "5s",
+            "fileCheckFrequency": "5s",
+            "nodeStatusUpdateFrequency": "2s",
+            "protectKernelDefaults": False,
+            "makeIPTablesUtilChains": False,
+            "localStorageCapacityIsolation": False,
+        }
+
+    def _start_kubelet(self) -> None:
+        assert self.api is not None
+        config = self.workdir / "kubelet.yaml"
+        config.write_text(yaml.safe_dump(self.kubelet_config()))
+        argv = [
+            str(binary("kubelet")),
+            f"--config={config}",
+            f"--kubeconfig={self.api.kubeconfig}",
+            f"--root-dir={self.kubelet_dir}",
+            f"--cert-dir={self.kubelet_dir}/pki",
+            f"--hostname-override={self.name}",
+            "--v=2",
+        ]
+        env = {**os.environ, "PATH": f"{self.env['NODE_PATH']}:{os.environ.get('PATH', '/usr/bin:/bin')}"}
+        self.procs["kubelet"] = _spawn(argv, self.log("kubelet"), env)
+
+    def _wait_node_ready(self, deadline: float) -> None:
+        last = "no Node object yet"
+        while time.monotonic() < deadline:
+            self._check_alive("kubelet")
+            try:
+                node = self.get(f"/api/v1/nodes/{self.name}")
+            except urllib.error.HTTPError as err:
+                last = f"HTTP {err.code}"
+            else:
+                conditions = {c["type"]: c for c in node.get("status", {}).get("conditions", [])}
+                ready = conditions.get("Ready", {})
+                if ready.get("status") == "True":
+                    self._untaint(node)
+                    return
+                last = f"Ready={ready.get('status')}: {ready.get('message')}"
+            time.sleep(0.5)
+        raise RuntimeError(f"node {self.name} not Ready in time ({last}):\n{log_tail(self.log('kubelet'))}")
+
+    def _untaint(self, node: dict[str, Any]) -> None:
+        """Drop the `not-ready` taint the kubelet registers with: the node lifecycle controller's job, and
+        there is no kube-controller-manager here."""
+        taints = node["spec"].get("taints", [])
+        kept = [t for t in taints if t["key"] != "node.kubernetes.io/not-ready"]
+        if kept != taints:
+            patch = {
+                "metadata": {"resourceVersion": node["metadata"]["resourceVersion"]},
+                "spec": {"taints": kept},
+            }
+            self.request(
+                "PATCH", f"/api/v1/nodes/{self.name}", patch, content_type="application/merge-patch+json"
+            )
+
+    # -- vgpud -------------------------------------------------------------------------------------
+    def vgpud_env(self) -> dict[str, str]:
+        """The DaemonSet's environment, with this node's paths."""
+        assert self.api is not None
+        gates = f"NRISupport={str(self.nri).lower()},DevicePluginClientMode={str(self.client_mode).lower()}"
+        return {
+            "NODE_NAME": self.name,
+            "FEATURE_GATES": gates,
+            "HOST_MANAGER_DIR": str(self.manager_dir),
+            "CDI_ROOT": str(self.cdi_root),
+            "NRI_ROOT": str(self.nri_root),
+            "KUBELET_REGISTRAR_DIR": str(self.registrar_dir),
+            "KUBELET_PLUGINS_DIR": str(self.plugins_dir),
+            "CGROUP_DRIVER": "cgroupfs",
+            "HEALTHCHECK_PORT": str(self.vgpud_port),
+            "HEALTHCHECK_ADDRESS": "127.0.0.1",
+            "GPU_BACKEND": "mock",
+            "GPU_PROFILE": GPU_PROFILE,
+            "KUBECONFIG": str(self.api.kubeconfig),
+            "LOG_LEVEL": "info",
+            "METRICS_ADDRESS": f"127.0.0.1:{self.metrics_port}",
+            "DEBUG_SOCKET": str(self.debug_socket),
+            "DRIFT_INTERVAL": str(self.drift_interval),
+        }
+
+    def start_vgpud(self) -> None:
+        # The register client lives next to the registry socket (contract "Registry": the registry
+        # dir holds "socket + register client"); the DaemonSet image puts it there.
+        registry = self.manager_dir / "registry"
+        registry.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(BUILD / "libvgpu/vgpu-register", registry / "vgpu-register")
+        if not self.vgpud_port:
+            self.vgpud_port = free_port()
+        if not self.metrics_port:
+            self.metrics_port = free_port()
+        env = {**os.environ, **self.vgpud_env(), "PYTHONUNBUFFERED": "1"}
+        argv = [sys.executable, "-m", "vgpud", "run"]
+        with self.log("vgpud").open("ab") as out:
+            self.procs["vgpud"] = subprocess.Popen(
+                argv,
+                stdin=subprocess.DEVNULL,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                env=env,
+                cwd=REPO,
+                start_new_session=True,
+            )
+
+    def stop_vgpud(self, sig: int = signal.SIGTERM) -> None:
+        _stop(self.procs.pop("vgpud", None), sig)
+
+    def restart_vgpud(self, sig: int = signal.SIGTERM, timeout_s: float = 60) -> None:
+        """Stop vgpud with `sig` (SIGKILL: a crash) and start it again with the same flags."""
+        self.stop_vgpud(sig)
+        self.start_vgpud()
+        self.wait_vgpud(time.monotonic() + timeout_s)
+
+    def metrics(self) -> str:
+        """vgpud's Prometheus text (empty when it serves none)."""
+        try:
+            with urllib.request.urlopen(self.metrics_url, timeout=2) as reply:
+                return reply.read().decode()
+        except (OSError, urllib.error.URLError):
+            return ""
+
+    def metric(self, name: str) -> float | None:
+        """The sum of every sample of metric `name` (None when vgpud does not export it)."""
+        values = [
+            float(line.rsplit(" ", 1)[1])
+            for line in self.metrics().splitlines()
+            if line.startswith((f"{name} ", f"{name}{{"))
+        ]
+        return sum(values) if values else None
+
+    def vgpud_health(self, service: str = "liveness") -> int:
+        import grpc
+
+        from tests.stdproto import message_class
+
+        request_cls = message_class("grpc.health.v1.HealthCheckRequest")
+        response_cls = message_class("grpc.health.v1.HealthCheckResponse")
+        with grpc.insecure_channel(f"127.0.0.1:{self.vgpud_port}") as channel:
+            call = channel.unary_unary(
+                "/grpc.health.v1.Health/Check",
+                request_serializer=request_cls.SerializeToString,
+                response_deserializer=response_cls.FromString,
+            )
+            return call(request_cls(service=service), timeout=2).status
+
+    def wait_vgpud(self, deadline: float) -> None:
+        import grpc
+
+        while time.monotonic() < deadline:
+            self._check_alive("vgpud")
+            try:
+                if self.vgpud_health() == SERVING:
+                    return
+            except grpc.RpcError:
+                pass
+            time.sleep(0.2)
+        raise RuntimeError(f"vgpud not SERVING in time:\n{log_tail(self.log('vgpud'))}")
+
+    def slices(self) -> list[dict[str, Any]]:
+        selector = urllib.parse.quote(f"spec.driver={DRIVER},spec.nodeName={self.name}")
+        return self.get(f"/apis/resource.k8s.io/v1/resourceslices?fieldSelector={selector}")["items"]
+
+    def wait_slices(self, deadline: float, devices: int = 2) -> list[dict[str, Any]]:
+        while time.monotonic() < deadline:
+            items = self.slices()
+            if sum(len(s["spec"].get("devices", [])) for s in items) == devices:
+                return items
+            time.sleep(0.2)
+        raise RuntimeError(f"no ResourceSlice with {devices} devices in time:\n{log_tail(self.log('vgpud'))}")
+
+    # -- API helpers -------------------------------------------------------------------------------
+    def get(self, path: str) -> dict[str, Any]:
+        assert self.api is not None
+        return api_request(self.api, "GET", path)
+
+    def request(self, method: str, path: str, body: object | None = None, **kw: Any) -> dict[str, Any]:
+        assert self.api is not None
+        return api_request(self.api, method, path, body, **kw)
+
+    def install_device_class(self) -> None:
+        """The chart's DeviceClass (contract "Identity")."""
+        expression = f"device.driver == '{DRIVER}' && device.attributes['{DRIVER}'].type == 'vgpu'"
+        body = {
+            "metadata": {"name": DEVICE_CLASS},
+            "spec": {"selectors": [{"cel": {"expression": expression}}]},
+        }
+        try:
+            self.request("POST", "/apis/resource.k8s.io/v1/deviceclasses", body)
+        except urllib.error.HTTPError as err:
+            if err.code != 409:
+                raise
+
+    def _check_alive(self, name: str) -> None:
+        proc = self.procs.get(name)
+        if proc is not None and proc.poll() is not None:
+            raise RuntimeError(f"{name} exited with {proc.returncode}:\n{log_tail(self.log(name))}")
+
+    def describe(self) -> str:
+        assert self.api is not None
+        lines = [
+            f"local node {self.name} (NRI {'on' if self.nri else 'off'}) in {self.workdir}",
+            f"  kubeconfig       {self.api.kubeconfig}",
+            f"  containerd       {self.containerd_socket}  (ctr: {self.env['CTR_BIN']} --address "
+            f"{self.containerd_socket} -n k8s.io ...)",
+            f"  vgpud health     127.0.0.1:{self.vgpud_port}",
+            f"  vgpud metrics    {self.metrics_url}",
+            f"  vgpud debug      {self.debug_socket}",
+            f"  manager root     {self.manager_dir}",
+            f"  CDI specs        {self.cdi_root}",
+            "  logs:",
+        ]
+        logs = {**self.api.logs, **{name: self.log(name) for name in self.procs}}
+        lines += [f"    {name:16} {path}" for name, path in sorted(logs.items())]
+        return "\n".join(lines)
+
+
+@contextlib.contextmanager
+def local_node(nri: bool, **kw: Any) -> Iterator[LocalNode]:
+    node = LocalNode(nri=nri, **kw)
+    node.start()
+    try:
+        yield node
+    finally:
+        node.stop()
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description="Bring up the local node until Ctrl-C.")
+    parser.add_argument("--nri", choices=("on", "off"), default="on")
+    parser.add_argument("--keep", action="store_true", help="keep the temp dir (logs) after stopping")
+    args = parser.parse_args(argv)
+    started = time.monotonic()
+    node = LocalNode(nri=args.nri == "on", keep=args.keep)
+    try:
+        node.start()
+        print(f"ready in {time.monotonic() - started:.1f} s\n{node.describe()}", flush=True)
+        signal.pause()
+    except KeyboardInterrupt:
+        print()
+    finally:
+        node.stop()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,186 @@
+"""The node daemon's Prometheus metrics, in a registry of its own (names: vgpud.observe.metrics_names).
+
+Two feeds. Hook calls arrive through a synchronous recorder listener, so every recorded call is
+counted exactly once, in O(1), and the metrics can never be dropped the way a slow stream client is.
+Everything else (NRI session and cache, component health, drift, stream clients) is read from the
+daemon's objects when Prometheus scrapes, by a custom collector: nothing to keep in step.
+
+A registry per `NodeMetrics` rather than the global one, so tests build several in one process.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import TYPE_CHECKING
+
+from grpclib.const import Status
+from prometheus_client import (
+    CONTENT_TYPE_LATEST,
+    CollectorRegistry,
+    Counter,
+    Histogram,
+    ProcessCollector,
+    generate_latest,
+)
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from vgpud.observe import metrics_names as names
+from vgpud.observe.drift import DriftKind
+from vgpud.observe.recorder import HookCall, Outcome
+from vgpud.observe.state import NodeParts, StreamStats, build_info
+from vgpud.supervisor import HealthState
+
+if TYPE_CHECKING:
+    from vgpud.observe.drift import DriftChecker
+
+#: 100 us (a skipped CreateContainer) to 2 s (the runtime's NRI deadline) and beyond (DRA Prepare)
+HOOK_BUCKETS = (
+    0.0001,
+    0.00025,
+    0.0005,
+    0.001,
+    0.0025,
+    0.005,
+    0.01,
+    0.025,
+    0.05,
+    0.1,
+    0.25,
+    0.5,
+    1.0,
+    2.0,
+    5.0,
+)
+_STATUS_NAMES = frozenset(status.name for status in Status)
+
+
+def registry_result(call: HookCall) -> str:
+    """`ok`, or the gRPC status a refused register call got (its detail starts with the status name),
+    in lower case; the outcome when the detail names none."""
+    if call.outcome is Outcome.OK:
+        return "ok"
+    status = call.detail.partition(":")[0].strip()
+    return status.lower() if status in _STATUS_NAMES else call.outcome.value
+
+
+class NodeMetrics:
+    """Built once per `vgpud run`; `exposition()` is what `/metrics` serves."""
+
+    def __init__(self, parts: NodeParts, *, stream: StreamStats, drift: DriftChecker | None = None) -> None:
+        self.registry = CollectorRegistry()
+        ProcessCollector(registry=self.registry)
+        self.calls = Counter(
+            names.HOOK_CALLS.name, names.HOOK_CALLS.help, names.HOOK_CALLS.labels, registry=self.registry
+        )
+        self.duration = Histogram(
+            names.HOOK_DURATION.name,
+            names.HOOK_DURATION.help,
+            names.HOOK_DURATION.labels,
+            buckets=HOOK_BUCKETS,
+            registry=self.registry,
+        )
+        self.registry_requests = Counter(
+            names.REGISTRY_REQUESTS.name,
+            names.REGISTRY_REQUESTS.help,
+            names.REGISTRY_REQUESTS.labels,
+            registry=self.registry,
+        )
+        self.registry.register(StateCollector(parts, stream, drift))
+        self._children: dict[tuple[str, str, str], tuple[Counter, Histogram]] = {}
+        parts.recorder.add_listener(self.observe)
+
+    def observe(self, call: HookCall) -> None:
+        """The recorder listener: count the call and its latency (label children cached: O(1))."""
+        key = (call.component, call.call, call.outcome.value)
+        children = self._children.get(key)
+        if children is None:
+            children = (
+                self.calls.labels(*key),
+                self.duration.labels(call.component, call.call),
+            )
+            self._children[key] = children
+        children[0].inc()
+        children[1].observe(call.latency_seconds)
+        if call.component == "registry":
+            self.registry_requests.labels(registry_result(call)).inc()
+
+    def exposition(self) -> tuple[bytes, str]:
+        """The text exposition format and its content type."""
+        return generate_latest(self.registry), CONTENT_TYPE_LATEST
+
+
+def _gauge(name: names.MetricName, value: float | None = None) -> GaugeMetricFamily:
+    if name.labels:
+        return GaugeMetricFamily(name.name, name.help, labels=name.labels)
+    return GaugeMetricFamily(name.name, name.help, value=value)
+
+
+def _counter(name: names.MetricName, value: float | None = None) -> CounterMetricFamily:
+    if name.labels:
+        return CounterMetricFamily(name.name, name.help, labels=name.labels)
+    return CounterMetricFamily(name.name, name.help, value=value)
+
+
+class StateCollector(Collector):
+    """Reads the daemon's state at scrape time."""
+
+    def __init__(self, parts: NodeParts, stream: StreamStats, drift: DriftChecker | None) -> None:
+        self._parts = parts
+        self._stream = stream
+        self._drift = drift
+
+    def collect(self) -> Iterator[Metric]:
+        parts = self._parts
+        info = build_info()
+        build = _gauge(names.BUILD_INFO)
+        build.add_metric([info["version"], info["python"]], 1)
+        yield build
+        mode = _gauge(names.PARTITION_MODE)
+        mode.add_metric([parts.mode], 1)
+        yield mode
+        yield _counter(names.NRI_EAGER_FALLBACKS, 1 if parts.nri_fallback else 0)
+        health = _gauge(names.COMPONENT_HEALTH)
+        for component, entry in sorted(parts.health.snapshot().items()):
+            for state in HealthState:
+                health.add_metric([component, state.value], 1 if entry.state is state else 0)
+        yield health
+        if parts.nri is not None:
+            yield from self._nri()
+        yield from self._drift_metrics()
+        yield _gauge(names.STREAM_CLIENTS, self._stream.clients)
+        closed = _counter(names.STREAM_DROPS)
+        for reason, count in sorted(self._stream.closed.items()):
+            closed.add_metric([reason], count)
+        yield closed
+
+    def _nri(self) -> Iterator[Metric]:
+        nri = self._parts.nri
+        assert nri is not None
+        stats = nri.stats
+        sync = _gauge(names.NRI_SYNC_CONTAINERS)
+        sync.add_metric(["reported"], stats.sync_reported)
+        sync.add_metric(["rebuilt"], stats.sync_rebuilt)
+        yield sync
+        yield _counter(names.NRI_SYNC_INVALID, stats.sync_invalid)
+        yield _gauge(names.NRI_CACHE_ENTRIES, len(nri.cache))
+        yield _counter(names.NRI_CONNECTION_CLOSES, stats.connection_closes)
+        yield _gauge(names.NRI_CONNECTED, 1 if nri.session_state().connected else 0)
+        yield _counter(names.NRI_REMOVED_DIRECTORIES, stats.removed_dirs)
+
+    def _drift_metrics(self) -> Iterator[Metric]:
+        if self._drift is None:
+            return
+        status = self._drift.status()
+        yield _counter(names.DRIFT_CHECKS, status.checks)
+        detected = _counter(names.DRIFT_DETECTED)
+        current = _gauge(names.DRIFT_DIFFERENCES)
+        now: dict[str, int] = {}
+        for difference in status.differences:
+            now[difference.kind.value] = now.get(difference.kind.value, 0) + 1
+        for kind in DriftKind:
+            detected.add_metric([kind.value], status.detected.get(kind.value, 0))
+            current.add_metric([kind.value], now.get(kind.value, 0))
+        yield detected
+        yield current
+        yield _gauge(names.PARTITION_CONFLICTS, status.conflicts or 0)  # lazy mode: none by construction

@@ -1,0 +1,224 @@
+"""What `/debug/state` (and `vgpud debug state`) shows: read from the daemon's own objects, never
+written. Each section is built by a function of plain values, so its JSON shape is tested alone.
+
+Shape (every key always present; a section that does not apply to this node is null):
+
+    node, version, mode ("lazy" | "eager"), nri_fallback, time (epoch seconds), healthy
+    components:  {name: {state, reason, for_seconds, counts_for_health}}
+    nri:         {session: {connected, runtime, nri_version, synchronized, sessions, last_close,
+                            last_sync_time},
+                  stats: {injected, skipped, rejected_unprepared, sync_reported, sync_rebuilt,
+                          sync_invalid, removed_dirs, connection_closes},
+                  cache: {synced, entries, directories: {dir: {pod_uid, container, claim_uid,
+                                                               pod_namespace, pod_name}}},
+                  runtime_containers}                                      lazy mode only
+    partitions:  {"<claim UID>/<key>": {claim: {uid, namespace, name}, key, directory, register_uuid,
+                                        requests, containers}}               eager mode only
+    partition_conflicts: [{claim_uid, container, partitions, reason}]       eager mode only
+    partition_errors:    ["claim ns/name: why it could not be read"]        eager mode only
+    register_uuids: {issued, consumed, unconsumed: {uuid: {claim_uid, namespace, name}}}
+                                                                           client registration only
+    drift:       {interval_seconds, checks, last_check, differences: [{kind, subject, detail}],
+                  detected: {kind: n}, partition_conflicts, last_error}   when the self-check runs
+    stream:      {clients, closed: {reason: n}}
+    calls:       {last_seq, recent: [HookCall...]}
+
+Container names in `partitions` are the reference's node names: `<pod UID>/<init|app>/<name>`.
+"""
+
+from __future__ import annotations
+
+import platform
+import time
+from collections import Counter
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import trio
+
+from vgpud import __version__
+from vgpud.observe.recorder import Recorder
+from vgpud.partition.layout import Layout
+
+if TYPE_CHECKING:
+    from vgpud.dra.driver import ClaimPartitions, ClaimRef, DraDriver
+    from vgpud.nri.hooks import NriHooks
+    from vgpud.observe.drift import DriftChecker
+    from vgpud.registry.server import RegistryServer
+    from vgpud.supervisor import ComponentHealth, HealthRegistry
+
+JsonObject = dict[str, Any]
+#: eager partitions are read from the API: the state answers without them after this long
+PARTITIONS_TIMEOUT = 5.0
+
+
+@dataclass
+class NodeParts:
+    """The daemon objects the observability reads (and never writes)."""
+
+    node_name: str
+    mode: str
+    nri_fallback: bool
+    layout: Layout
+    recorder: Recorder
+    health: HealthRegistry
+    driver: DraDriver
+    nri: NriHooks | None = None
+    registry: RegistryServer | None = None
+
+
+@dataclass
+class StreamStats:
+    """The live stream's clients, kept by the debug app; read by the state and the metrics."""
+
+    clients: int = 0
+    #: clients vgpud closed, by reason (slow, filter-failed, shutdown)
+    closed: Counter[str] = field(default_factory=Counter)
+
+
+def build_info() -> dict[str, str]:
+    return {"version": __version__, "python": platform.python_version()}
+
+
+def health_json(components: Mapping[str, ComponentHealth], now: float) -> JsonObject:
+    """`now` is on the health registry's clock (Trio's)."""
+    return {
+        name: {
+            "state": entry.state.value,
+            "reason": entry.reason,
+            "for_seconds": round(max(0.0, now - entry.since), 3),
+            "counts_for_health": entry.counts_for_health,
+        }
+        for name, entry in sorted(components.items())
+    }
+
+
+def nri_json(nri: NriHooks) -> JsonObject:
+    runtime = dict(nri.runtime.items())
+    directories = {}
+    for (pod_uid, container), entry in nri.cache.items():
+        pod = runtime.get((pod_uid, container))
+        directories[str(entry.directory)] = {
+            "pod_uid": pod_uid,
+            "container": container,
+            "claim_uid": entry.claim_uid,
+            "pod_namespace": pod.pod_namespace if pod else "",
+            "pod_name": pod.pod_name if pod else "",
+        }
+    return {
+        "session": asdict(nri.session_state()),
+        "stats": asdict(nri.stats),
+        "cache": {"synced": nri.cache.synced, "entries": len(nri.cache), "directories": directories},
+        "runtime_containers": len(runtime),
+    }
+
+
+def partitions_json(claims: list[ClaimPartitions], layout: Layout) -> JsonObject:
+    """`"<claim UID>/<key>"` -> the partition, its register UUID, requests and current containers."""
+    out: JsonObject = {}
+    for claim in claims:
+        requests: dict[str, list[str]] = {}
+        for request, key in sorted(claim.record.request_partitions.items()):
+            requests.setdefault(key, []).append(request)
+        for key in sorted(requests):
+            out[f"{claim.claim.uid}/{key}"] = {
+                "claim": {
+                    "uid": claim.claim.uid,
+                    "namespace": claim.claim.namespace,
+                    "name": claim.claim.name,
+                },
+                "key": key,
+                "directory": str(layout.partition(claim.claim.uid, key).base),
+                "register_uuid": claim.record.register_uuids.get(key, ""),
+                "requests": requests[key],
+                "containers": [c.node for c in claim.containers.get(key, ())],
+            }
+    return out
+
+
+def conflicts_json(claims: list[ClaimPartitions]) -> list[JsonObject]:
+    return [
+        {
+            "claim_uid": claim.claim.uid,
+            "container": conflict.container.node,
+            "partitions": list(conflict.partitions),
+            "reason": conflict.reason,
+        }
+        for claim in claims
+        for conflict in claim.conflicts
+    ]
+
+
+def register_uuids_json(issued: Mapping[str, ClaimRef], consumed: frozenset[str]) -> JsonObject:
+    """The UUIDs Prepare minted, and which of them no register call has used yet."""
+    return {
+        "issued": len(issued),
+        "consumed": len(consumed & issued.keys()),
+        "unconsumed": {
+            uuid: {"claim_uid": ref.uid, "namespace": ref.namespace, "name": ref.name}
+            for uuid, ref in sorted(issued.items())
+            if uuid not in consumed
+        },
+    }
+
+
+class DebugState:
+    """Builds the `/debug/state` document from the node's parts."""
+
+    def __init__(
+        self,
+        parts: NodeParts,
+        *,
+        stream: StreamStats,
+        drift: DriftChecker | None = None,
+        partitions_timeout: float = PARTITIONS_TIMEOUT,
+    ) -> None:
+        self.parts = parts
+        self.stream = stream
+        self.drift = drift
+        self._partitions_timeout = partitions_timeout
+
+    async def snapshot(self, *, calls: int = 20) -> JsonObject:
+        parts = self.parts
+        state: JsonObject = {
+            "node": parts.node_name,
+            **build_info(),
+            "mode": parts.mode,
+            "nri_fallback": parts.nri_fallback,
+            "time": time.time(),
+            "healthy": parts.health.all_healthy(),
+            "components": health_json(parts.health.snapshot(), trio.current_time()),
+            "nri": nri_json(parts.nri) if parts.nri is not None else None,
+            "partitions": None,
+            "partition_conflicts": None,
+            "partition_errors": None,
+            "register_uuids": None,
+            "drift": self.drift.status().to_dict() if self.drift is not None else None,
+            "stream": {"clients": self.stream.clients, "closed": dict(self.stream.closed)},
+            "calls": {
+                "last_seq": parts.recorder.last_seq,
+                "recent": [c.to_dict() for c in parts.recorder.recent(calls)],
+            },
+        }
+        if parts.registry is not None:
+            state["register_uuids"] = register_uuids_json(
+                parts.driver.register_uuids(), parts.registry.consumed_register_uuids()
+            )
+        if parts.nri is None:
+            state.update(await self._eager_partitions())
+        return state
+
+    async def _eager_partitions(self) -> JsonObject:
+        claims = None
+        with trio.move_on_after(self._partitions_timeout):
+            claims = await self.parts.driver.claim_partitions()
+        if claims is None:
+            return {"partition_errors": [f"reading the claims timed out after {self._partitions_timeout}s"]}
+        return {
+            "partitions": partitions_json(claims, self.parts.layout),
+            "partition_conflicts": conflicts_json(claims),
+            "partition_errors": [
+                f"claim {c.claim.namespace}/{c.claim.name}: {c.error}" for c in claims if c.error
+            ],
+        }
