@@ -10,7 +10,7 @@ setup:  ## venv with vgpud and its dev dependencies (idempotent, cached)
 	@./hack/setup-venv.sh
 
 build: setup  ## C helpers (fake NVML, libvgpu) into build/
-	@for d in csrc/*/; do [ -f "$$d/Makefile" ] && $(MAKE) --no-print-directory -C "$$d" OUT=$(CURDIR)/build || exit 1; done
+	@for d in csrc/*/; do [ -f "$$d/Makefile" ] || continue; $(MAKE) --no-print-directory -C "$$d" OUT=$(CURDIR)/build || exit 1; done
 
 kube:  ## etcd, kube-apiserver, kube-scheduler, kubelet into ~/.cache/vgpud (idempotent, cached)
 	@./hack/install-kube.sh
@@ -39,7 +39,7 @@ protos: setup  ## regenerate vgpud/_pb from protos/
 check-protos: setup  ## fail if vgpud/_pb is not what protos/ generates
 	@./hack/gen-protos.sh --check
 
-demo: build kube node-deps  ## vgpud on a local control plane, preparing a vGPU claim as the kubelet does
+demo: build kube node-deps  ## the main job on a real local node (root): a pod with two containers on one vGPU claim
 	@$(PY) hack/demo.py
 
 bench: build

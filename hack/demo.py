@@ -1,49 +1,51 @@
-"""`make demo`: vgpud on a local control plane, preparing a vGPU claim the way the kubelet does.
+"""`make demo`: the main job on a real local node (tests/e2e/node.py), NRI on, client registration on.
 
-1. starts a real etcd + kube-apiserver on loopback (from hack/install-kube.sh) and registers a Node;
-2. runs `vgpud run` with mock GPUs (2x A100-40GB), as the DaemonSet runs it, paths under a temp root;
-3. shows its health and the ResourceSlice it published (consumable memory and cores);
-4. creates a pod whose two containers use two requests of one vGPU claim, allocates the claim by hand
-   (what the scheduler does: a device, a share ID and the consumed capacity per request), and calls
-   NodePrepareResources on vgpud's DRA socket, as the kubelet would;
-5. prints what each container receives (the CDI devices: env and mounts) and the directories made;
-6. waits (Ctrl-C when interactive, DEMO_SECONDS otherwise), unprepares, stops everything.
-
-Until the local node with containerd and kubelet exists, this is how far the main job can be watched.
+1. brings up etcd + kube-apiserver, kube-scheduler, containerd (NRI + CDI), the kubelet (DRA) and vgpud
+   with mock GPUs (2x A100-40GB), everything under one temp dir, and prints where each log is;
+2. installs the DeviceClass and shows the ResourceSlice vgpud published (consumable memory and cores);
+3. creates a claim with two requests (8Gi + 50 cores, 4Gi + 20 cores) and ONE pod whose two containers
+   use one request each; the scheduler allocates, the kubelet prepares through vgpud, containerd asks
+   vgpud's NRI plugin for each container's edits;
+4. prints what each container received: its vGPU env, its vgpud mounts, and the pids.config it sees
+   after running vgpu-register inside it (as libvgpu does at CUDA init);
+5. prints where the live hook stream is, waits (Ctrl-C when interactive, DEMO_SECONDS otherwise, default
+   2) and tears the whole node down. Needs root and hack/install-kube.sh + hack/install-node.sh.
 """
 
 from __future__ import annotations
 
-import json
 import os
-import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from tests.kubeapi import ApiServer, free_port, start_apiserver  # noqa: E402
-from tests.vgpudproc import Vgpud, create_allocated_claim, dra_call, ensure_node, node_slices  # noqa: E402
-from vgpud.dra.cdi import spec_path  # noqa: E402
+from tests.e2e import workload as w  # noqa: E402
+from tests.e2e.node import DEVICE_CLASS, GPU_PROFILE, INSTALL_HINT, LocalNode, node_available  # noqa: E402
 
-DRIVER = "manager.nvidia.com"
-NODE = "demo-node"
-NAMESPACE = "default"
 VGPUD = [sys.executable, "-m", "vgpud"]
 BOLD, RESET = ("\033[1m", "\033[0m") if sys.stdout.isatty() else ("", "")
+NAMESPACE = "demo"
+CLAIM, POD = "shared-gpu", "trainer-and-eval"
+CONTAINERS = {"trainer": ("8Gi", "50"), "sidecar-eval": ("4Gi", "20")}
+ENV_PREFIXES = ("MANAGER_", "CUDA_", "VGPU_")
+MOUNT_PREFIXES = ("/etc/vgpu-manager", "/tmp/.vgpu")
 
 
 def section(title: str) -> None:
     print(f"\n{BOLD}== {title}{RESET}", flush=True)
 
 
-def show_slice(api: ApiServer) -> None:
-    for item in node_slices(api, NODE):
+def short(path: str, node: LocalNode) -> str:
+    return path.replace(str(node.workdir), "<node>")
+
+
+def show_slices(node: LocalNode) -> None:
+    for item in node.slices():
         print(f"ResourceSlice {item['metadata']['name']} (pool {item['spec']['pool']['name']}):")
         for device in item["spec"]["devices"]:
             attrs = device["attributes"]
@@ -54,113 +56,123 @@ def show_slice(api: ApiServer) -> None:
             )
 
 
-def show_injection(root: Path, pod: dict, claim: dict, reply: object) -> None:
-    uid = claim["metadata"]["uid"]
-    entry = reply.claims[uid]  # type: ignore[attr-defined]
-    if entry.error:
-        sys.exit(f"Prepare failed: {entry.error}")
-    spec = json.loads(spec_path(root / "var/run/cdi", DRIVER, uid).read_text())
-    by_id = {f"{spec['kind']}={d['name']}": d for d in spec["devices"]}
-    print(f"(host paths below are relative to the demo root {root})")
-    print("Claim-wide edits (every container of the claim):")
-    for env in spec["containerEdits"]["env"]:
-        print(f"    env   {env}")
-    for mount in spec["containerEdits"]["mounts"]:
-        host = mount["hostPath"].removeprefix(str(root))
-        print(f"    mount {host} -> {mount['containerPath']} ({','.join(mount['options'])})")
-    for container in pod["spec"]["containers"]:
-        request = container["resources"]["claims"][0]["request"]
-        print(f"Container {container['name']} (request {request}):")
-        for device in entry.devices:
-            if request not in device.request_names:
-                continue
-            print(
-                f"  device {device.device_name} share {device.share_id}\n  CDI id {device.cdi_device_ids[0]}"
-            )
-            edits = by_id[device.cdi_device_ids[0]]["containerEdits"]
-            for env in edits["env"]:
-                print(f"    env   {env}")
-            for mount in edits.get("mounts", []):
-                print(f"    mount {mount['hostPath'].removeprefix(str(root))} -> {mount['containerPath']}")
-    claim_dir = root / "etc/vgpu-manager/claims" / uid
-    print(f"Directories under {claim_dir.relative_to(root)}:")
-    for path in sorted(claim_dir.rglob("*")):
-        print(f"    {path.relative_to(claim_dir)}{'/' if path.is_dir() else ''}")
+def show_allocation(node: LocalNode) -> None:
+    claim = w.get_claim(node, NAMESPACE, CLAIM)
+    print(f"claim {NAMESPACE}/{CLAIM} uid {claim['metadata']['uid']}, allocated by the scheduler:")
+    for result in claim["status"]["allocation"]["devices"]["results"]:
+        consumed = result.get("consumedCapacity", {})
+        print(
+            f"  request {result['request']:8} -> {result['device']} share {result.get('shareID', '-')} "
+            f"consumed {consumed}"
+        )
+
+
+def show_container(node: LocalNode, pod: dict, name: str) -> None:
+    cid = w.container_id(pod, name)
+    memory, cores = CONTAINERS[name]
+    print(f"{BOLD}container {name}{RESET} (request {memory} memory + {cores} cores, id {cid[:12]})")
+    env = w.container_env(node, cid)
+    print("  vGPU environment (empty ones left out):")
+    for key in sorted(k for k in env if k.startswith(ENV_PREFIXES) and env[k]):
+        print(f"    {key}={env[key]}")
+    print("  vgpud mounts (container path <- host path):")
+    for dest, source in w.oci_mounts(node, cid):
+        if dest.startswith(MOUNT_PREFIXES):
+            print(f"    {dest} <- {short(source, node)}")
+    reg = w.register_from_container(node, cid, hold_s=1)
+    print(f"  vgpu-register inside the container: exit {reg.returncode}")
+    print(f"  {w.PIDS_FILE} seen from inside (host PIDs of the container's processes): {reg.pids}")
+    if reg.shell_host_pid is not None:
+        print(
+            f"    the registering shell is host PID {reg.shell_host_pid}: "
+            f"listed {reg.shell_host_pid in reg.pids}"
+        )
+
+
+def hook_stream(node: LocalNode) -> str:
+    has_debug = (
+        subprocess.run([*VGPUD, "debug", "--help"], capture_output=True, check=False, cwd=REPO).returncode
+        == 0
+    )
+    if has_debug and node.debug_socket.exists():
+        return (
+            f"live hook stream: {sys.executable} -m vgpud debug tail --socket {node.debug_socket}\n"
+            f"vgpud state:      {sys.executable} -m vgpud debug state --socket {node.debug_socket}\n"
+            f"metrics:          curl -s {node.metrics_url}\n"
+            f"vgpud log:        {node.log('vgpud')}"
+        )
+    return f"vgpud has no debug endpoint here; its hook calls are in the log: {node.log('vgpud')}"
+
+
+def wait_for_user() -> None:
+    if sys.stdin.isatty():
+        section("The node keeps running. Press Ctrl-C to tear it down.")
+        try:
+            signal.pause()
+        except KeyboardInterrupt:
+            print()
+    else:
+        seconds = float(os.environ.get("DEMO_SECONDS", "2"))
+        section(f"Non-interactive: tearing down in {seconds:g} s (DEMO_SECONDS)")
+        time.sleep(seconds)
 
 
 def main() -> int:
-    root = Path(tempfile.mkdtemp(prefix="vgdemo", dir="/tmp"))
-    api: ApiServer | None = None
-    vgpud: Vgpud | None = None
+    if os.geteuid() != 0:
+        sys.exit("make demo needs root (containerd, runc and the kubelet do)")
+    if not node_available():
+        sys.exit(f"the local node is not installed: {INSTALL_HINT}")
+    node = LocalNode(nri=True, client_mode=True)
     try:
-        section("Starting etcd + kube-apiserver on 127.0.0.1")
-        api = start_apiserver(root / "kube")
-        print(f"API server {api.url}, kubeconfig {api.kubeconfig}")
-        ensure_node(api, NODE)
+        section(f"Starting a local node (NRI on, client registration on) in {node.workdir}")
+        started = time.monotonic()
+        try:
+            node.start()
+        except KeyboardInterrupt:
+            print()
+            return 130
+        print(f"ready in {time.monotonic() - started:.1f} s")
+        print(node.describe())
 
-        section("GPUs (mock profile a100-40gb-x2)")
-        subprocess.run([*VGPUD, "gpus", "--gpu-backend", "mock", "--gpu-profile", "a100-40gb-x2"], check=True)
-
-        vgpud = Vgpud(root, node=NODE, port=free_port(), kubeconfig=api.kubeconfig)
-        section(f"Starting vgpud run (log {vgpud.log})")
-        vgpud.wait_serving()
-        status = subprocess.run(
-            [*VGPUD, "health", "--address", f"127.0.0.1:{vgpud.port}"],
-            capture_output=True,
-            text=True,
-            check=False,
-        ).stdout.strip()
-        print(f"vgpud health --address 127.0.0.1:{vgpud.port}: {status}")
+        section(f"GPUs (mock profile {GPU_PROFILE})")
+        subprocess.run(
+            [*VGPUD, "gpus", "--gpu-backend", "mock", "--gpu-profile", GPU_PROFILE], check=False, cwd=REPO
+        )
 
         section("What vgpud published")
-        show_slice(api)
+        node.install_device_class()  # start() did it already; idempotent
+        print(f"DeviceClass {DEVICE_CLASS} installed (selects {node.name}'s vGPUs of manager.nvidia.com)")
+        show_slices(node)
 
-        section("A pod with two containers on two requests of one vGPU claim, allocated on vgpu-0")
-        pod, claim = create_allocated_claim(
-            api,
-            namespace=NAMESPACE,
-            name="shared-gpu",
-            node=NODE,
-            containers={
-                "trainer": {"memory": "8Gi", "cores": "50"},
-                "sidecar-eval": {"memory": "4Gi", "cores": "20"},
-            },
-        )
-        print(
-            f"pod {pod['metadata']['name']}, claim {claim['metadata']['name']} ({claim['metadata']['uid']})"
-        )
-        reply = dra_call(vgpud.dra_socket, "Prepare", [claim])
+        section(f"A pod with two containers on two requests of one vGPU claim ({NAMESPACE}/{POD})")
+        node.request("POST", "/api/v1/namespaces", {"metadata": {"name": NAMESPACE}})
+        requests = [w.vgpu_request(name, *capacity) for name, capacity in CONTAINERS.items()]
+        w.create_claim(node, NAMESPACE, CLAIM, requests)
+        containers = [
+            w.container(name, [("gpu", name)], command=["sh", "-c", "while :; do sleep 3600; done"])
+            for name in CONTAINERS
+        ]
+        w.create_pod(node, NAMESPACE, POD, containers, {"gpu": CLAIM})
+        pod = w.wait_running(node, NAMESPACE, POD)
+        print(f"pod {POD} Running on {pod['spec']['nodeName']} (uid {pod['metadata']['uid']})")
+        show_allocation(node)
 
-        section("NodePrepareResources (as the kubelet calls it): what each container gets")
-        show_injection(root, pod, claim, reply)
+        section("What each container received")
+        for name in CONTAINERS:
+            show_container(node, pod, name)
+        uid = w.get_claim(node, NAMESPACE, CLAIM)["metadata"]["uid"]
+        print(f"directories under {short(str(node.claim_dir(uid)), node)}: {w.claim_subdirs(node, uid)}")
 
-        if sys.stdin.isatty():
-            section(f"vgpud is running (pid {vgpud.proc.pid}, log {vgpud.log}). Press Ctrl-C to clean up.")
-            try:
-                signal.pause()
-            except KeyboardInterrupt:
-                print()
-        else:
-            time.sleep(float(os.environ.get("DEMO_SECONDS", "2")))
-
-        section("NodeUnprepareResources, then SIGTERM")
-        unprepared = dra_call(vgpud.dra_socket, "Unprepare", [claim])
-        print(f"unprepare errors: {[e.error for e in unprepared.claims.values() if e.error] or 'none'}")
-        print(
-            f"claim directory left: {(root / 'etc/vgpu-manager/claims' / claim['metadata']['uid']).exists()}"
-        )
-        rc = vgpud.stop()
-        print(f"vgpud exit code {rc}; log tail:")
-        print("".join(vgpud.output().splitlines(keepends=True)[-4:]), end="")
-        left = [str(p) for p in root.rglob("*.sock") if p.is_socket()]
-        print(f"sockets left behind: {left or 'none'}")
-        return rc
+        section("Watching vgpud")
+        print(hook_stream(node))
+        wait_for_user()
+    except KeyboardInterrupt:
+        print()
     finally:
-        if vgpud is not None:
-            vgpud.kill()
-        if api is not None:
-            api.stop()
-        shutil.rmtree(root, ignore_errors=True)
+        section("Tearing the node down")
+        node.stop()
+        print(f"stopped; {node.workdir} removed")
+    return 0
 
 
 if __name__ == "__main__":

@@ -5,6 +5,8 @@ prepares a claim (the pod still runs; nothing is left after it is deleted)."""
 
 from __future__ import annotations
 
+import json
+import os
 import signal
 import time
 from typing import Any
@@ -52,7 +54,25 @@ def test_two_pods_two_requests_of_one_claim(node: LocalNode) -> None:
         # Both pods must be in reservedFor before the kubelet's first Prepare, or the first pod's
         # Prepare succeeds and the kubelet never asks again for the second: vgpud down meanwhile.
         node.stop_vgpud(signal.SIGKILL)
-    claim = w.create_claim(node, ns, "gpu", [w.vgpu_request("a", "1Gi", "5"), w.vgpu_request("b", "2Gi", "5")])
+    try:
+        _two_pods(node, ns)
+    finally:
+        ensure_vgpud(node)
+
+
+def ensure_vgpud(node: LocalNode) -> None:
+    """vgpud running again (a test that stopped it and failed must not take the others down)."""
+    proc = node.procs.get("vgpud")
+    if proc is None or proc.poll() is not None:
+        node.procs.pop("vgpud", None)
+        node.start_vgpud()
+        node.wait_vgpud(time.monotonic() + 60)
+
+
+def _two_pods(node: LocalNode, ns: str) -> None:
+    claim = w.create_claim(
+        node, ns, "gpu", [w.vgpu_request("a", "1Gi", "5"), w.vgpu_request("b", "2Gi", "5")]
+    )
     uid = claim["metadata"]["uid"]
     w.create_pod(node, ns, "pa", [w.container("main", [("gpu", "a")])], {"gpu": "gpu"})
     w.create_pod(node, ns, "pb", [w.container("main", [("gpu", "b")])], {"gpu": "gpu"})
@@ -69,13 +89,10 @@ def test_two_pods_two_requests_of_one_claim(node: LocalNode) -> None:
             assert reg.shell_host_pid in reg.pids
     else:
         w.wait_for(lambda: len(reserved_for(node, ns, "gpu")) == 2, what="the claim reserved for both pods")
-        node.start_vgpud()
-        node.wait_vgpud(time.monotonic() + 60)
+        ensure_vgpud(node)
         for pod in ("pa", "pb"):
             w.wait_for(
-                lambda pod=pod: [
-                    e for e in w.pod_events(node, ns, pod) if REFUSED in e.get("message", "")
-                ],
+                lambda pod=pod: [e for e in w.pod_events(node, ns, pod) if REFUSED in e.get("message", "")],
                 timeout=60,
                 what=f"pod {pod}: the refused Prepare as an event",
             )
@@ -125,27 +142,167 @@ def test_one_container_two_requests_of_one_claim(node: LocalNode) -> None:
         if conflicts_before is not None:
             assert node.metric(CONFLICTS_METRIC) == 0
     else:
-        observe_eager_bug2(node, ns, uid, conflicts_before)
+        # Eager, with the pod in reservedFor at Prepare: r1 and r2 form one partition (one directory,
+        # one register UUID); bug-2 needs a container that appears after Prepare (next test).
+        pod = w.wait_running(node, ns, "p")
+        cid = w.container_id(pod, "main")
+        subdirs = w.claim_subdirs(node, uid)
+        assert len(subdirs) == 1 and subdirs[0].endswith("-app/main"), subdirs
+        env = w.container_env(node, cid)
+        assert env["MANAGER_CLIENT_REGISTER_UUID"]
+        limits = vgpu_limits(env)
+        assert limits["CUDA_MEM_LIMIT_0"] == "2048m" and limits["CUDA_MEM_LIMIT_1"] == "3072m", limits
+        reg = w.register_from_container(node, cid, hold_s=3)
+        assert reg.returncode == 0, reg.output
+        assert reg.shell_host_pid in reg.pids
     cleanup(node, ns, ["p"], "gpu", uid)
 
 
-def observe_eager_bug2(node: LocalNode, ns: str, uid: str, conflicts_before: float | None) -> None:
-    """Eager mode: Prepare puts r1 and r2 in two partitions (each with its own directory and register
-    UUID); the container gets both CDI devices, so the same env var and mount destinations twice."""
-    w.wait_for(lambda: len(w.claim_subdirs(node, uid)) == 2, what="two partition directories")
+def test_bug2_container_after_prepare(node: LocalNode) -> None:
+    """bug-2 proper: the claim is prepared for pod A (container ca on r1, cb on r2: two partitions in
+    eager mode); pod B then uses the prepared claim with ONE container on r1 and r2 (the kubelet does not
+    call Prepare again). NRI: B's container gets its own directory and registers. Eager: B's container
+    gets both partitions' CDI devices: one register UUID wins, the mounts of the two partitions collide."""
+    ns = w.namespace(node)
+    requests = [on_gpu(w.vgpu_request("r1", "2Gi", "10"), 0), on_gpu(w.vgpu_request("r2", "3Gi", "15"), 1)]
+    uid = w.create_claim(node, ns, "gpu", requests)["metadata"]["uid"]
+    a = [w.container("ca", [("gpu", "r1")]), w.container("cb", [("gpu", "r2")])]
+    w.create_pod(node, ns, "pa", a, {"gpu": "gpu"})
+    w.wait_running(node, ns, "pa")
+    dirs_a = w.claim_subdirs(node, uid)
+    assert len(dirs_a) == 2, dirs_a
+    conflicts_before = node.metric(CONFLICTS_METRIC)
+    w.create_pod(node, ns, "pb", [w.container("main", [("gpu", "r1"), ("gpu", "r2")])], {"gpu": "gpu"})
+    pod_b = w.wait_running(node, ns, "pb")
+    cid = w.container_id(pod_b, "main")
+    env = w.container_env(node, cid)
+    limits = vgpu_limits(env)
+    assert limits["CUDA_MEM_LIMIT_0"] == "2048m" and limits["CUDA_MEM_LIMIT_1"] == "3072m", limits
+    mounts = [
+        (d, src) for d, src in w.oci_mounts(node, cid) if d.startswith(("/etc/vgpu-manager", "/tmp/.v"))
+    ]
+    config_sources = [src for d, src in mounts if d == "/etc/vgpu-manager/config"]
+    reg = w.register_from_container(node, cid, hold_s=3)
+    print(f"bug-2 ({'nri' if node.nri else 'eager'}): dirs {w.claim_subdirs(node, uid)}")
+    print(f"  config mounts {config_sources}\n  register uuid {env.get('MANAGER_CLIENT_REGISTER_UUID')}")
+    print(f"  register rc {reg.returncode} pids {reg.pids}\n  {reg.output}")
+    if node.nri:
+        assert w.claim_subdirs(node, uid) == sorted([*dirs_a, f"{pod_b['metadata']['uid']}_main"]), (
+            w.claim_subdirs(node, uid)
+        )
+        assert len(config_sources) == 1, mounts
+        assert reg.returncode == 0, reg.output
+        assert reg.shell_host_pid in reg.pids
+        if conflicts_before is not None:
+            assert node.metric(CONFLICTS_METRIC) == 0
+    else:
+        annotations = w.get_claim(node, ns, "gpu")["metadata"].get("annotations", {})
+        uuids = {k.split("/", 1)[1]: v for k, v in annotations.items() if k.startswith(f"{DRIVER}/")}
+        print(f"  annotations {uuids}\n  conflicts metric {node.metric(CONFLICTS_METRIC)}")
+        assert len(uuids) == 2, annotations
+        # Both CDI devices set MANAGER_CLIENT_REGISTER_UUID and mount their partition at the same
+        # destinations: one device wins both (CDI replaces a mount of the same destination), the
+        # other partition is invisible to the container.
+        winner = uuids[env["MANAGER_CLIENT_REGISTER_UUID"]]
+        assert len(config_sources) == 1, mounts
+        assert config_sources[0] == str(node.claim_dir(uid) / winner / "config"), (winner, mounts)
+        assert all(
+            winner in src for d, src in mounts if d != "/etc/vgpu-manager/registry" and "claims" in src
+        )
+        # The registry has no candidate for B's container under the winner's UUID (A's container owns
+        # that partition): vgpu-register gives up and B's processes are in no pids.config.
+        assert reg.returncode != 0, reg.output
+        for key in uuids.values():
+            listed = (node.claim_dir(uid) / key / "config/pids.config").read_text().split()
+            assert str(reg.shell_host_pid) not in listed, (key, listed)
+        if conflicts_before is not None:
+            w.wait_for(
+                lambda: (node.metric(CONFLICTS_METRIC) or 0) > 0,
+                timeout=4 * node.drift_interval + 10,
+                what=f"{CONFLICTS_METRIC} > 0",
+            )
+    cleanup(node, ns, ["pb", "pa"], "gpu", uid)
+
+
+# --------------------------------------------------------------------------------------------------
+# kill -9 vgpud while the kubelet prepares
+
+
+def test_kill_vgpud_during_prepare(node: LocalNode) -> None:
+    """vgpud dies (SIGKILL: no clean-up, stale sockets) as the kubelet starts preparing a claim; the
+    kubelet's Prepare fails and is retried once vgpud is back with the same flags: the pod runs, and
+    after it is deleted no claim directory, CDI spec or checkpoint entry is left."""
+    ns = w.namespace(node)
+    claim = w.create_claim(node, ns, "gpu", [w.vgpu_request("gpu", "1Gi", "5")])
+    uid = claim["metadata"]["uid"]
+    node.stop_vgpud(signal.SIGKILL)
+    try:
+        w.create_pod(node, ns, "p", [w.container("main", [("gpu", "gpu")])], {"gpu": "gpu"})
+        failed = w.wait_for(
+            lambda: [
+                e for e in w.pod_events(node, ns, "p") if e["reason"] == "FailedPrepareDynamicResources"
+            ],
+            timeout=60,
+            what="the kubelet's Prepare to fail while vgpud is down",
+        )
+        print(f"Prepare while vgpud was down: {failed[0].get('message', '')}")
+        assert w.get_pod(node, ns, "p")["status"]["phase"] == "Pending"
+    finally:
+        ensure_vgpud(node)
     pod = w.wait_running(node, ns, "p")
     cid = w.container_id(pod, "main")
     env = w.container_env(node, cid)
-    subdirs = w.claim_subdirs(node, uid)
-    assert len(subdirs) == 2, subdirs
-    mounts = w.oci_mounts(node, cid)
-    config = [src for dest, src in mounts if dest == "/etc/vgpu-manager/config"]
-    print(f"eager bug-2: partitions {subdirs}; /etc/vgpu-manager/config sources {config}")
-    assert len({src for src in config}) >= 1
-    # The conflict: the container's one MANAGER_CLIENT_REGISTER_UUID names one of the two partitions.
+    assert "1024m" in vgpu_limits(env).values(), env
     reg = w.register_from_container(node, cid, hold_s=3)
-    print(f"eager bug-2: register rc {reg.returncode}, pids {reg.pids}: {reg.output}")
-    if conflicts_before is not None:
-        count = w.wait_for(lambda: node.metric(CONFLICTS_METRIC), timeout=30, what="the counted conflict")
-        assert count >= 1
-    assert env["MANAGER_CLIENT_REGISTER_UUID"]
+    assert reg.returncode == 0, reg.output
+    assert reg.shell_host_pid in reg.pids
+    assert uid in w.checkpoint_claims(node)
+    cleanup(node, ns, ["p"], "gpu", uid)
+
+
+def _kill_vgpud_in_prepare(node: LocalNode, uid: str, timeout: float = 30) -> str:
+    """SIGKILL vgpud as soon as the checkpoint names the claim (ideally while PrepareStarted: between
+    the first checkpoint write and the last); return the state it was killed in."""
+    proc = node.procs["vgpud"]
+    end = time.monotonic() + timeout
+    state = ""
+    while time.monotonic() < end and not state:
+        try:
+            entry = json.loads(node.checkpoint.read_bytes())["v2"]["preparedClaims"].get(uid)
+        except (OSError, ValueError, KeyError):
+            entry = None
+        if entry is not None:
+            os.kill(proc.pid, signal.SIGKILL)
+            state = entry.get("checkpointState", "?")
+    node.stop_vgpud(signal.SIGKILL)
+    return state or "not reached"
+
+
+def _rollbacks(node: LocalNode) -> int:
+    """Interrupted Prepares vgpud rolled back (by the next Prepare, or by its periodic cleanup)."""
+    text = node.log("vgpud").read_text()
+    return text.count("rolling back an interrupted Prepare") + text.count("cleanup: rolled back")
+
+
+def test_kill_vgpud_racing_prepare(node: LocalNode) -> None:
+    """vgpud killed the moment the checkpoint names the claim (PrepareStarted when the poll wins the
+    race, PrepareCompleted when it loses): after the restart the interrupted Prepare is rolled back and
+    redone, the pod runs, and after its deletion nothing of the claim is left."""
+    ns = w.namespace(node)
+    uid = w.create_claim(node, ns, "gpu", [w.vgpu_request("gpu", "1Gi", "5")])["metadata"]["uid"]
+    rollbacks_before = _rollbacks(node)
+    w.create_pod(node, ns, "p", [w.container("main", [("gpu", "gpu")])], {"gpu": "gpu"})
+    try:
+        state = _kill_vgpud_in_prepare(node, uid)
+        print(f"vgpud killed with the claim {state} in the checkpoint; dir {node.claim_dir(uid).exists()}")
+    finally:
+        ensure_vgpud(node)
+    pod = w.wait_running(node, ns, "p")
+    if state == "PrepareStarted":
+        assert _rollbacks(node) > rollbacks_before, "no rollback of the interrupted Prepare in vgpud's log"
+    cid = w.container_id(pod, "main")
+    assert "1024m" in vgpu_limits(w.container_env(node, cid)).values()
+    reg = w.register_from_container(node, cid, hold_s=3)
+    assert reg.returncode == 0, reg.output
+    assert reg.shell_host_pid in reg.pids
+    cleanup(node, ns, ["p"], "gpu", uid)
