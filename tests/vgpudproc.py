@@ -17,7 +17,7 @@ from typing import Any
 
 import grpc
 
-from tests.kubeapi import ApiServer, api_request
+from tests.kubeapi import ApiServer, api_request, free_port
 from tests.stdproto import message_class
 
 DRIVER = "manager.nvidia.com"
@@ -75,6 +75,8 @@ class Vgpud:
             "127.0.0.1",
             "--healthcheck-port",
             str(port),
+            "--metrics-address",
+            f"127.0.0.1:{free_port()}",  # never the default 9464 another daemon may hold
             *extra,
         ]
         self.proc = subprocess.Popen(

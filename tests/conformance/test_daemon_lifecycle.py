@@ -2,7 +2,7 @@
 
 Mock GPUs, every path under a short temp root, unprivileged-safe flags: health goes SERVING on ''
 and 'liveness' once the kubelet sockets answer and the ResourceSlice is published, an unknown
-service is NOT_FOUND, and SIGTERM exits 0 leaving no socket behind.
+service is NOT_FOUND, and SIGTERM exits 0 leaving no socket behind (the debug socket included).
 """
 
 from __future__ import annotations
@@ -50,7 +50,7 @@ def test_health_serving_then_sigterm_exits_zero_without_sockets(vgpud: Vgpud, ap
     with pytest.raises(grpc.RpcError) as info:
         vgpud.health("no-such-service")
     assert info.value.code() == grpc.StatusCode.NOT_FOUND
-    assert _sockets(vgpud.root) == {"dra.sock", f"{DRIVER}-reg.sock"}
+    assert _sockets(vgpud.root) == {"dra.sock", f"{DRIVER}-reg.sock", "debug.sock"}
     (published,) = node_slices(api, NODE)
     assert [d["name"] for d in published["spec"]["devices"]] == ["vgpu-0", "vgpu-1"]
     assert published["metadata"]["ownerReferences"][0]["name"] == NODE

@@ -23,7 +23,17 @@ def vgpud(*argv: str, env: dict[str, str] | None = None) -> subprocess.Completed
     )
 
 
-@pytest.mark.parametrize("argv", [["--help"], ["run", "--help"], ["gpus", "--help"], ["health", "--help"]])
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["--help"],
+        ["run", "--help"],
+        ["gpus", "--help"],
+        ["health", "--help"],
+        ["debug", "tail", "--help"],
+        ["debug", "state", "--help"],
+    ],
+)
 def test_help_exits_zero_and_documents_options(argv: list[str]) -> None:
     result = vgpud(*argv)
     assert result.returncode == 0, result.stderr
@@ -52,6 +62,10 @@ def test_run_help_names_the_environment_variables() -> None:
         (["run"], {"FEATURE_GATES": "VGPUSupport=false,NRISupport=true"}, "NRISupport requires VGPUSupport"),
         (["run", "--gpu-backend", "mock"], {}, "--gpu-backend mock needs --gpu-profile"),
         (["frobnicate"], {}, "invalid choice: 'frobnicate'"),
+        (["debug"], {}, "the following arguments are required: SUBCOMMAND"),
+        (["debug", "tail", "--address", "nowhere"], {}, "--address: 'nowhere' is not HOST:PORT"),
+        (["debug", "tail", "--outcome", "fine"], {}, "is not one of ok, error"),
+        (["debug", "state", "--socket", "/a", "--address", "127.0.0.1:1"], {}, "not allowed with argument"),
     ],
 )
 def test_bad_configuration_is_one_line_and_exit_2(
@@ -62,6 +76,14 @@ def test_bad_configuration_is_one_line_and_exit_2(
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1, result.stderr
     assert fragment in lines[0]
+
+
+def test_debug_without_a_running_vgpud_is_one_line_and_exit_1(short_tmp) -> None:
+    for argv in (["debug", "state"], ["debug", "tail", "--json"]):
+        result = vgpud(*argv, env={"DEBUG_SOCKET": str(short_tmp / "debug.sock")})
+        assert result.returncode == 1, result
+        (line,) = result.stderr.strip().splitlines()
+        assert str(short_tmp / "debug.sock") in line
 
 
 def test_no_command_prints_help_and_exits_2() -> None:

@@ -88,6 +88,55 @@ def test_bad_values_name_the_setting(argv: list[str], env: dict[str, str], fragm
     assert fragment in str(info.value)
 
 
+def test_observability_defaults_and_switches(short_tmp: Path) -> None:
+    s = _settings(["--node-name", "n"])
+    assert s.metrics_address == ("127.0.0.1", 9464)
+    assert s.debug_socket_path == Path("/var/lib/kubelet/plugins/manager.nvidia.com/debug.sock")
+    assert s.debug_address is None
+    assert s.drift_interval == 60
+    s = _settings(
+        [
+            "--node-name",
+            "n",
+            "--root-prefix",
+            str(short_tmp),
+            "--metrics-address",
+            "",
+            "--debug-socket",
+            "off",
+        ],
+        {"DEBUG_ADDRESS": "[::1]:9465", "DRIFT_INTERVAL": "0"},
+    )
+    assert s.metrics_address is None and s.debug_socket_path is None
+    assert s.debug_address == ("::1", 9465)
+    assert s.drift_interval == 0
+    s = _settings(["--node-name", "n", "--root-prefix", str(short_tmp), "--metrics-address", "0.0.0.0:0"])
+    assert s.metrics_address == ("0.0.0.0", 0)
+    assert s.debug_socket_path == short_tmp / "var/lib/kubelet/plugins/manager.nvidia.com/debug.sock"
+    assert _settings(["--node-name", "n", "--metrics-address", "-1"]).metrics_address is None
+    assert _settings(["--node-name", "n", "--debug-socket", "/run/x.sock"]).debug_socket_path == Path(
+        "/run/x.sock"
+    )
+
+
+@pytest.mark.parametrize(
+    ("argv", "fragment"),
+    [
+        (["--metrics-address", "9464"], "--metrics-address: '9464' is not HOST:PORT"),
+        (["--metrics-address", "localhost:9464"], "is not an IP address"),
+        (["--metrics-address", "127.0.0.1:70000"], "outside 0..65535"),
+        (["--debug-address", "0.0.0.0:9465"], "must be a loopback address"),
+        (["--debug-socket", "debug.sock"], "is not an absolute path"),
+        (["--debug-socket", "/" + "d" * 120], "longer than the 107 bytes"),
+        (["--drift-interval", "-5"], "outside 0..86400"),
+    ],
+)
+def test_bad_observability_settings(argv: list[str], fragment: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        _settings(["--node-name", "n", *argv])
+    assert fragment in str(info.value)
+
+
 def test_builtin_profile_names_resolve_to_shipped_files() -> None:
     s = _settings(["--node-name", "n", "--gpu-backend", "mock", "--gpu-profile", "h100-80gb-x8"])
     assert s.gpu_profile == PROFILES_DIR / "h100-80gb-x8.yaml"

@@ -323,3 +323,20 @@ async def test_timed_works_around_awaits_and_records_cancellation(autojump_clock
     assert done.outcome is Outcome.OK
     assert cancelled.outcome is Outcome.CANCELLED
     assert "cancel" in cancelled.detail.lower()  # trio's message, e.g. "cancelled due to deadline"
+
+
+# --- Listeners and counts --------------------------------------------------------------------------
+
+
+async def test_listeners_see_every_call_before_subscribers_and_counts(autojump_clock: trio.abc.Clock) -> None:
+    recorder = Recorder(capacity=2)
+    seen: list[tuple[int, int]] = []
+    sub = recorder.subscribe(buffer=1)
+    recorder.add_listener(lambda call: seen.append((call.seq, recorder.subscribers)))
+    assert (recorder.last_seq, recorder.subscribers) == (0, 1)
+    for _ in range(3):
+        recorder.record(nri())
+    # the subscriber was dropped at call 2 (buffer 1); the listener saw all three, stamped
+    assert seen == [(1, 1), (2, 1), (3, 0)]
+    assert (recorder.last_seq, recorder.subscribers) == (3, 0)
+    assert sub.close_reason is CloseReason.SLOW

@@ -140,9 +140,9 @@ class DraDriver:
         """Every claim in PrepareCompleted."""
         return frozenset(self._prepared)
 
-    def vgpu_claim_uids(self) -> frozenset[str]:
-        """The prepared claims with vGPU devices (those that have a claim directory)."""
-        return self._vgpu_claims
+    def vgpu_claim_namespaces(self) -> dict[str, str]:
+        """The prepared claims with vGPU devices (those that have a claim directory) -> their namespace."""
+        return {uid: self._prepared[uid].namespace for uid in self._vgpu_claims if uid in self._prepared}
 
     def register_uuids(self) -> dict[str, ClaimRef]:
         """Every register UUID a prepared claim's partition got -> that claim (eager client mode)."""

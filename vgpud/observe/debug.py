@@ -15,12 +15,18 @@ unix socket (`<plugins dir>/<driver>/debug.sock`, mode 0600: root only) and opti
 TCP address (`--debug-address`): `curl --unix-socket /var/lib/kubelet/plugins/manager.nvidia.com/debug.sock
 http://vgpud/debug/state`.
 
-The websocket is hypercorn's own (ASGI), not trio-websocket: one server, one socket, one port for
-every route, so curl and `vgpud debug` reach all of them at the same address. The stream's rules:
+The websocket is hypercorn's own (ASGI), with trio-websocket as the client (`vgpud debug tail`): one
+server, one socket, one port for every route, so curl and `vgpud debug` reach all of them at the same
+address (trio-websocket's server would need a listener of its own). hypercorn writes under a cancel
+shield, so `serve_app` accepts the connections itself and gives hypercorn streams whose writes give up
+after WRITE_TIMEOUT: a client that stops reading cannot hold a task, or the shutdown, forever.
+
+The stream's rules:
 
 - a client gets its own recorder subscription; the recorder never waits for it, so hooks are never
   slowed: a client whose buffer fills (`STREAM_BUFFER` calls behind) is dropped by the recorder, gets
-  what was buffered and then close code 1008 with the reason;
+  what was buffered and then close code 1008 with the reason (a client that reads nothing at all is
+  disconnected after WRITE_TIMEOUT instead);
 - on shutdown every client gets close code 1001 (going away) before the server stops;
 - a bad filter is refused before the upgrade with HTTP 400 and the reason.
 """
@@ -36,13 +42,16 @@ import os
 import socket
 import stat
 from collections.abc import Awaitable, Callable
+from functools import partial
 from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs
 
 import trio
-from hypercorn.config import Config, Sockets
-from hypercorn.trio.run import worker_serve
+from hypercorn.config import Config
+from hypercorn.trio.tcp_server import TCPServer
+from hypercorn.trio.worker_context import WorkerContext
+from hypercorn.typing import ConnectionState
 from hypercorn.utils import wrap_app
 
 from vgpud.observe.filters import CallFilter
@@ -60,9 +69,11 @@ Send = Callable[[dict[str, Any]], Awaitable[None]]
 STREAM_BUFFER = 1024
 DEFAULT_CALLS = 100
 DEFAULT_STATE_CALLS = 20
-#: on shutdown: how long stream clients get for their 1001 close, then hypercorn's own grace
+#: on shutdown: how long stream clients get for their 1001 close, then other connections to finish
 CLOSE_TIMEOUT = 1.0
 GRACEFUL_TIMEOUT = 1.0
+#: a connection whose client reads nothing for this long is closed (it would block a task forever)
+WRITE_TIMEOUT = 10.0
 
 CLOSE_GOING_AWAY = 1001
 CLOSE_POLICY = 1008
@@ -108,6 +119,10 @@ class StreamHub:
         self.buffer = buffer
         self.stopping = trio.Event()
         self._changed = trio.Event()
+
+    def reopen(self) -> None:
+        """Accept clients again (a new session of the debug server after a failure)."""
+        self.stopping = trio.Event()
 
     async def close_all(self) -> None:
         """Close every client with 1001 and wait until their handlers have finished."""
@@ -306,11 +321,47 @@ def describe_listener(sock: socket.socket) -> str:
 
 def _config() -> Config:
     config = Config()
-    config.graceful_timeout = GRACEFUL_TIMEOUT
     config.errorlog = logging.getLogger("vgpud.observe.hypercorn")
     config.accesslog = None
     config.include_server_header = False
     return config
+
+
+class _BoundedStream(trio.abc.HalfCloseableStream):
+    """A connection whose writes give up after WRITE_TIMEOUT without progress.
+
+    hypercorn writes under a cancel shield it never lifts (`TCPServer.protocol_send`), so a client that
+    stops reading would hold its connection task, and hypercorn's shutdown with it, forever. The bound
+    here sits below that shield; `abort` closes the socket from outside at shutdown.
+    """
+
+    def __init__(self, stream: trio.SocketStream) -> None:
+        self._stream = stream
+        self.socket = stream.socket  # hypercorn reads the peer and local address from it
+
+    async def send_all(self, data: bytes | bytearray | memoryview) -> None:
+        with trio.move_on_after(WRITE_TIMEOUT) as waited:
+            await self._stream.send_all(data)
+        if waited.cancelled_caught:
+            log.info("debug http: a client read nothing for %.0f s; closing its connection", WRITE_TIMEOUT)
+            self.abort()
+            raise trio.BrokenResourceError("the client stopped reading")
+
+    async def wait_send_all_might_not_block(self) -> None:
+        await self._stream.wait_send_all_might_not_block()
+
+    async def send_eof(self) -> None:
+        await self._stream.send_eof()
+
+    async def receive_some(self, max_bytes: int | None = None) -> bytes | bytearray:
+        return await self._stream.receive_some(max_bytes)
+
+    async def aclose(self) -> None:
+        await self._stream.aclose()
+
+    def abort(self) -> None:
+        """Close the socket now; a task blocked writing or reading it wakes up with an error."""
+        self._stream.socket.close()
 
 
 async def serve_app(
@@ -320,30 +371,52 @@ async def serve_app(
     *,
     before_stop: Callable[[], Awaitable[None]] | None = None,
 ) -> None:
-    """Serve `app` on `listeners` until cancelled; then `before_stop` (closing stream clients) for at
-    most CLOSE_TIMEOUT, hypercorn's graceful stop, and the listeners closed. hypercorn runs under a
-    shield, so the cancellation that stops this component becomes that orderly stop."""
-    shutdown = trio.Event()
-    stopped = trio.Event()
-    server_scope = trio.CancelScope(shield=True)
+    """Serve `app` with hypercorn's HTTP/1.1 and websocket protocol on `listeners` until cancelled.
 
-    async def server(task_status: trio.TaskStatus[list[str]]) -> None:
-        with server_scope:
-            try:
-                await worker_serve(
-                    wrap_app(app, 0, "asgi"),
-                    _config(),
-                    sockets=Sockets(secure_sockets=[], insecure_sockets=listeners, quic_sockets=[]),
-                    shutdown_trigger=shutdown.wait,
-                    task_status=task_status,
-                )
-            finally:
-                stopped.set()
+    The connections are accepted here (trio.serve_listeners) and handed to hypercorn's TCPServer, so
+    that each is a `_BoundedStream`. Stopping: `before_stop` (closing stream clients with 1001) for at
+    most CLOSE_TIMEOUT, no more accepting, idle keep-alive connections closed, GRACEFUL_TIMEOUT for the
+    rest, then every connection still open is aborted; so the stop is bounded whatever clients do.
+    """
+    config, context, wrapped = _config(), WorkerContext(None), wrap_app(app, 0, "asgi")
+    open_streams: set[_BoundedStream] = set()
+    stopping, drained = trio.Event(), trio.Event()
 
+    async def connection(stream: trio.SocketStream) -> None:
+        bounded = _BoundedStream(stream)
+        open_streams.add(bounded)
+        try:
+            await TCPServer(wrapped, config, context, ConnectionState({}), bounded)  # type: ignore[arg-type]
+        finally:
+            open_streams.discard(bounded)
+            if not open_streams and stopping.is_set():
+                drained.set()
+
+    async def server() -> None:
+        with trio.CancelScope(shield=True):  # ends by `stopping`, in the orderly way below
+            async with trio.open_nursery() as connections:
+                async with trio.open_nursery() as accepting:
+                    trio_listeners = [
+                        trio.SocketListener(trio.socket.from_stdlib_socket(s)) for s in listeners
+                    ]
+                    accepting.start_soon(
+                        partial(trio.serve_listeners, connection, trio_listeners, handler_nursery=connections)
+                    )
+                    await stopping.wait()
+                    accepting.cancel_scope.cancel()
+                await context.terminated.set()  # idle keep-alive connections close now
+                with trio.move_on_after(GRACEFUL_TIMEOUT):
+                    if open_streams:
+                        await drained.wait()
+                for stream in list(open_streams):
+                    stream.abort()
+                connections.cancel_scope.cancel()
+
+    unix_paths = [s.getsockname() for s in listeners if s.family == socket.AF_UNIX]
     try:
         async with trio.open_nursery() as nursery:
+            nursery.start_soon(server)
             try:
-                await nursery.start(server)
                 ready()
                 await trio.sleep_forever()
             finally:
@@ -351,16 +424,13 @@ async def serve_app(
                     if before_stop is not None:
                         with trio.move_on_after(CLOSE_TIMEOUT):
                             await before_stop()
-                    shutdown.set()
-                    with trio.move_on_after(GRACEFUL_TIMEOUT + 1.0):
-                        await stopped.wait()
-                    server_scope.cancel()
+                    stopping.set()
     finally:
         for sock in listeners:
-            if sock.family == socket.AF_UNIX:
-                with contextlib.suppress(OSError):
-                    os.unlink(sock.getsockname())
             sock.close()
+        for path in unix_paths:
+            with contextlib.suppress(OSError):
+                os.unlink(path)
 
 
 async def run_metrics_server(
@@ -381,6 +451,7 @@ async def run_debug_server(
     address: tuple[str, int] | None,
 ) -> None:
     """The `debug-http` component: every route on the unix socket and/or a loopback TCP address."""
+    hub.reopen()
     listeners = []
     try:
         if unix_path is not None:

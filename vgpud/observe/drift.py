@@ -6,15 +6,16 @@ from a disagreement could delete the directory of a running container.
 checks both found, because a hook in flight legitimately disagrees for a moment (CreateContainer makes
 the directory before it caches the entry; RemoveContainer drops the entry before the directory goes).
 
-| kind | meaning | rule |
-|---|---|---|
-| cached-not-in-runtime | the cache names a container the runtime no longer reports | NRI, synced |
-| runtime-not-cached | the runtime runs a container of a prepared vGPU claim, not cached | NRI, synced |
-| claim-mismatch | cache and runtime name different claims for one container | NRI, synced |
-| directory-missing | a cached container's directory is not on disk | NRI, synced |
-| orphan-directory | a directory under `claims/<uid>/` that no cached container owns | NRI (lazy), synced |
-| orphan-claim-directory | `claims/<uid>` of a claim the checkpoint does not hold as prepared | always |
-| claim-directory-missing | a prepared vGPU claim without `claims/<uid>` | always |
+Kinds (NRI: only with the NRI plugin and after its first Synchronize):
+
+    cached-not-in-runtime    the cache names a container the runtime no longer reports        NRI
+    runtime-not-cached       the runtime runs a container of a prepared vGPU claim of its
+                             own namespace that is not cached                                 NRI
+    claim-mismatch           cache and runtime name different claims for one container        NRI
+    directory-missing        a cached container's directory is not on disk                    NRI
+    orphan-directory         a directory under `claims/<uid>/` no cached container owns       NRI
+    orphan-claim-directory   `claims/<uid>` of a claim the checkpoint does not hold prepared  always
+    claim-directory-missing  a prepared vGPU claim without `claims/<uid>`                     always
 
 The runtime's view is the last Synchronize plus the CreateContainer and removal events since
 (`NriHooks.runtime`). In eager mode the same periodic pass counts partition conflicts (bug-2): the
@@ -36,9 +37,8 @@ from typing import TYPE_CHECKING
 
 import trio
 
-from vgpud.nri.cache import CacheEntry, RuntimeContainer
-
 if TYPE_CHECKING:
+    from vgpud.nri.cache import CacheEntry, RuntimeContainer
     from vgpud.observe.state import NodeParts
 
 log = logging.getLogger("vgpud.observe.drift")
@@ -100,20 +100,21 @@ def compare(
     nri: NriView | None,
     disk: DiskState,
     prepared: frozenset[str],
-    vgpu_claims: frozenset[str],
+    vgpu_claims: Mapping[str, str],
 ) -> list[Difference]:
-    """Every disagreement between the NRI cache, the runtime, the disk and the checkpoint, sorted."""
+    """Every disagreement between the NRI cache, the runtime, the disk and the checkpoint, sorted.
+    `vgpu_claims`: the prepared vGPU claims -> their namespace (only a pod of that namespace gets one)."""
     found: list[Difference] = []
     for claim in sorted(disk.claim_dirs - prepared):
         found.append(Difference(DriftKind.ORPHAN_CLAIM_DIRECTORY, claim, "not a prepared claim"))
-    for claim in sorted(vgpu_claims - disk.claim_dirs):
+    for claim in sorted(vgpu_claims.keys() - disk.claim_dirs):
         found.append(Difference(DriftKind.CLAIM_DIRECTORY_MISSING, claim, "prepared vGPU claim"))
     if nri is not None and nri.synced:
         found.extend(_compare_nri(nri, disk, vgpu_claims))
     return sorted(found)
 
 
-def _compare_nri(nri: NriView, disk: DiskState, vgpu_claims: frozenset[str]) -> Iterable[Difference]:
+def _compare_nri(nri: NriView, disk: DiskState, vgpu_claims: Mapping[str, str]) -> Iterable[Difference]:
     for key, entry in nri.cache.items():
         subject = "/".join(key)
         running = nri.runtime.get(key)
@@ -128,7 +129,7 @@ def _compare_nri(nri: NriView, disk: DiskState, vgpu_claims: frozenset[str]) -> 
         if nri.lazy and entry.directory not in disk.container_dirs:
             yield Difference(DriftKind.DIRECTORY_MISSING, subject, str(entry.directory))
     for key, running in nri.runtime.items():
-        if key not in nri.cache and running.claim_uid in vgpu_claims:
+        if key not in nri.cache and vgpu_claims.get(running.claim_uid) == running.pod_namespace:
             where = f"{running.pod_namespace}/{running.pod_name}" if running.pod_name else "pod ?"
             yield Difference(
                 DriftKind.RUNTIME_NOT_CACHED, "/".join(key), f"{where}, claim {running.claim_uid}"
@@ -236,7 +237,7 @@ class DriftChecker:
             nri=nri,
             disk=disk,
             prepared=parts.driver.prepared_claim_uids(),
-            vgpu_claims=parts.driver.vgpu_claim_uids(),
+            vgpu_claims=parts.driver.vgpu_claim_namespaces(),
         )
         found = confirmed(self._previous, current)
         self._previous = current

@@ -29,7 +29,6 @@ from vgpud.observe import metrics_names as names
 from vgpud.observe.drift import DriftKind
 from vgpud.observe.recorder import HookCall, Outcome
 from vgpud.observe.state import NodeParts, StreamStats, build_info
-from vgpud.supervisor import HealthState
 
 if TYPE_CHECKING:
     from vgpud.observe.drift import DriftChecker
@@ -142,7 +141,7 @@ class StateCollector(Collector):
         yield _counter(names.NRI_EAGER_FALLBACKS, 1 if parts.nri_fallback else 0)
         health = _gauge(names.COMPONENT_HEALTH)
         for component, entry in sorted(parts.health.snapshot().items()):
-            for state in HealthState:
+            for state in type(entry.state):  # every state of the enum, 1 for the current one
                 health.add_metric([component, state.value], 1 if entry.state is state else 0)
         yield health
         if parts.nri is not None:

@@ -222,7 +222,7 @@ class Recorder:
     @property
     def subscribers(self) -> int:
         """Live subscriptions (the websocket stream's clients, among others)."""
-        return len(self._subscribers)
+        return sum(1 for sub in self._subscribers if sub.close_reason is None)
 
     def add_listener(self, listener: Listener) -> None:
         """Call ``listener(call)`` from ``record`` with every call from now on, before the subscribers.

@@ -91,12 +91,15 @@ def make_node(
 
 
 @asynccontextmanager
-async def serving(node: Node, socket_path: Path) -> AsyncIterator[trio.Nursery]:
-    """The debug server on `socket_path` until the block ends; then its orderly stop (1001 to clients)."""
+async def serving(
+    node: Node, socket_path: Path | None, address: tuple[str, int] | None = None
+) -> AsyncIterator[trio.Nursery]:
+    """The debug server on `socket_path` (and `address`) until the block ends; then its orderly stop
+    (1001 to stream clients)."""
     async with trio.open_nursery() as nursery:
         ready = trio.Event()
         nursery.start_soon(
-            partial(run_debug_server, node.app(), node.hub, ready.set, unix_path=socket_path, address=None)
+            partial(run_debug_server, node.app(), node.hub, ready.set, unix_path=socket_path, address=address)
         )
         with trio.fail_after(10):
             await ready.wait()

@@ -59,6 +59,7 @@ var tests = []testing.InternalTest{
 	{Name: "TestSlowPluginDroppedAndReconnects", F: TestSlowPluginDroppedAndReconnects},
 	{Name: "TestLargeAdjustment", F: TestLargeAdjustment},
 	{Name: "TestBench", F: TestBench},
+	{Name: "TestObserve", F: TestObserve},
 }
 
 func main() {

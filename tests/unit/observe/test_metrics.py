@@ -1,0 +1,201 @@
+"""The node daemon's metrics: the exposition as prometheus-client's own parser reads it, the names'
+conventions, and every recorded call counted exactly once through the recorder listener."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+from prometheus_client.samples import Sample
+
+from tests.unit.observe.node import Node, make_node
+from vgpud._pb.nri.pkg.api.v1alpha1 import (
+    Container,
+    CreateContainerRequest,
+    PodSandbox,
+    SynchronizeRequest,
+)
+from vgpud.nri.sync import decode_sync
+from vgpud.observe import metrics_names as names
+from vgpud.observe.metrics import HOOK_BUCKETS, registry_result
+from vgpud.observe.recorder import HookCall, Outcome, Recorder
+
+POD = PodSandbox(id="sb-1", name="train", namespace="ml", uid="8f0c6a5e-1b2d-4e3f-a4b5-c6d7e8f90a1b")
+
+
+def families(node: Node) -> dict[str, list[Sample]]:
+    """Family name (as the parser names it: counters without `_total`) -> its samples."""
+    body, content_type = node.metrics.exposition()
+    assert content_type.startswith("text/plain; version=")
+    return {f.name: f.samples for f in text_string_to_metric_families(body.decode())}
+
+
+def types(node: Node) -> dict[str, str]:
+    body, _ = node.metrics.exposition()
+    return {f.name: f.type for f in text_string_to_metric_families(body.decode())}
+
+
+def value(samples: list[Sample], name: str, **labels: str) -> float:
+    matching = [s.value for s in samples if s.name == name and s.labels == labels]
+    assert len(matching) == 1, (name, labels, samples)
+    return matching[0]
+
+
+def family(name: names.MetricName) -> str:
+    return name.name.removesuffix("_total")
+
+
+async def test_exposition_has_every_node_family_with_its_labels(short_tmp: Path) -> None:
+    node = make_node(short_tmp)
+    await node.nri.synchronize(
+        decode_sync(
+            bytes(
+                SynchronizeRequest(
+                    pods=[POD],
+                    containers=[
+                        Container(id="c1", pod_sandbox_id="sb-1", name="plain", env=["A=1"]),
+                        Container(
+                            id="c2",
+                            pod_sandbox_id="sb-1",
+                            name="forged",
+                            env=["MANAGER_VGPU_CLAIM_UID=0f0f0f0f-0f0f-4f0f-8f0f-0f0f0f0f0f0f"],
+                        ),
+                    ],
+                )
+            )
+        )
+    )
+    await node.nri.create_container(CreateContainerRequest(pod=POD, container=Container(name="plain")))
+    node.parts.recorder.record(
+        HookCall(
+            component="registry", call="RegisterContainerDevice", outcome="rejected", detail="NOT_FOUND: x"
+        )
+    )
+    await node.drift.check()
+    found = families(node)
+    node_names = [n for n in names.ALL if not n.name.startswith("vgpud_webhook_")]
+    for metric in node_names:
+        assert family(metric) in found, metric.name
+
+    calls = found[family(names.HOOK_CALLS)]
+    assert value(calls, "vgpud_hook_calls_total", component="nri", call="Synchronize", outcome="ok") == 1
+    assert (
+        value(calls, "vgpud_hook_calls_total", component="nri", call="CreateContainer", outcome="skipped")
+        == 1
+    )
+    duration = found[family(names.HOOK_DURATION)]
+    buckets = [
+        float(s.labels["le"])
+        for s in duration
+        if s.name == "vgpud_hook_duration_seconds_bucket" and s.labels["call"] == "CreateContainer"
+    ]
+    assert buckets == [*HOOK_BUCKETS, float("inf")]
+    assert min(buckets) < 0.001 and 2.0 in buckets  # sub-millisecond to the runtime's 2 s deadline
+    labels = {"component": "nri", "call": "CreateContainer"}
+    assert value(duration, "vgpud_hook_duration_seconds_count", **labels) == 1
+    assert (
+        value(found[family(names.REGISTRY_REQUESTS)], "vgpud_registry_requests_total", result="not_found")
+        == 1
+    )
+
+    sync = found[family(names.NRI_SYNC_CONTAINERS)]
+    assert value(sync, "vgpud_nri_sync_containers", kind="reported") == 2
+    assert value(sync, "vgpud_nri_sync_containers", kind="rebuilt") == 0
+    assert value(found[family(names.NRI_SYNC_INVALID)], "vgpud_nri_sync_invalid_containers_total") == 1
+    assert value(found[family(names.NRI_EAGER_FALLBACKS)], "vgpud_nri_eager_fallbacks_total") == 0
+    assert value(found[family(names.PARTITION_MODE)], "vgpud_partition_mode", mode="lazy") == 1
+    assert value(found[family(names.PARTITION_CONFLICTS)], "vgpud_partition_conflicts") == 0
+    health = found[family(names.COMPONENT_HEALTH)]
+    assert value(health, "vgpud_component_health", component="dra-plugin", state="healthy") == 1
+    assert value(health, "vgpud_component_health", component="dra-plugin", state="failing") == 0
+    assert value(health, "vgpud_component_health", component="metrics", state="starting") == 1
+    assert value(found[family(names.DRIFT_CHECKS)], "vgpud_drift_checks_total") == 1
+    drift = found[family(names.DRIFT_DETECTED)]
+    assert value(drift, "vgpud_drift_detected_total", kind="orphan-directory") == 0
+    assert value(found[family(names.STREAM_CLIENTS)], "vgpud_debug_stream_clients") == 0
+    (build,) = found[family(names.BUILD_INFO)]
+    assert build.value == 1 and build.labels["version"]
+
+
+async def test_eager_mode_fallback_and_no_nri_families(short_tmp: Path) -> None:
+    node = make_node(short_tmp, lazy=False, nri_fallback=True)
+    found = families(node)
+    assert value(found[family(names.NRI_EAGER_FALLBACKS)], "vgpud_nri_eager_fallbacks_total") == 1
+    assert value(found[family(names.PARTITION_MODE)], "vgpud_partition_mode", mode="eager") == 1
+    assert family(names.NRI_SYNC_CONTAINERS) not in found
+    assert family(names.NRI_CONNECTED) not in found
+
+
+async def test_names_follow_prometheus_conventions(short_tmp: Path) -> None:
+    """vgpud_ prefix, _total exactly on counters, _seconds on durations, and every exposed vgpud family
+    declared in metrics_names (one module holds every name)."""
+    node = make_node(short_tmp)
+    await node.drift.check()
+    node.parts.recorder.record(HookCall(component="dra", call="Prepare"))
+    declared = {n.name: n for n in names.ALL}
+    assert len(declared) == len(names.ALL)
+    kinds = types(node)
+    for name, kind in kinds.items():
+        if not name.startswith("vgpud_"):
+            assert name.startswith("process_"), name  # prometheus-client's process collector
+            continue
+        if name.endswith("_created") and kinds.get(name.removesuffix("_created")) in ("counter", "histogram"):
+            continue  # prometheus-client's creation time of a counter or histogram
+        full = f"{name}_total" if kind == "counter" else name
+        assert full in declared, f"{full} is exposed but not declared in metrics_names"
+        if kind == "histogram":
+            assert name.endswith("_seconds"), name
+    for metric in declared.values():
+        assert metric.name.startswith("vgpud_"), metric.name
+        assert metric.name == metric.name.lower()
+        exposed = kinds.get(metric.name.removesuffix("_total"))
+        if exposed is not None and not metric.name.startswith("vgpud_webhook_"):
+            assert metric.name.endswith("_total") == (exposed == "counter"), metric.name
+
+
+@pytest.mark.parametrize(
+    ("outcome", "detail", "result"),
+    [
+        ("ok", "", "ok"),
+        ("rejected", "PERMISSION_DENIED: pid 7 is not a process of any pod", "permission_denied"),
+        ("error", "DEADLINE_EXCEEDED: still unresolved after 60s", "deadline_exceeded"),
+        ("rejected", "RESOURCE_EXHAUSTED: request message of 17000 bytes", "resource_exhausted"),
+        ("error", "something: without a status", "error"),
+        ("cancelled", "", "cancelled"),
+    ],
+)
+def test_registry_result_label(outcome: str, detail: str, result: str) -> None:
+    call = HookCall(
+        component="registry", call="RegisterContainerDevice", outcome=Outcome(outcome), detail=detail
+    )
+    assert registry_result(call) == result
+
+
+async def test_every_recorded_call_is_counted_once(short_tmp: Path) -> None:
+    node = make_node(short_tmp)
+    recorder: Recorder = node.parts.recorder
+    subscription = recorder.subscribe(buffer=1)  # a stalled subscriber is dropped; the metrics are not
+    for i in range(500):
+        recorder.record(HookCall(component="dra", call="Prepare", outcome="ok" if i % 5 else "error"))
+    assert subscription.dropped
+    calls = families(node)[family(names.HOOK_CALLS)]
+    assert value(calls, "vgpud_hook_calls_total", component="dra", call="Prepare", outcome="ok") == 400
+    assert value(calls, "vgpud_hook_calls_total", component="dra", call="Prepare", outcome="error") == 100
+
+
+def test_a_failing_listener_never_reaches_the_hook(caplog: pytest.LogCaptureFixture) -> None:
+    recorder = Recorder()
+    seen: list[int] = []
+
+    def broken(call: HookCall) -> None:
+        raise RuntimeError("bug in a reader")
+
+    recorder.add_listener(broken)
+    recorder.add_listener(lambda call: seen.append(call.seq))
+    stamped = recorder.record(HookCall(component="nri", call="CreateContainer"))
+    assert stamped.seq == 1 and seen == [1]
+    assert "hook-call listener" in caplog.text
+    recorder.remove_listener(broken)
+    recorder.record(HookCall(component="nri", call="CreateContainer"))
+    assert seen == [1, 2]
