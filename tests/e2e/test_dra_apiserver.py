@@ -95,11 +95,11 @@ def test_a_deleted_slice_comes_back(vgpud: Vgpud, kube_apiserver: ApiServer) -> 
         kube_apiserver, "DELETE", f"/apis/resource.k8s.io/v1/resourceslices/{published['metadata']['name']}"
     )
     deadline = time.monotonic() + 20
-    while time.monotonic() < deadline:
+    while time.monotonic() < deadline:  # the log line may trail the API object by a moment
         slices = node_slices(kube_apiserver, NODE)
-        if slices and slices[0]["metadata"]["uid"] != published["metadata"]["uid"]:
+        recreated = bool(slices) and slices[0]["metadata"]["uid"] != published["metadata"]["uid"]
+        if recreated and "deleted by someone: re-created" in vgpud.output():
             break
         time.sleep(0.1)
     else:
-        pytest.fail(f"the ResourceSlice was not re-created:\n{vgpud.output()}")
-    assert "deleted by someone: re-created" in vgpud.output()
+        pytest.fail(f"the ResourceSlice was not re-created (and said so):\n{vgpud.output()}")
