@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import logging
 import platform
 import sys
 from collections.abc import Sequence
@@ -27,6 +26,7 @@ from vgpud.config import (
     parse_host_port,
     settings_from,
 )
+from vgpud.logs import configure_logging
 from vgpud.webhook.config import add_webhook_arguments
 
 EXIT_OK, EXIT_FAILURE, EXIT_USAGE = 0, 1, 2
@@ -173,22 +173,18 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def _run(args: argparse.Namespace) -> int:
     settings = settings_from(args)
-    _configure_logging(settings.log_level)
+    configure_logging(settings.log_level)
     from vgpud.daemon import run_daemon  # imported late: `vgpud --help` stays fast
 
     return run_daemon(settings)
 
 
 def _gpus(args: argparse.Namespace) -> int:
-    from vgpud.gpu import GpuInventoryError, open_inventory
+    from vgpud.gpu import GpuInventoryError
 
     source = gpu_source_from(args)
     try:
-        gpus = open_inventory(
-            source.backend,
-            profile=source.profile,
-            nvml_library=str(source.nvml_library) if source.nvml_library else None,
-        ).gpus()
+        gpus = source.inventory().gpus()
     except GpuInventoryError as err:
         print(f"vgpud gpus: error: {err}", file=sys.stderr)
         return EXIT_FAILURE
@@ -264,11 +260,3 @@ def _debug(args: argparse.Namespace) -> int:
         return trio.run(partial(tail, endpoint, where, as_json=args.json, last=args.last, count=args.count))
     except KeyboardInterrupt:
         return EXIT_OK
-
-
-def _configure_logging(level: str) -> None:
-    logging.basicConfig(
-        level=getattr(logging, level.upper()),
-        format="%(asctime)s %(levelname)-7s %(name)s: %(message)s",
-        stream=sys.stderr,
-    )

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
+from vgpud.gpu import GpuInventory, open_inventory
 from vgpud.gpu.mock import shipped_profiles
 
 DEFAULT_DRIVER_NAME = "manager.nvidia.com"
@@ -597,6 +598,14 @@ class GpuSource:
     backend: str
     profile: Path | None
     nvml_library: Path | None
+
+    def inventory(self) -> GpuInventory:
+        """The inventory these settings name (GpuInventoryError when it cannot be opened)."""
+        return open_inventory(
+            self.backend,
+            profile=self.profile,
+            nvml_library=str(self.nvml_library) if self.nvml_library else None,
+        )
 
 
 GPU_SOURCE_DESTS = ("gpu_backend", "gpu_profile", "nvml_library")

@@ -26,7 +26,7 @@ from vgpud.dra.claimedits import NodeFacts
 from vgpud.dra.driver import DraDriver
 from vgpud.dra.service import RegistrationService, node_services, probes
 from vgpud.dra.slices import SliceKeeper
-from vgpud.gpu import GpuInfo, GpuInventoryError, open_inventory
+from vgpud.gpu import GpuInfo, GpuInventoryError
 from vgpud.grpcserve import serve
 from vgpud.health import HealthService
 from vgpud.kube import KubeApi, KubeError
@@ -152,11 +152,7 @@ def check_node(settings: Settings) -> Startup | None:
     """The checks before anything starts; None (after logging why) when the node cannot run vgpud."""
     source = settings.gpu_source
     try:
-        gpus = open_inventory(
-            source.backend,
-            profile=source.profile,
-            nvml_library=str(source.nvml_library) if source.nvml_library else None,
-        ).gpus()
+        gpus = source.inventory().gpus()
     except GpuInventoryError as err:
         log.error("GPU discovery failed: %s", err)
         return None

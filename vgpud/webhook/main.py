@@ -22,6 +22,7 @@ import trio
 from vgpud import __version__
 from vgpud.config import ConfigError
 from vgpud.kube.api import KubeError
+from vgpud.logs import configure_logging
 from vgpud.observe.recorder import Recorder
 from vgpud.supervisor import Restart, Supervisor
 from vgpud.webhook.admit import Admitter
@@ -100,14 +101,6 @@ async def _main(
                 await listener.aclose()
     log.info("webhook stopped")
     return EXIT_OK
-
-
-def configure_logging(level: str) -> None:
-    logging.basicConfig(
-        level=getattr(logging, level.upper()),
-        format="%(asctime)s %(levelname)-7s %(name)s: %(message)s",
-        stream=sys.stderr,
-    )
 
 
 def command(args: argparse.Namespace) -> int:
