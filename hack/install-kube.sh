@@ -29,6 +29,9 @@ for arg in "$@"; do
 done
 
 say() { echo "install-kube: $*" >&2; }
+APT_OWNER=kube
+# shellcheck source=hack/lib/debian.sh
+source "$(dirname "$0")/lib/debian.sh"
 
 mkdir -p "$CACHE"
 # One installer at a time per cache (CI jobs on one machine share it).
@@ -41,36 +44,11 @@ ETCD_DIR=$CACHE/etcd-$ETCD_SUITE
 ETCD_BIN=$ETCD_DIR/root/usr/bin/etcd
 etcd_stamp="suite=$ETCD_SUITE recipe=$ETCD_RECIPE"
 
-# The Debian mirror the system's own sources use (deb822 or one-line format); deb.debian.org otherwise.
-debian_mirror() {
-  local url
-  url=$(cat /etc/apt/sources.list.d/*.sources 2>/dev/null \
-    | sed -n 's#^URIs:[[:space:]]*\([^[:space:]]*/debian\)/\{0,1\}[[:space:]]*$#\1#p' | head -n1 || true)
-  if [ -z "$url" ]; then
-    url=$(cat /etc/apt/sources.list /etc/apt/sources.list.d/*.list 2>/dev/null \
-      | sed -n 's#^deb[[:space:]]\+\(\[[^]]*\][[:space:]]\+\)\{0,1\}\([^[:space:]]*/debian\)/\{0,1\}[[:space:]].*#\2#p' \
-      | head -n1 || true)
-  fi
-  echo "${url:-http://deb.debian.org/debian}"
-}
-
 install_etcd() {
-  local mirror apt_dir tmp deb version keyring
-  mirror=$(debian_mirror)
-  keyring=/usr/share/keyrings/debian-archive-keyring.gpg
-  apt_dir=$CACHE/apt-$ETCD_SUITE
-  say "etcd: downloading etcd-server from Debian $ETCD_SUITE ($mirror) with a private apt state in $apt_dir"
-  mkdir -p "$apt_dir"/{lists/partial,cache/archives/partial,etc}
-  echo "deb [signed-by=$keyring] $mirror $ETCD_SUITE main" >"$apt_dir/etc/sources.list"
-  local -a apt_opts=(
-    -o "Dir::Etc::SourceList=$apt_dir/etc/sources.list" -o Dir::Etc::SourceParts=/dev/null
-    -o "Dir::State::Lists=$apt_dir/lists" -o "Dir::Cache=$apt_dir/cache"
-    -o Dir::Etc::Preferences=/dev/null -o Dir::Etc::PreferencesParts=/dev/null
-    -o APT::Sandbox::User=root -o Acquire::Languages=none -o APT::Get::List-Cleanup=0
-  )
-  apt-get "${apt_opts[@]}" -qq update
+  local tmp deb version
+  say "etcd: downloading etcd-server from Debian $ETCD_SUITE ($(debian_mirror)) with a private apt state"
   tmp=$(mktemp -d "$CACHE/.etcd.XXXXXX") && chmod 755 "$tmp"
-  (cd "$tmp" && apt-get "${apt_opts[@]}" -qq download etcd-server)
+  (cd "$tmp" && apt_download "$ETCD_SUITE" etcd-server)
   deb=$(ls "$tmp"/etcd-server_*.deb)
   version=$(dpkg-deb -f "$deb" Version)
   dpkg-deb -x "$deb" "$tmp/root"
@@ -82,7 +60,7 @@ install_etcd() {
   fi
   echo "$etcd_stamp version=$version" >"$tmp/.stamp"
   rm -rf "$ETCD_DIR" && mv "$tmp" "$ETCD_DIR"
-  rm -rf "$apt_dir"  # 28 MB of package lists, only needed again for a new suite
+  apt_forget_lists
   say "etcd: $version -> $ETCD_BIN ($(echo "$out" | head -n1))"
 }
 

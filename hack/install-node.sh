@@ -36,6 +36,9 @@ for arg in "$@"; do
 done
 
 say() { echo "install-node: $*" >&2; }
+APT_OWNER=node
+# shellcheck source=hack/lib/debian.sh
+source "$HERE/lib/debian.sh"
 
 mkdir -p "$CACHE"
 exec 9>"$CACHE/.install-node.lock"
@@ -46,38 +49,6 @@ rm -rf "$CACHE"/.node.* "$CACHE"/.images.*  # what an interrupted run left (we h
 NODE_DIR=$CACHE/node-$NODE_SUITE
 NODE_ROOT=$NODE_DIR/root
 node_stamp="suite=$NODE_SUITE recipe=$NODE_RECIPE packages=${NODE_PACKAGES[*]}"
-
-# The Debian mirror the system's own sources use (deb822 or one-line format); deb.debian.org otherwise.
-debian_mirror() {
-  local url
-  url=$(cat /etc/apt/sources.list.d/*.sources 2>/dev/null \
-    | sed -n 's#^URIs:[[:space:]]*\([^[:space:]]*/debian\)/\{0,1\}[[:space:]]*$#\1#p' | head -n1 || true)
-  if [ -z "$url" ]; then
-    url=$(cat /etc/apt/sources.list /etc/apt/sources.list.d/*.list 2>/dev/null \
-      | sed -n 's#^deb[[:space:]]\+\(\[[^]]*\][[:space:]]\+\)\{0,1\}\([^[:space:]]*/debian\)/\{0,1\}[[:space:]].*#\2#p' \
-      | head -n1 || true)
-  fi
-  echo "${url:-http://deb.debian.org/debian}"
-}
-
-# Download one package of one suite into the current directory, with a private apt state per suite so
-# the system's sources and lists stay untouched.
-apt_download() {
-  local suite=$1 pkg=$2 apt_dir=$CACHE/apt-node-$1 keyring=/usr/share/keyrings/debian-archive-keyring.gpg
-  local -a apt_opts=(
-    -o "Dir::Etc::SourceList=$apt_dir/etc/sources.list" -o Dir::Etc::SourceParts=/dev/null
-    -o "Dir::State::Lists=$apt_dir/lists" -o "Dir::Cache=$apt_dir/cache"
-    -o Dir::Etc::Preferences=/dev/null -o Dir::Etc::PreferencesParts=/dev/null
-    -o APT::Sandbox::User=root -o Acquire::Languages=none -o APT::Get::List-Cleanup=0
-  )
-  if [ ! -f "$apt_dir/.updated" ]; then
-    mkdir -p "$apt_dir"/{lists/partial,cache/archives/partial,etc}
-    echo "deb [signed-by=$keyring] $(debian_mirror) $suite main" >"$apt_dir/etc/sources.list"
-    apt-get "${apt_opts[@]}" -qq update
-    touch "$apt_dir/.updated"
-  fi
-  apt-get "${apt_opts[@]}" -qq download "$pkg"
-}
 
 install_packages() {
   local tmp deb spec suite pkg versions=""
@@ -103,7 +74,7 @@ install_packages() {
   [ -x "$tmp/root/usr/lib/cni/loopback" ] || { say "no CNI loopback plugin in containernetworking-plugins"; rm -rf "$tmp"; exit 1; }
   echo "$node_stamp versions=${versions# }" >"$tmp/.stamp"
   rm -rf "$NODE_DIR" && mv "$tmp" "$NODE_DIR"
-  rm -rf "$CACHE"/apt-node-*  # package lists, only needed again for a new recipe
+  apt_forget_lists
   say "installed${versions} -> $NODE_ROOT"
 }
 
