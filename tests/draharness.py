@@ -14,10 +14,10 @@ from vgpud.dra.driver import ClaimRef, DraDriver
 from vgpud.gpu import open_inventory
 from vgpud.gpu.mock import shipped_profiles
 from vgpud.kube.fake import FakeKube
-from vgpud.observe.recorder import Recorder
 from vgpud.partition.eager import EagerAssigner
 from vgpud.partition.layout import Layout
 from vgpud.partition.lazy import LazyAssigner
+from vgpud.recorder import Recorder
 
 NODE = "node-a"  # the pool the object builders allocate from
 BOOT = "boot-1"

@@ -37,15 +37,16 @@ from vgpud.nri.hooks import NriHooks
 from vgpud.observe.debug import ObserveApp, StreamHub, run_debug_server, run_metrics_server
 from vgpud.observe.drift import DriftChecker
 from vgpud.observe.metrics import NodeMetrics
-from vgpud.observe.recorder import Recorder
 from vgpud.observe.state import DebugState, NodeParts, StreamStats
 from vgpud.partition.assigner import Mode
 from vgpud.partition.eager import EagerAssigner
 from vgpud.partition.layout import Layout
 from vgpud.partition.lazy import LazyAssigner
+from vgpud.ready import Ready
+from vgpud.recorder import Recorder
 from vgpud.registry.identity import default_cgroup_root
 from vgpud.registry.server import RegistryServer
-from vgpud.supervisor import HealthAfter, HealthRegistry, Ready, Restart, Supervisor
+from vgpud.supervisor import HealthAfter, HealthRegistry, Restart, Supervisor
 
 log = logging.getLogger("vgpud")
 

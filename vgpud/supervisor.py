@@ -56,9 +56,10 @@ from types import TracebackType
 
 import trio
 
+from vgpud.ready import Ready
+
 logger = logging.getLogger("vgpud.supervisor")
 
-Ready = Callable[[], None]
 ComponentRun = Callable[[Ready], Awaitable[None]]
 
 

@@ -10,7 +10,7 @@ import pytest
 import trio
 from trio.testing import wait_all_tasks_blocked
 
-from vgpud.observe.recorder import CloseReason, HookCall, Outcome, Recorder, Subscription
+from vgpud.recorder import CloseReason, HookCall, Outcome, Recorder, Subscription
 
 HANG = 60  # virtual seconds: under the autojump clock a test that would hang fails at once
 

@@ -32,7 +32,6 @@ from vgpud.dra.claimedits import NodeFacts, PrepareError, build_claim_spec, gpu_
 from vgpud.dra.nodelock import NodeLockTimeout, node_lock
 from vgpud.fsutil import remove_tree
 from vgpud.kube import KubeApi, KubeError, NotFound
-from vgpud.observe.recorder import HookCall, Outcome, Recorder, TimedCall
 from vgpud.partition.assigner import (
     Mode,
     PartitionAssigner,
@@ -51,6 +50,7 @@ from vgpud.partition.model import (
     parse_pod,
 )
 from vgpud.partition.pidsfile import PidsFileError, reset_pids_file
+from vgpud.recorder import HookCall, Outcome, Recorder, TimedCall
 
 log = logging.getLogger("vgpud.dra")
 

@@ -19,10 +19,8 @@ cache survives reconnects, while the split-Synchronize buffer is per session (`b
 from __future__ import annotations
 
 import logging
-import re
 import time
 from collections.abc import Awaitable, Callable, Iterable
-from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -34,13 +32,10 @@ from vgpud._pb.nri.pkg.api.v1alpha1 import (
     ConfigureRequest,
     ConfigureResponse,
     Container,
-    ContainerAdjustment,
     CreateContainerRequest,
     CreateContainerResponse,
     Empty,
     Event,
-    KeyValue,
-    Mount,
     PodSandbox,
     PostCreateContainerRequest,
     PostCreateContainerResponse,
@@ -70,29 +65,22 @@ from vgpud._pb.nri.pkg.api.v1alpha1 import (
     UpdatePodSandboxResponse,
 )
 from vgpud.fsutil import remove_tree
+from vgpud.nri.adjust import adjustment, make_directories
 from vgpud.nri.cache import CacheEntry, NriCache, RuntimeContainer, RuntimeContainers
+from vgpud.nri.envs import env_value
+from vgpud.nri.events import WANTED_EVENTS, event_mask, known_events_mask
+from vgpud.nri.session import NriSessionState, NriStats, SessionState
 from vgpud.nri.sync import SyncBatch, SyncContainer, SyncPod, decode_sync
 from vgpud.nri.ttrpc import Code
-from vgpud.observe.recorder import Outcome, Recorder
-from vgpud.partition.assigner import ContainerContext, InjectionPlan
+from vgpud.partition.assigner import ContainerContext
 from vgpud.partition.layout import ENV_CLAIM_UID, LayoutError
-from vgpud.partition.layout import Mount as LayoutMount
 from vgpud.partition.lazy import LazyAssigner
-from vgpud.partition.pidsfile import PidsFileError, reset_pids_file
+from vgpud.partition.pidsfile import PidsFileError
+from vgpud.recorder import Outcome, Recorder, TimedCall
 from vgpud.wire import parse_strict
 
 log = logging.getLogger("vgpud.nri")
 
-#: the events vgpud needs: creation to inject, and every way a container's directory becomes garbage
-WANTED_EVENTS = (
-    Event.CREATE_CONTAINER,
-    Event.REMOVE_CONTAINER,
-    Event.STOP_POD_SANDBOX,
-    Event.REMOVE_POD_SANDBOX,
-)
-#: NRI <= v0.9 (containerd 1.7, 2.0, 2.1) knows events 1..11; v0.10+ adds 12..14 (nri-protocol.md §0)
-MASK_BEFORE_V0_10 = 0x7FF
-MASK_FROM_V0_10 = 0x3FFF
 #: per-container warnings one Synchronize logs; beyond that only the count in its summary line
 SYNC_WARNINGS_SHOWN = 10
 
@@ -103,89 +91,6 @@ class HookError(Exception):
     def __init__(self, code: Code, message: str) -> None:
         super().__init__(message)
         self.code = code
-
-
-def event_mask(events: Iterable[Event]) -> int:
-    return sum(1 << (int(event) - 1) for event in set(events))
-
-
-def known_events_mask(nri_version: str) -> int:
-    """The events a runtime of this NRI version accepts; unknown bits make it drop the plugin."""
-    match = re.match(r"^v?(\d+)\.(\d+)", nri_version or "")
-    if match and (int(match[1]), int(match[2])) >= (0, 10):
-        return MASK_FROM_V0_10
-    return MASK_BEFORE_V0_10
-
-
-def env_value(env: Iterable[str], name: str) -> str:
-    """The value of `name` in a `KEY=VALUE` list: the last one wins, "" when absent."""
-    value = ""
-    prefix = f"{name}="
-    for item in env:
-        if item.startswith(prefix):
-            value = item[len(prefix) :]
-    return value
-
-
-def _nri_mount(mount: LayoutMount) -> Mount:
-    return Mount(
-        destination=mount.container_path, type="bind", source=mount.host_path, options=list(mount.options)
-    )
-
-
-def adjustment(plan: InjectionPlan) -> ContainerAdjustment:
-    """The NRI adjustment of an injection plan: its bind mounts and env."""
-    return ContainerAdjustment(
-        mounts=[_nri_mount(m) for m in plan.mounts],
-        env=[KeyValue(key=key, value=value) for key, value in plan.env.items()],
-    )
-
-
-def _make_directories(plan: InjectionPlan) -> None:
-    """Blocking: the container's directories and an empty pids.config (in place, never replaced)."""
-    for directory in plan.paths.directories:
-        Path(directory).mkdir(parents=True, exist_ok=True, mode=0o755)
-    reset_pids_file(Path(plan.paths.config))
-
-
-@dataclass
-class NriStats:
-    """Counters the metrics read."""
-
-    injected: int = 0
-    skipped: int = 0
-    rejected_unprepared: int = 0
-    sync_reported: int = 0
-    sync_rebuilt: int = 0
-    sync_invalid: int = 0
-    removed_dirs: int = 0
-    #: sessions that ended (the runtime closed or dropped the connection, or vgpud stopped)
-    connection_closes: int = 0
-
-
-@dataclass(frozen=True)
-class NriSessionState:
-    """What the debug endpoint shows about the connection to the runtime."""
-
-    connected: bool
-    runtime: str
-    nri_version: str
-    synchronized: bool
-    #: sessions begun since vgpud started (1 after the first connection)
-    sessions: int
-    #: why the last session ended ("" while none has)
-    last_close: str
-    #: wall clock of the last complete Synchronize (None before the first)
-    last_sync_time: float | None
-
-
-@dataclass
-class _SessionState:
-    runtime: str = ""
-    nri_version: str = ""
-    pods: list[SyncPod] = field(default_factory=list)
-    containers: list[SyncContainer] = field(default_factory=list)
-    synchronized: trio.Event = field(default_factory=trio.Event)
 
 
 Handler = Callable[[Any], Awaitable[betterproto2.Message]]
@@ -217,7 +122,7 @@ class NriHooks:
         self._last_sync_time: float | None = None
         self._is_prepared = is_prepared
         self._recorder = recorder
-        self._session = _SessionState()
+        self._session = SessionState()
         #: bare method name -> (decoder of the request bytes, handler)
         self.methods: dict[str, tuple[Decoder, Handler]] = {
             "Configure": (_strict(ConfigureRequest), self.configure),
@@ -236,7 +141,7 @@ class NriHooks:
     def begin_session(self) -> trio.Event:
         """A new connection: forget the last session's half-received Synchronize. The returned event
         is set once this session's Synchronize is complete."""
-        self._session = _SessionState()
+        self._session = SessionState()
         self._sessions += 1
         self._connected = True
         return self._session.synchronized
@@ -333,15 +238,7 @@ class NriHooks:
     async def create_container(self, request: CreateContainerRequest) -> CreateContainerResponse:
         pod, container = request.pod or PodSandbox(), request.container or Container()
         claim_uid = env_value(container.env, ENV_CLAIM_UID)
-        with self._recorder.timed(
-            "nri",
-            "CreateContainer",
-            pod_namespace=pod.namespace,
-            pod_name=pod.name,
-            pod_uid=pod.uid,
-            container=container.name,
-            claim_uid=claim_uid,
-        ) as call:
+        with self._timed("CreateContainer", pod, container.name, claim_uid) as call:
             if not claim_uid:
                 call.outcome, call.detail = Outcome.SKIPPED, "no vGPU claim"
                 self.stats.skipped += 1
@@ -367,7 +264,7 @@ class NriHooks:
             )
             try:
                 plan = self.assigner.inject(context)
-                await trio.to_thread.run_sync(_make_directories, plan)
+                await trio.to_thread.run_sync(make_directories, plan)
             except (OSError, PidsFileError, ValueError) as err:
                 message = (
                     f"vgpud: cannot set up the vGPU directory of container {container.name} in pod "
@@ -409,6 +306,17 @@ class NriHooks:
 
     # ---------------------------------------------------------------------------------------------
 
+    def _timed(self, call: str, pod: PodSandbox, container: str, claim_uid: str) -> TimedCall:
+        return self._recorder.timed(
+            "nri",
+            call,
+            pod_namespace=pod.namespace,
+            pod_name=pod.name,
+            pod_uid=pod.uid,
+            container=container,
+            claim_uid=claim_uid,
+        )
+
     async def _forget_container(self, pod: PodSandbox | None, container: Container | None) -> None:
         pod, container = pod or PodSandbox(), container or Container()
         self.runtime.pop(pod.uid, container.name)
@@ -416,30 +324,14 @@ class NriHooks:
         claim_uid = entry.claim_uid if entry else env_value(container.env, ENV_CLAIM_UID)
         if not claim_uid or (entry is None and not self._is_prepared(claim_uid, pod.namespace)):
             return  # not a container vgpud injected (or one that never ran: its removal is harmless)
-        with self._recorder.timed(
-            "nri",
-            "RemoveContainer",
-            pod_namespace=pod.namespace,
-            pod_name=pod.name,
-            pod_uid=pod.uid,
-            container=container.name,
-            claim_uid=claim_uid,
-        ):
+        with self._timed("RemoveContainer", pod, container.name, claim_uid):
             await self._remove_directory(claim_uid, pod.uid, container.name)
 
     async def _forget_pod(self, pod: PodSandbox | None) -> None:
         pod = pod or PodSandbox()
         self.runtime.pop_pod(pod.uid)
         for container, entry in self.cache.pop_pod(pod.uid):
-            with self._recorder.timed(
-                "nri",
-                "StopPodSandbox",
-                pod_namespace=pod.namespace,
-                pod_name=pod.name,
-                pod_uid=pod.uid,
-                container=container,
-                claim_uid=entry.claim_uid,
-            ):
+            with self._timed("StopPodSandbox", pod, container, entry.claim_uid):
                 await self._remove_directory(entry.claim_uid, pod.uid, container)
 
     async def _remove_directory(self, claim_uid: str, pod_uid: str, container: str) -> None:

@@ -1,5 +1,4 @@
-"""Observability: the hook-call recorder (metrics, debug HTTP and the websocket stream read it)."""
+"""Observability: metrics, the debug HTTP endpoint with its hook stream, the drift self-check.
 
-from vgpud.observe.recorder import CloseReason, HookCall, Outcome, Recorder, Subscription
-
-__all__ = ["CloseReason", "HookCall", "Outcome", "Recorder", "Subscription"]
+These modules only read the components (and the leaf `vgpud.recorder`); no component imports them.
+"""

@@ -56,8 +56,8 @@ from hypercorn.utils import wrap_app
 
 from vgpud.observe.filters import CallFilter
 from vgpud.observe.metrics import NodeMetrics
-from vgpud.observe.recorder import CloseReason, HookCall, Recorder, Subscription
 from vgpud.observe.state import DebugState, StreamStats
+from vgpud.recorder import CloseReason, HookCall, Recorder, Subscription
 
 log = logging.getLogger("vgpud.observe.http")
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, fields
 from urllib.parse import parse_qs, urlencode
 
-from vgpud.observe.recorder import HookCall, Outcome
+from vgpud.recorder import HookCall, Outcome
 
 
 @dataclass(frozen=True)

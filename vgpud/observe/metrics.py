@@ -1,4 +1,4 @@
-"""The node daemon's Prometheus metrics, in a registry of its own (names: vgpud.observe.metrics_names).
+"""The node daemon's Prometheus metrics, in a registry of its own (names: vgpud.metrics_names).
 
 Two feeds. Hook calls arrive through a synchronous recorder listener, so every recorded call is
 counted exactly once, in O(1), and the metrics can never be dropped the way a slow stream client is.
@@ -25,10 +25,10 @@ from prometheus_client import (
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from vgpud.observe import metrics_names as names
+from vgpud import metrics_names as names
 from vgpud.observe.drift import DriftKind
-from vgpud.observe.recorder import HookCall, Outcome
 from vgpud.observe.state import NodeParts, StreamStats, build_info
+from vgpud.recorder import HookCall, Outcome
 
 if TYPE_CHECKING:
     from vgpud.observe.drift import DriftChecker

@@ -38,8 +38,8 @@ from typing import TYPE_CHECKING, Any
 import trio
 
 from vgpud import __version__
-from vgpud.observe.recorder import Recorder
 from vgpud.partition.layout import Layout
+from vgpud.recorder import Recorder
 
 if TYPE_CHECKING:
     from vgpud.dra.driver import ClaimPartitions, ClaimRef, DraDriver

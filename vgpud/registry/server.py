@@ -36,10 +36,11 @@ from grpclib.exceptions import GRPCError
 from vgpud._pb.registry import ContainerDeviceRequest, ContainerDeviceResponse, VDeviceRegistryBase
 from vgpud.kube import KubeApi
 from vgpud.nri.cache import NriCache
-from vgpud.observe.recorder import HookCall, Outcome, Recorder
 from vgpud.partition.assigner import PartitionAssigner
 from vgpud.partition.layout import Layout
 from vgpud.partition.pidsfile import PidsFileError, PidsFileLockTimeout, write_pids_file
+from vgpud.ready import Ready
+from vgpud.recorder import HookCall, Outcome, Recorder
 from vgpud.registry.identity import IdentityError, identify, peer_pid
 from vgpud.registry.publish import GUARD_INTERVAL, serve_published
 from vgpud.registry.resolve import (
@@ -53,7 +54,6 @@ from vgpud.registry.resolve import (
     WriteFailed,
     parse_query,
 )
-from vgpud.supervisor import Ready
 from vgpud.wire import MalformedMessage, parse_strict
 
 log = logging.getLogger("vgpud.registry")

@@ -23,7 +23,7 @@ from typing import Any
 import trio
 
 from vgpud.kube.api import KubeError, NotFound
-from vgpud.observe.recorder import Outcome, Recorder
+from vgpud.recorder import Outcome, Recorder
 from vgpud.webhook import rules
 from vgpud.webhook.lookup import Lookup
 from vgpud.webhook.review import AdmissionRequest, Decision

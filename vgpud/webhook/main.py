@@ -23,7 +23,7 @@ from vgpud import __version__
 from vgpud.config import ConfigError
 from vgpud.kube.api import KubeError
 from vgpud.logs import configure_logging
-from vgpud.observe.recorder import Recorder
+from vgpud.recorder import Recorder
 from vgpud.supervisor import Restart, Supervisor
 from vgpud.webhook.admit import Admitter
 from vgpud.webhook.config import WebhookSettings, add_webhook_arguments, webhook_settings_from

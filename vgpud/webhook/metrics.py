@@ -1,4 +1,4 @@
-"""The webhook's Prometheus metrics, in a registry of its own (names: vgpud.observe.metrics_names).
+"""The webhook's Prometheus metrics, in a registry of its own (names: vgpud.metrics_names).
 
 Its own `CollectorRegistry` rather than the global one: `vgpud webhook` is its own process, and tests
 build many servers in one process without colliding registrations.
@@ -16,7 +16,7 @@ from prometheus_client import (
     generate_latest,
 )
 
-from vgpud.observe.metrics_names import (
+from vgpud.metrics_names import (
     WEBHOOK_REVIEW_DURATION,
     WEBHOOK_REVIEWS,
     WEBHOOK_TLS_LOADED,

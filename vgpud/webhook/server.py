@@ -25,7 +25,7 @@ from dataclasses import dataclass
 import h11
 import trio
 
-from vgpud.observe.recorder import HookCall, Outcome
+from vgpud.recorder import HookCall, Outcome
 from vgpud.webhook.admit import Admitter, result_of
 from vgpud.webhook.metrics import WebhookMetrics
 from vgpud.webhook.review import BadReview, encode, parse_review, review_response

@@ -30,9 +30,9 @@ from vgpud._pb.nri.pkg.api.v1alpha1 import (  # noqa: E402
 from vgpud.nri.conn import Identity, run_session  # noqa: E402
 from vgpud.nri.hooks import NriHooks  # noqa: E402
 from vgpud.nri.sync import SyncBatch  # noqa: E402
-from vgpud.observe.recorder import Recorder  # noqa: E402
 from vgpud.partition.layout import Layout  # noqa: E402
 from vgpud.partition.lazy import LazyAssigner  # noqa: E402
+from vgpud.recorder import Recorder  # noqa: E402
 from vgpud.supervisor import Backoff, Restart, Supervisor  # noqa: E402
 
 DRIVER = "manager.nvidia.com"

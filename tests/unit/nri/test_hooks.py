@@ -17,11 +17,13 @@ from vgpud._pb.nri.pkg.api.v1alpha1 import (
     StopPodSandboxRequest,
     SynchronizeRequest,
 )
-from vgpud.nri.hooks import Code, HookError, NriHooks, env_value, event_mask, known_events_mask
+from vgpud.nri.envs import env_value
+from vgpud.nri.events import event_mask, known_events_mask
+from vgpud.nri.hooks import Code, HookError, NriHooks
 from vgpud.nri.sync import SyncBatch, decode_sync
-from vgpud.observe.recorder import Recorder
 from vgpud.partition.layout import Layout
 from vgpud.partition.lazy import LazyAssigner
+from vgpud.recorder import Recorder
 
 CLAIM = "5b0e7c1a-3f2d-4c8e-9a71-0d6f1e2b3c4d"
 POD_UID = "8f0c6a5e-1b2d-4e3f-a4b5-c6d7e8f90a1b"

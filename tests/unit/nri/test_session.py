@@ -22,10 +22,11 @@ from vgpud._pb.nri.pkg.api.v1alpha1 import (
 from vgpud.nri.conn import Identity, SessionEnded, run_session
 from vgpud.nri.hooks import NriHooks
 from vgpud.nri.ttrpc import Code, TtrpcError
-from vgpud.observe.recorder import Recorder
 from vgpud.partition.layout import Layout
 from vgpud.partition.lazy import LazyAssigner
-from vgpud.supervisor import Backoff, HealthAfter, HealthState, Ready, Restart, Supervisor
+from vgpud.ready import Ready
+from vgpud.recorder import Recorder
+from vgpud.supervisor import Backoff, HealthAfter, HealthState, Restart, Supervisor
 
 IDENTITY = Identity("manager.nvidia.com", "00")
 

@@ -12,7 +12,7 @@ from tests.kubeapi import free_port
 from tests.unit.observe.node import Node, make_node, serving
 from vgpud.observe.client import Endpoint, format_call, state, tail
 from vgpud.observe.filters import CallFilter
-from vgpud.observe.recorder import HookCall
+from vgpud.recorder import HookCall
 
 TIMEOUT = 20
 

@@ -23,7 +23,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from tests.unit.observe.node import Node, make_node, serving
 from vgpud.observe import debug
 from vgpud.observe.debug import unix_listener
-from vgpud.observe.recorder import HookCall, Recorder
+from vgpud.recorder import HookCall, Recorder
 
 TIMEOUT = 20
 

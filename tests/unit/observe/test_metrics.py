@@ -10,6 +10,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.samples import Sample
 
 from tests.unit.observe.node import Node, make_node
+from vgpud import metrics_names as names
 from vgpud._pb.nri.pkg.api.v1alpha1 import (
     Container,
     CreateContainerRequest,
@@ -17,9 +18,8 @@ from vgpud._pb.nri.pkg.api.v1alpha1 import (
     SynchronizeRequest,
 )
 from vgpud.nri.sync import decode_sync
-from vgpud.observe import metrics_names as names
 from vgpud.observe.metrics import HOOK_BUCKETS, registry_result
-from vgpud.observe.recorder import HookCall, Outcome, Recorder
+from vgpud.recorder import HookCall, Outcome, Recorder
 
 POD = PodSandbox(id="sb-1", name="train", namespace="ml", uid="8f0c6a5e-1b2d-4e3f-a4b5-c6d7e8f90a1b")
 

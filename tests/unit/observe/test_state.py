@@ -27,8 +27,8 @@ from vgpud.nri.cache import RuntimeContainer
 from vgpud.nri.conn import Identity, SessionEnded, run_session
 from vgpud.nri.sync import decode_sync
 from vgpud.observe.filters import CallFilter
-from vgpud.observe.recorder import HookCall
 from vgpud.observe.state import register_uuids_json
+from vgpud.recorder import HookCall
 
 NS = o.NAMESPACE
 POD = PodSandbox(id="sb", name="train", namespace=NS, uid=o.POD1_UID)

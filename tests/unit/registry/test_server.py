@@ -25,7 +25,7 @@ from tests.support import REPO, built
 from tests.unit.registry.world import World, claim_uid
 from vgpud.grpcserve import SocketPathError
 from vgpud.nri.cache import CacheEntry
-from vgpud.observe.recorder import Outcome
+from vgpud.recorder import Outcome
 from vgpud.registry.identity import peer_pid
 from vgpud.registry.resolve import Admission
 from vgpud.registry.server import MAX_MESSAGE, RegistryServer

@@ -16,10 +16,10 @@ from typing import Any
 from tests import objects as o
 from vgpud.kube.fake import FakeKube
 from vgpud.nri.cache import CacheEntry, NriCache
-from vgpud.observe.recorder import Recorder
 from vgpud.partition.layout import Layout
 from vgpud.partition.lazy import LazyAssigner
 from vgpud.partition.pidsfile import reset_pids_file
+from vgpud.recorder import Recorder
 from vgpud.registry.resolve import Resolver
 from vgpud.registry.server import RegistryService
 

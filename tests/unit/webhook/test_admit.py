@@ -22,7 +22,7 @@ from tests.unit.webhook.builders import (
     template,
 )
 from vgpud.kube.api import KubeError
-from vgpud.observe.recorder import Outcome
+from vgpud.recorder import Outcome
 from vgpud.webhook.admit import Admitter
 from vgpud.webhook.review import AdmissionRequest, parse_review
 

@@ -26,7 +26,7 @@ from typing import Any
 
 import trio
 
-logger = logging.getLogger("vgpud.observe.recorder")
+logger = logging.getLogger("vgpud.recorder")
 
 
 class Outcome(enum.StrEnum):

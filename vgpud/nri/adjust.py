@@ -1,0 +1,31 @@
+"""What vgpud gives a vGPU container at creation: the NRI adjustment and its directories."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from vgpud._pb.nri.pkg.api.v1alpha1 import ContainerAdjustment, KeyValue, Mount
+from vgpud.partition.assigner import InjectionPlan
+from vgpud.partition.layout import Mount as LayoutMount
+from vgpud.partition.pidsfile import reset_pids_file
+
+
+def _nri_mount(mount: LayoutMount) -> Mount:
+    return Mount(
+        destination=mount.container_path, type="bind", source=mount.host_path, options=list(mount.options)
+    )
+
+
+def adjustment(plan: InjectionPlan) -> ContainerAdjustment:
+    """The NRI adjustment of an injection plan: its bind mounts and env."""
+    return ContainerAdjustment(
+        mounts=[_nri_mount(m) for m in plan.mounts],
+        env=[KeyValue(key=key, value=value) for key, value in plan.env.items()],
+    )
+
+
+def make_directories(plan: InjectionPlan) -> None:
+    """Blocking: the container's directories and an empty pids.config (in place, never replaced)."""
+    for directory in plan.paths.directories:
+        Path(directory).mkdir(parents=True, exist_ok=True, mode=0o755)
+    reset_pids_file(Path(plan.paths.config))

@@ -1,0 +1,49 @@
+"""What the NRI plugin knows about its connection to the runtime, and the counters the metrics read."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import trio
+
+from vgpud.nri.sync import SyncContainer, SyncPod
+
+
+@dataclass
+class NriStats:
+    """Counters the metrics read."""
+
+    injected: int = 0
+    skipped: int = 0
+    rejected_unprepared: int = 0
+    sync_reported: int = 0
+    sync_rebuilt: int = 0
+    sync_invalid: int = 0
+    removed_dirs: int = 0
+    #: sessions that ended (the runtime closed or dropped the connection, or vgpud stopped)
+    connection_closes: int = 0
+
+
+@dataclass(frozen=True)
+class NriSessionState:
+    """What the debug endpoint shows about the connection to the runtime."""
+
+    connected: bool
+    runtime: str
+    nri_version: str
+    synchronized: bool
+    #: sessions begun since vgpud started (1 after the first connection)
+    sessions: int
+    #: why the last session ended ("" while none has)
+    last_close: str
+    #: wall clock of the last complete Synchronize (None before the first)
+    last_sync_time: float | None
+
+
+@dataclass
+class SessionState:
+    runtime: str = ""
+    nri_version: str = ""
+    pods: list[SyncPod] = field(default_factory=list)
+    containers: list[SyncContainer] = field(default_factory=list)
+    synchronized: trio.Event = field(default_factory=trio.Event)
