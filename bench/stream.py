@@ -40,7 +40,8 @@ from vgpud._pb.nri.pkg.api.v1alpha1 import (
     PodSandbox,
     RemoveContainerRequest,
 )
-from vgpud.observe.debug import STREAM_BUFFER, run_debug_server
+from vgpud.observe.hub import STREAM_BUFFER
+from vgpud.observe.serve import run_debug_server
 
 #: a client that completes the websocket upgrade and then reads nothing, ever
 STALLED = textwrap.dedent(

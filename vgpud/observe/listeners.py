@@ -1,0 +1,51 @@
+"""The observability servers' listening sockets: TCP, and a root-only unix socket."""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import os
+import socket
+import stat
+from pathlib import Path
+
+
+def tcp_listener(host: str, port: int) -> socket.socket:
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((host, port))
+        sock.listen(128)
+    except OSError:
+        sock.close()
+        raise
+    sock.setblocking(False)
+    return sock
+
+
+def unix_listener(path: Path) -> socket.socket:
+    """A listening unix socket at `path`, mode 0600 before anyone can connect; a stale socket file is
+    replaced, anything else at `path` is an error (never deleted)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with contextlib.suppress(FileNotFoundError):
+        if not stat.S_ISSOCK(path.lstat().st_mode):
+            raise FileExistsError(errno.EEXIST, "exists and is not a socket; not replacing it", str(path))
+        path.unlink()
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        sock.bind(str(path))
+        os.chmod(path, 0o600)  # before listen(): until then every connect is refused
+        sock.listen(128)
+    except OSError:
+        sock.close()
+        raise
+    sock.setblocking(False)
+    return sock
+
+
+def describe_listener(sock: socket.socket) -> str:
+    if sock.family == socket.AF_UNIX:
+        return f"unix:{sock.getsockname()}"
+    host, port = sock.getsockname()[:2]
+    return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
