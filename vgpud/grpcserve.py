@@ -11,8 +11,6 @@ half-parsed message.
 from __future__ import annotations
 
 import logging
-import os
-import stat
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,14 +21,11 @@ import trio_asyncio
 from grpclib.server import Server
 
 from vgpud.grpccodec import StrictProtoCodec
+from vgpud.sockpath import inode_of, remove_stale_socket, unlink_if_ours
 
 log = logging.getLogger("vgpud.grpc")
 
 CLOSE_TIMEOUT = 2.0
-
-
-class SocketPathError(OSError):
-    """Something that is not a socket sits where a socket must be bound."""
 
 
 @dataclass(frozen=True)
@@ -43,34 +38,6 @@ class Bound:
 
     def __str__(self) -> str:
         return f"unix:{self.path}" if self.path is not None else f"{self.host}:{self.port}"
-
-
-def check_socket_path(path: Path) -> bool:
-    """True when a socket sits at `path`, False when nothing does; SocketPathError for anything else."""
-    try:
-        mode = path.lstat().st_mode
-    except FileNotFoundError:
-        return False
-    if not stat.S_ISSOCK(mode):
-        raise SocketPathError(f"{path} exists and is not a socket; refusing to replace it")
-    return True
-
-
-def remove_stale_socket(path: Path) -> None:
-    """Remove a socket left by an earlier process; refuse to remove anything that is not a socket."""
-    if check_socket_path(path):
-        path.unlink()
-        log.info("removed stale socket %s", path)
-
-
-def _unlink_if_ours(path: Path, inode: int | None) -> None:
-    """Unlink `path` only if it is still the socket we bound (a successor may have replaced it)."""
-    try:
-        st = path.lstat()
-    except FileNotFoundError:
-        return
-    if inode is None or st.st_ino == inode:
-        path.unlink()
 
 
 def new_server(handlers: Sequence[Any]) -> Server:
@@ -112,7 +79,7 @@ async def serve(
         path.parent.mkdir(parents=True, exist_ok=True)
         remove_stale_socket(path)
         await trio_asyncio.aio_as_trio(server.start)(path=str(path))
-        inode = os.lstat(path).st_ino
+        inode = inode_of(path)
         bound = Bound(path=path)
     else:
         await trio_asyncio.aio_as_trio(server.start)(host=host, port=port)
@@ -126,5 +93,5 @@ async def serve(
     finally:
         await close_server(server, bound, close_timeout)
         if path is not None:
-            _unlink_if_ours(path, inode)
+            unlink_if_ours(path, inode)
         log.info("gRPC server on %s closed", bound)

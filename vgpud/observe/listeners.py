@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-import contextlib
-import errno
 import os
 import socket
-import stat
 from pathlib import Path
+
+from vgpud.sockpath import remove_stale_socket
 
 
 def tcp_listener(host: str, port: int) -> socket.socket:
@@ -26,12 +25,9 @@ def tcp_listener(host: str, port: int) -> socket.socket:
 
 def unix_listener(path: Path) -> socket.socket:
     """A listening unix socket at `path`, mode 0600 before anyone can connect; a stale socket file is
-    replaced, anything else at `path` is an error (never deleted)."""
+    replaced, anything else at `path` is an error (never deleted: vgpud.sockpath)."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    with contextlib.suppress(FileNotFoundError):
-        if not stat.S_ISSOCK(path.lstat().st_mode):
-            raise FileExistsError(errno.EEXIST, "exists and is not a socket; not replacing it", str(path))
-        path.unlink()
+    remove_stale_socket(path)
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
         sock.bind(str(path))

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import os
 import socket
 from collections.abc import Awaitable, Callable
 from functools import partial
@@ -31,6 +30,7 @@ from vgpud.observe.app import ObserveApp
 from vgpud.observe.hub import StreamHub
 from vgpud.observe.listeners import describe_listener, tcp_listener, unix_listener
 from vgpud.observe.metrics import NodeMetrics
+from vgpud.sockpath import inode_of, unlink_if_ours
 
 log = logging.getLogger("vgpud.observe.http")
 
@@ -128,7 +128,8 @@ async def serve_app(
                     stream.abort()
                 connections.cancel_scope.cancel()
 
-    unix_paths = [s.getsockname() for s in listeners if s.family == socket.AF_UNIX]
+    unix_paths = [Path(s.getsockname()) for s in listeners if s.family == socket.AF_UNIX]
+    inodes = {path: inode_of(path) for path in unix_paths}
     try:
         async with trio.open_nursery() as nursery:
             nursery.start_soon(server)
@@ -146,7 +147,7 @@ async def serve_app(
             sock.close()
         for path in unix_paths:
             with contextlib.suppress(OSError):
-                os.unlink(path)
+                unlink_if_ours(path, inodes[path])
 
 
 async def run_metrics_server(

@@ -31,7 +31,8 @@ import trio
 import trio_asyncio
 from grpclib.server import Server
 
-from vgpud.grpcserve import CLOSE_TIMEOUT, check_socket_path, close_server, new_server
+from vgpud.grpcserve import CLOSE_TIMEOUT, close_server, new_server
+from vgpud.sockpath import check_socket_path
 
 log = logging.getLogger("vgpud.registry")
 

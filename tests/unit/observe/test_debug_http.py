@@ -188,6 +188,18 @@ def test_a_stale_socket_is_replaced_and_anything_else_kept(short_tmp: Path) -> N
     assert path.read_text() == "not a socket"
 
 
+async def test_a_successors_socket_survives_the_stop(node: Node, sock: Path) -> None:
+    """A new vgpud that replaced the socket path while this one was stopping keeps its socket."""
+    successor = socket.socket(socket.AF_UNIX)
+    try:
+        async with serving(node, sock):
+            sock.unlink()
+            successor.bind(str(sock))
+        assert stat.S_ISSOCK(sock.lstat().st_mode)
+    finally:
+        successor.close()
+
+
 # --- The live stream -------------------------------------------------------------------------------
 
 

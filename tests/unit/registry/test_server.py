@@ -23,12 +23,12 @@ from tests import objects as o
 from tests.stdproto import message_class
 from tests.support import REPO, built
 from tests.unit.registry.world import World, claim_uid
-from vgpud.grpcserve import SocketPathError
 from vgpud.nri.cache import CacheEntry
 from vgpud.recorder import Outcome
 from vgpud.registry.identity import peer_pid
 from vgpud.registry.resolve import Admission
 from vgpud.registry.server import MAX_MESSAGE, RegistryServer
+from vgpud.sockpath import SocketPathError
 
 METHOD = "/registry.VDeviceRegistry/RegisterContainerDevice"
 REQUEST = message_class("registry.ContainerDeviceRequest")
