@@ -20,6 +20,7 @@ import trio
 import trio_asyncio
 from grpclib.server import Server
 
+from vgpud.compat.grpclib import listening_sockets
 from vgpud.grpccodec import StrictProtoCodec
 from vgpud.sockpath import inode_of, remove_stale_socket, unlink_if_ours
 
@@ -83,7 +84,7 @@ async def serve(
         bound = Bound(path=path)
     else:
         await trio_asyncio.aio_as_trio(server.start)(host=host, port=port)
-        sockname = server._server.sockets[0].getsockname()  # the real port when port=0
+        sockname = listening_sockets(server)[0].getsockname()  # the real port when port=0
         bound = Bound(host=sockname[0], port=sockname[1])
     log.info("gRPC %s serving on %s", ", ".join(type(h).__name__ for h in handlers), bound)
     try:

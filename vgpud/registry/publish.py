@@ -31,6 +31,7 @@ import trio
 import trio_asyncio
 from grpclib.server import Server
 
+from vgpud.compat.grpclib import stop_accepting
 from vgpud.grpcserve import CLOSE_TIMEOUT, close_server, new_server
 from vgpud.sockpath import check_socket_path
 
@@ -101,14 +102,6 @@ def unlink_if_ours(path: Path, ours: SocketIdentity) -> bool:
     return True
 
 
-def _stop_accepting(server: Server) -> None:
-    """Close a superseded listener but let the calls already on its connections finish. grpclib has
-    no public call for it; its asyncio server's close() is exactly that (connections stay open)."""
-    listener = server._server
-    if listener is not None:
-        listener.close()
-
-
 class PublishedServer:
     """A set of grpclib servers for one path: the current one and any superseded by a re-publish."""
 
@@ -129,7 +122,7 @@ class PublishedServer:
             unlink_if_ours(self.path, identity)
             raise
         if self.servers:
-            _stop_accepting(self.servers[-1])
+            stop_accepting(self.servers[-1])  # its calls in flight finish
         self.servers.append(server)
         self.identity = identity
 
