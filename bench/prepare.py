@@ -26,7 +26,7 @@ import trio_asyncio
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.stats import percentile
+from bench.lib.stats import percentile
 from tests import objects as o
 from tests.draharness import NODE, Harness
 from tests.stdproto import message_class

@@ -38,7 +38,7 @@ import trio_asyncio
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.stats import percentile
+from bench.lib.stats import percentile
 from tests import objects as o
 from tests.unit.registry.world import World
 from vgpud._pb.registry import ContainerDeviceRequest

@@ -32,7 +32,7 @@ import trio
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.stats import percentile
+from bench.lib.stats import percentile
 from tests import objects as o
 from tests.draharness import REF, single_container_claim
 from tests.unit.observe.node import Node, make_node
