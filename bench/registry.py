@@ -39,7 +39,6 @@ import trio_asyncio
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.lib.stats import percentile
-from tests import objects as o
 from tests.unit.registry.world import World
 from vgpud._pb.registry import ContainerDeviceRequest
 from vgpud.registry.server import RegistryServer
@@ -132,17 +131,7 @@ def one_round(n: int, *, reference: bool = False) -> Round:
         world = World(root)
         world.cache.replace([])  # synchronized
         containers = [world.add_container(i) for i in range(n)]
-        server = RegistryServer(
-            layout=world.layout,
-            assigner=world.assigner,
-            nri_cache=world.cache,
-            claims=world.claims,
-            kube=world.kube,
-            recorder=world.recorder,
-            driver_name=o.DRIVER,
-            proc_root=world.proc,
-            cgroup_root=world.cgroup,
-        )
+        server = world.server()
         requests = [
             MALFORMED if reference else bytes(ContainerDeviceRequest(pod_uid=uid, container_name="main"))
             for uid, _, _ in containers

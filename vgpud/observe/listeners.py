@@ -4,23 +4,20 @@ from __future__ import annotations
 
 import os
 import socket
+from collections.abc import Callable
 from pathlib import Path
 
 from vgpud.sockpath import remove_stale_socket
 
 
 def tcp_listener(host: str, port: int) -> socket.socket:
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM)
-    try:
+    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
+
+    def bind() -> None:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         sock.bind((host, port))
-        sock.listen(128)
-    except OSError:
-        sock.close()
-        raise
-    sock.setblocking(False)
-    return sock
+
+    return _listening(sock, bind)
 
 
 def unix_listener(path: Path) -> socket.socket:
@@ -29,9 +26,18 @@ def unix_listener(path: Path) -> socket.socket:
     path.parent.mkdir(parents=True, exist_ok=True)
     remove_stale_socket(path)
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    try:
+
+    def bind() -> None:
         sock.bind(str(path))
         os.chmod(path, 0o600)  # before listen(): until then every connect is refused
+
+    return _listening(sock, bind)
+
+
+def _listening(sock: socket.socket, bind: Callable[[], None]) -> socket.socket:
+    """`sock` bound by `bind`, listening and non-blocking; closed if any step fails."""
+    try:
+        bind()
         sock.listen(128)
     except OSError:
         sock.close()

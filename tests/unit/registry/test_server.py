@@ -58,19 +58,7 @@ async def aregister(path: Path, **fields: str) -> tuple[grpc.StatusCode, str]:
 
 
 def make_server(world: World, **kwargs: object) -> RegistryServer:
-    return RegistryServer(
-        layout=world.layout,
-        assigner=world.assigner,
-        nri_cache=world.cache,
-        claims=world.claims,
-        kube=world.kube,
-        recorder=world.recorder,
-        driver_name=o.DRIVER,
-        proc_root=world.proc,
-        cgroup_root=world.cgroup,
-        guard_interval=0.05,
-        **kwargs,  # type: ignore[arg-type]
-    )
+    return world.server(guard_interval=0.05, **kwargs)
 
 
 async def serving(server: RegistryServer, body: Callable[[], Awaitable[None]]) -> None:
