@@ -22,7 +22,7 @@ from grpclib.server import Server
 
 from vgpud.compat.grpclib import listening_sockets
 from vgpud.grpccodec import StrictProtoCodec
-from vgpud.sockpath import inode_of, remove_stale_socket, unlink_if_ours
+from vgpud.sockpath import SocketIdentity, remove_stale_socket, unlink_if_ours
 
 log = logging.getLogger("vgpud.grpc")
 
@@ -75,12 +75,12 @@ async def serve(
     if (path is None) == (port is None):
         raise ValueError("serve needs exactly one of path or port")
     server = new_server(handlers)
-    inode: int | None = None
+    identity: SocketIdentity | None = None
     if path is not None:
         path.parent.mkdir(parents=True, exist_ok=True)
         remove_stale_socket(path)
         await trio_asyncio.aio_as_trio(server.start)(path=str(path))
-        inode = inode_of(path)
+        identity = SocketIdentity.at(path)
         bound = Bound(path=path)
     else:
         await trio_asyncio.aio_as_trio(server.start)(host=host, port=port)
@@ -93,6 +93,6 @@ async def serve(
         await trio.sleep_forever()
     finally:
         await close_server(server, bound, close_timeout)
-        if path is not None:
-            unlink_if_ours(path, inode)
+        if path is not None and identity is not None:
+            unlink_if_ours(path, identity)
         log.info("gRPC server on %s closed", bound)

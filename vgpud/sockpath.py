@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 import os
 import stat
+from dataclasses import dataclass
 from pathlib import Path
 
 log = logging.getLogger("vgpud.sockpath")
@@ -38,16 +39,35 @@ def remove_stale_socket(path: Path) -> None:
         log.info("removed stale socket %s", path)
 
 
-def inode_of(path: Path) -> int:
-    """The inode of what sits at `path` now (the socket just bound), without following a link."""
-    return os.lstat(path).st_ino
+@dataclass(frozen=True)
+class SocketIdentity:
+    """The inode we bound: paths are not identities once another instance may replace the file."""
+
+    dev: int
+    ino: int
+
+    @classmethod
+    def of(cls, st: os.stat_result) -> SocketIdentity:
+        return cls(st.st_dev, st.st_ino)
+
+    @classmethod
+    def at(cls, path: Path) -> SocketIdentity:
+        """The identity of what sits at `path` now (the socket just bound), not following a link."""
+        return cls.of(os.lstat(path))
 
 
-def unlink_if_ours(path: Path, inode: int | None) -> None:
-    """Unlink `path` only if it is still the socket we bound (inode None: whatever is there)."""
+def path_state(path: Path, ours: SocketIdentity) -> str:
+    """Whether `path` is "ours", "missing", or "other" (a successor's socket, or something else)."""
     try:
         st = path.lstat()
     except FileNotFoundError:
-        return
-    if inode is None or st.st_ino == inode:
-        path.unlink(missing_ok=True)
+        return "missing"
+    return "ours" if stat.S_ISSOCK(st.st_mode) and SocketIdentity.of(st) == ours else "other"
+
+
+def unlink_if_ours(path: Path, ours: SocketIdentity) -> bool:
+    """Unlink `path` only while it is still the socket we bound; True when it was unlinked."""
+    if path_state(path, ours) != "ours":
+        return False
+    path.unlink(missing_ok=True)
+    return True

@@ -7,7 +7,14 @@ from pathlib import Path
 
 import pytest
 
-from vgpud.sockpath import SocketPathError, check_socket_path, inode_of, remove_stale_socket, unlink_if_ours
+from vgpud.sockpath import (
+    SocketIdentity,
+    SocketPathError,
+    check_socket_path,
+    path_state,
+    remove_stale_socket,
+    unlink_if_ours,
+)
 
 
 def _bind(path: Path) -> socket.socket:
@@ -45,11 +52,14 @@ def test_anything_but_a_socket_is_refused_and_kept(short_tmp: Path, kind: str) -
 def test_unlink_if_ours_leaves_a_successors_socket(short_tmp: Path) -> None:
     path = short_tmp / "s.sock"
     with _bind(path):  # still open (serving) while a successor takes the path over
-        ours = inode_of(path)
+        ours = SocketIdentity.at(path)
+        assert path_state(path, ours) == "ours"
         path.unlink()
+        assert path_state(path, ours) == "missing"
         with _bind(path):
-            unlink_if_ours(path, ours)
+            assert path_state(path, ours) == "other"
+            assert not unlink_if_ours(path, ours)
             assert path.exists()
-            unlink_if_ours(path, inode_of(path))
+            assert unlink_if_ours(path, SocketIdentity.at(path))
             assert not path.exists()
-        unlink_if_ours(path, ours)  # gone already: nothing to do
+        assert not unlink_if_ours(path, ours)  # gone already: nothing to do

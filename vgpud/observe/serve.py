@@ -30,7 +30,7 @@ from vgpud.observe.app import ObserveApp
 from vgpud.observe.hub import StreamHub
 from vgpud.observe.listeners import describe_listener, tcp_listener, unix_listener
 from vgpud.observe.metrics import NodeMetrics
-from vgpud.sockpath import inode_of, unlink_if_ours
+from vgpud.sockpath import SocketIdentity, unlink_if_ours
 
 log = logging.getLogger("vgpud.observe.http")
 
@@ -129,7 +129,7 @@ async def serve_app(
                 connections.cancel_scope.cancel()
 
     unix_paths = [Path(s.getsockname()) for s in listeners if s.family == socket.AF_UNIX]
-    inodes = {path: inode_of(path) for path in unix_paths}
+    identities = {path: SocketIdentity.at(path) for path in unix_paths}
     try:
         async with trio.open_nursery() as nursery:
             nursery.start_soon(server)
@@ -147,7 +147,7 @@ async def serve_app(
             sock.close()
         for path in unix_paths:
             with contextlib.suppress(OSError):
-                unlink_if_ours(path, inodes[path])
+                unlink_if_ours(path, identities[path])
 
 
 async def run_metrics_server(

@@ -23,7 +23,6 @@ import os
 import socket
 import stat
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -33,7 +32,7 @@ from grpclib.server import Server
 
 from vgpud.compat.grpclib import stop_accepting
 from vgpud.grpcserve import CLOSE_TIMEOUT, close_server, new_server
-from vgpud.sockpath import check_socket_path
+from vgpud.sockpath import SocketIdentity, check_socket_path, path_state, unlink_if_ours
 
 log = logging.getLogger("vgpud.registry")
 
@@ -46,18 +45,6 @@ GUARD_INTERVAL = 5.0
 BACKLOG = 1024
 
 _attempts = itertools.count(1)
-
-
-@dataclass(frozen=True)
-class SocketIdentity:
-    """The inode we bound: paths are not identities once another instance may replace the file."""
-
-    dev: int
-    ino: int
-
-    @classmethod
-    def of(cls, st: os.stat_result) -> SocketIdentity:
-        return cls(st.st_dev, st.st_ino)
 
 
 def staged_path(path: Path) -> Path:
@@ -84,22 +71,6 @@ def bind_published(path: Path, mode: int = SOCKET_MODE) -> tuple[socket.socket, 
         staged.unlink(missing_ok=True)
         raise
     return sock, SocketIdentity.of(st)
-
-
-def path_state(path: Path, ours: SocketIdentity) -> str:
-    """Whether `path` is "ours", "missing", or "other" (a successor's socket, or something else)."""
-    try:
-        st = path.lstat()
-    except FileNotFoundError:
-        return "missing"
-    return "ours" if stat.S_ISSOCK(st.st_mode) and SocketIdentity.of(st) == ours else "other"
-
-
-def unlink_if_ours(path: Path, ours: SocketIdentity) -> bool:
-    if path_state(path, ours) != "ours":
-        return False
-    path.unlink(missing_ok=True)
-    return True
 
 
 class PublishedServer:
