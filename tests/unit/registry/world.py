@@ -145,8 +145,8 @@ class World:
             self.cache.set(uid, name, CacheEntry(claim, paths.base))
         return uid, cid, Path(paths.config)
 
-    def resolver(self, **kwargs: Any) -> Resolver:
-        return Resolver(
+    def resolver(self, cls: type[Resolver] = Resolver, **kwargs: Any) -> Resolver:
+        return cls(
             assigner=self.assigner,
             kube=self.kube,
             claims=self.claims,
