@@ -52,7 +52,7 @@ GRPCLIB_PUBLIC = {
     "grpclib.health.check", "grpclib.health.service", "grpclib.reflection.service", "grpclib.utils",
 }  # fmt: skip
 #: private attributes reached on other libraries' objects (`self._server` is a class's own)
-PRIVATE_ATTRIBUTES = {"_stream", "_server", "nvmlLib", "libLoadLock"}
+PRIVATE_ATTRIBUTES = {"_stream", "_server", "_transport", "nvmlLib", "libLoadLock"}
 
 
 @dataclass(frozen=True)
@@ -176,6 +176,15 @@ def _private_uses(name: str, tree: ast.Module) -> Iterator[str]:
         elif top == "pynvml" and any(n.startswith("_") or n in PRIVATE_ATTRIBUTES for n in imp.names):
             yield f"{name}:{imp.line} imports {imp.names} from pynvml"
     for node in ast.walk(tree):
+        if (  # getattr(x, "_transport")
+            isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Name)
+            and node.func.id in ("getattr", "setattr", "hasattr")
+            and len(node.args) >= 2
+            and isinstance(node.args[1], ast.Constant)
+            and node.args[1].value in PRIVATE_ATTRIBUTES
+        ):
+            yield f"{name}:{node.lineno} reaches {node.args[1].value} by {node.func.id}"
         if not isinstance(node, ast.Attribute):
             continue
         owner = node.value.id if isinstance(node.value, ast.Name) else None
@@ -206,6 +215,7 @@ def test_library_internals_are_named_only_in_compat() -> None:
         "from pynvml import _LoadNvmlLibrary",
         "async def f(stream):\n    await stream._stream.recv_data(5)",
         "def f(server):\n    return server._server.sockets",
+        "def f(stream):\n    return getattr(stream.peer, '_transport', None)",
     ],
 )
 def test_the_internals_rule_catches(source: str) -> None:

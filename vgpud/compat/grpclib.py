@@ -5,6 +5,8 @@
   as many bytes as a message's prefix claims), so the registry reads the frame itself. grpclib's
   buffer signals a stream that ended inside the n bytes with an AssertionError, turned into
   `TruncatedData` here;
+- a server `Stream`'s peer transport, `stream.peer._transport` (`stream.peer` is public, the
+  transport it wraps is not): the connection's socket, for SO_PEERCRED;
 - a `Server`'s asyncio server, `server._server`: its sockets (the port a TCP server actually bound)
   and its `close()`, which stops accepting but leaves the open connections serving (grpclib's own
   `close()` also cancels their calls).
@@ -29,6 +31,13 @@ async def recv_data(stream: Any, size: int) -> bytes:
         return await stream._stream.recv_data(size)
     except AssertionError:
         raise TruncatedData(f"the request ended inside {size} bytes") from None
+
+
+def peer_socket(stream: Any) -> socket.socket | None:
+    """The socket of a server stream's connection; None when grpclib no longer keeps it where this
+    reads it (the registry then refuses every caller: fail closed)."""
+    transport = getattr(getattr(stream, "peer", None), "_transport", None)
+    return transport.get_extra_info("socket") if transport is not None else None
 
 
 def listening_sockets(server: Server) -> list[socket.socket]:

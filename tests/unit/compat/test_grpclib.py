@@ -10,12 +10,12 @@ from types import SimpleNamespace
 import pytest
 from grpclib.const import Cardinality
 from grpclib.encoding.proto import ProtoCodec
-from grpclib.protocol import Buffer
+from grpclib.protocol import Buffer, Peer
 from grpclib.protocol import Stream as H2Stream
 from grpclib.server import Server
 from grpclib.server import Stream as ServerStream
 
-from vgpud.compat.grpclib import TruncatedData, listening_sockets, recv_data, stop_accepting
+from vgpud.compat.grpclib import TruncatedData, listening_sockets, peer_socket, recv_data, stop_accepting
 
 
 def _server_stream(data: bytes, *, ended: bool) -> ServerStream:
@@ -67,6 +67,33 @@ def test_a_servers_listener_gives_its_sockets_and_stops_accepting_without_closin
             await asyncio.open_connection("127.0.0.1", port)
         assert not writer.is_closing()  # the connection already open stays
         writer.close()
+        server.close()
+        await server.wait_closed()
+
+    asyncio.run(check())
+
+
+def test_a_peer_wraps_its_connections_transport() -> None:
+    """`Stream.peer` is a `Peer(transport)` (grpclib.protocol), kept as `_transport`."""
+    assert list(inspect.signature(Peer.__init__).parameters) == ["self", "transport"]
+
+    async def check() -> None:
+        accepted: asyncio.Future[asyncio.Transport] = asyncio.get_running_loop().create_future()
+
+        class Protocol(asyncio.Protocol):
+            def connection_made(self, transport: asyncio.BaseTransport) -> None:
+                accepted.set_result(transport)  # type: ignore[arg-type]
+
+        server = await asyncio.get_running_loop().create_server(Protocol, "127.0.0.1", 0)
+        port = server.sockets[0].getsockname()[1]
+        _, writer = await asyncio.open_connection("127.0.0.1", port)
+        transport = await accepted
+        stream = SimpleNamespace(peer=Peer(transport))
+        sock = peer_socket(stream)
+        assert sock is not None and sock.getpeername() == writer.get_extra_info("sockname")
+        assert peer_socket(SimpleNamespace(peer=None)) is None
+        writer.close()
+        transport.close()
         server.close()
         await server.wait_closed()
 
