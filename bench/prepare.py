@@ -3,7 +3,9 @@
 A grpcio client (in this thread) calls vgpud's v1 DRA service (in a Trio thread, over a real unix
 socket) with batches of 1, 8, 64 and 256 claims; the kube facade is the in-memory fake, so the figures
 are vgpud's own cost: parsing, the node lock, the checkpoint (with fsync), directories and CDI specs.
-Prints p50/p99 per call and per claim for each batch size.
+Prints p50/p99 per call and per claim for each batch size, and each batch's p50 per claim as a ratio
+of a one-claim call's (measured first, in the same run). Exits 1 when a call fails for any claim or
+answers for other claims than it was asked for.
 
     .venv/bin/python bench/prepare.py [--rounds N]
 """
@@ -24,6 +26,7 @@ import trio_asyncio
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from bench.lib.stats import percentile
 from tests import objects as o
 from tests.draharness import NODE, Harness
 from tests.stdproto import message_class
@@ -59,11 +62,6 @@ def start_server(root: Path, claims: int, ready: threading.Event) -> None:
     trio.run(main)
 
 
-def percentile(values: list[float], p: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, round(p / 100 * (len(ordered) - 1)))]
-
-
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=0, help="rounds per batch size (default: by size)")
@@ -89,8 +87,10 @@ def main() -> int:
         print(f"node {NODE}, fake kube, checkpoint + CDI specs under {root}")
         print(
             f"{'claims':>6} {'op':<9} {'rounds':>6} {'p50 call':>10} {'p99 call':>10} "
-            f"{'p50/claim':>10} {'p99/claim':>10}"
+            f"{'p50/claim':>10} {'p99/claim':>10} {'vs 1 claim':>10}"
         )
+        #: p50 per claim of a one-claim call, per op: the reference each batch's cost is a ratio of
+        single: dict[str, float] = {}
         for size in BATCHES:
             rounds = args.rounds or max(5, 200 // size)
             timings: dict[str, list[float]] = {"Prepare": [], "Unprepare": []}
@@ -103,14 +103,15 @@ def main() -> int:
                     reply = calls[kind](request, timeout=60)
                     timings[kind].append(time.perf_counter() - start)
                     errors = [e.error for e in reply.claims.values() if e.error]
-                    if len(reply.claims) != size or errors:
+                    if set(reply.claims) != {claim_uid(i) for i in range(size)} or errors:
                         print(f"{kind} of {size} claims failed: {errors[:3]}", file=sys.stderr)
                         return 1
             for kind, values in timings.items():
                 p50, p99 = percentile(values, 50) * 1e3, percentile(values, 99) * 1e3
+                reference = single.setdefault(kind, p50 / size)
                 print(
                     f"{size:>6} {kind:<9} {rounds:>6} {p50:>8.2f}ms {p99:>8.2f}ms "
-                    f"{p50 / size:>8.3f}ms {p99 / size:>8.3f}ms"
+                    f"{p50 / size:>8.3f}ms {p99 / size:>8.3f}ms {p50 / size / reference:>10.2f}"
                 )
         print(f"mean Prepare per claim at 256: {statistics.mean(timings['Prepare']) / 256 * 1e3:.3f} ms")
     return 0

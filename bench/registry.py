@@ -12,7 +12,9 @@ container's pids.config must hold exactly its client's PID.
 Prints the wall time from "go" to the last answer, calls per second, per-call latency as the client
 sees it (p50, p99, max: connect + call, so it includes waiting for the CPU among N processes) and as
 vgpud records it (from the request read to pids.config written). N defaults to 256, the node's
-in-flight limit.
+in-flight limit. The reference, measured first in the same run: the same N clients sending a request
+that is refused while decoding; each round prints its wall time and client p50 as a ratio of it. Exits
+1 when any call gets another answer than expected or a pids.config is wrong.
 
     .venv/bin/python bench/registry.py [--containers N] [--rounds R]
 """
@@ -27,6 +29,7 @@ import tempfile
 import threading
 import time
 from collections import Counter
+from dataclasses import dataclass
 from pathlib import Path
 
 import grpc  # imported before fork, but no channel exists until a child makes its own
@@ -35,7 +38,7 @@ import trio_asyncio
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from tests import objects as o
+from bench.lib.stats import percentile
 from tests.unit.registry.world import World
 from vgpud._pb.registry import ContainerDeviceRequest
 from vgpud.registry.server import RegistryServer
@@ -43,7 +46,7 @@ from vgpud.registry.server import RegistryServer
 METHOD = "/registry.VDeviceRegistry/RegisterContainerDevice"
 
 
-def client(socket_path: Path, request: bytes, go: int, results: int) -> None:
+def client(socket_path: Path, request: bytes, go: int, results: int, expected: str) -> None:
     """A child: wait for "go", register, report `<pid> <status> <seconds>` as one atomic line."""
     os.read(go, 1)
     started = time.perf_counter()
@@ -51,15 +54,16 @@ def client(socket_path: Path, request: bytes, go: int, results: int) -> None:
         call = channel.unary_unary(METHOD, request_serializer=None, response_deserializer=None)
         try:
             call(request, timeout=30)
-            code = "OK"
+            code, details = "OK", ""
         except grpc.RpcError as err:
-            code = err.code().name
-            sys.stderr.write(f"client {os.getpid()}: {code}: {err.details()}\n")
+            code, details = err.code().name, err.details()
+        if code != expected:
+            sys.stderr.write(f"client {os.getpid()}: {code}: {details}\n")
     took = time.perf_counter() - started
     os.write(results, f"{os.getpid()} {code} {took:.6f}\n".encode())
 
 
-def fork_clients(socket_path: Path, requests: list[bytes]) -> tuple[list[int], int, int]:
+def fork_clients(socket_path: Path, requests: list[bytes], expected: str) -> tuple[list[int], int, int]:
     """(child PIDs, write end of the go pipe, read end of the results pipe)."""
     go_read, go_write = os.pipe()
     results_read, results_write = os.pipe()
@@ -71,7 +75,7 @@ def fork_clients(socket_path: Path, requests: list[bytes]) -> tuple[list[int], i
             try:
                 os.close(go_write)
                 os.close(results_read)
-                client(socket_path, request, go_read, results_write)
+                client(socket_path, request, go_read, results_write, expected)
             except BaseException:
                 code = 1
             os._exit(code)
@@ -108,32 +112,32 @@ class ServerThread:
         self.thread.join(30)
 
 
-def percentile(values: list[float], p: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, round(p / 100 * (len(ordered) - 1)))]
+@dataclass(frozen=True)
+class Round:
+    ok: bool
+    wall: float
+    p50: float
 
 
-def one_round(n: int) -> bool:
+#: field 1 (pod_uid) says 127 bytes follow and 1 does: refused while decoding, before any lookup
+MALFORMED = b"\x0a\x7fx"
+
+
+def one_round(n: int, *, reference: bool = False) -> Round:
+    """N containers register at once; `reference`: the same N calls, each refused at decoding
+    (INVALID_ARGUMENT): transport, framing and the event loop, without vgpud's lookups and write."""
     root = Path(tempfile.mkdtemp(prefix="vgb", dir="/tmp"))
     try:
         world = World(root)
         world.cache.replace([])  # synchronized
         containers = [world.add_container(i) for i in range(n)]
-        server = RegistryServer(
-            layout=world.layout,
-            assigner=world.assigner,
-            nri_cache=world.cache,
-            claims=world.claims,
-            kube=world.kube,
-            recorder=world.recorder,
-            driver_name=o.DRIVER,
-            proc_root=world.proc,
-            cgroup_root=world.cgroup,
-        )
+        server = world.server()
         requests = [
-            bytes(ContainerDeviceRequest(pod_uid=uid, container_name="main")) for uid, _, _ in containers
+            MALFORMED if reference else bytes(ContainerDeviceRequest(pod_uid=uid, container_name="main"))
+            for uid, _, _ in containers
         ]
-        children, go, results = fork_clients(server.path, requests)
+        expected = "INVALID_ARGUMENT" if reference else "OK"
+        children, go, results = fork_clients(server.path, requests, expected)
         for pid, (uid, cid, _) in zip(children, containers, strict=True):
             world.place(pid, uid, cid)
         runner = ServerThread(server)
@@ -161,18 +165,25 @@ def one_round(n: int) -> bool:
         wrong = [
             str(config)
             for pid, (_, _, config) in zip(children, containers, strict=True)
-            if (config / "pids.config").read_text() != f"{pid}\n"
+            if (config / "pids.config").read_text() != ("" if reference else f"{pid}\n")
         ]
+        ok = outcomes == Counter({expected: n}) and not wrong and len(lines) == n
+        if not lines:
+            print(f"{n} containers: no client answered")
+            return Round(False, wall, 0.0)
         p50, p99 = (percentile(latencies, p) * 1000 for p in (50, 99))
-        inside = [c.latency_seconds for c in world.recorder.recent(component="registry")]
-        s50, s99 = (percentile(inside, p) * 1000 for p in (50, 99))
+        if reference:
+            what, inside = "refused at decoding (reference)", ""
+        else:
+            timed = [c.latency_seconds for c in world.recorder.recent(component="registry")]
+            s50, s99 = (percentile(timed, p) * 1000 for p in (50, 99))
+            what, inside = "registered", f"in vgpud p50 {s50:5.2f} ms, p99 {s99:5.2f} ms; "
         print(
-            f"{n} containers: {wall * 1000:7.1f} ms total, {n / wall:6.0f} calls/s; per call (client) "
-            f"p50 {p50:6.1f} ms, p99 {p99:6.1f} ms, max {max(latencies) * 1000:6.1f} ms; "
-            f"in vgpud p50 {s50:5.2f} ms, p99 {s99:5.2f} ms; "
-            f"{dict(outcomes)}; pids.config right: {n - len(wrong)}/{n}"
+            f"{n} containers {what}: {wall * 1000:7.1f} ms total, {n / wall:6.0f} calls/s; "
+            f"per call (client) p50 {p50:6.1f} ms, p99 {p99:6.1f} ms, max {max(latencies) * 1000:6.1f} ms; "
+            f"{inside}{dict(outcomes)}; pids.config right: {n - len(wrong)}/{n}"
         )
-        return outcomes == Counter({"OK": n}) and not wrong and len(lines) == n
+        return Round(ok, wall, p50)
     finally:
         shutil.rmtree(root, ignore_errors=True)
 
@@ -185,8 +196,12 @@ def main() -> int:
     print(
         f"registry bench: {os.cpu_count()} CPUs, Python {sys.version.split()[0]}, grpcio {grpc.__version__}"
     )
-    ok = all([one_round(args.containers) for _ in range(args.rounds)])
-    return 0 if ok else 1
+    reference = one_round(args.containers, reference=True)
+    rounds = [one_round(args.containers) for _ in range(args.rounds)]
+    for r in rounds:
+        wall, p50 = r.wall / reference.wall, r.p50 / reference.p50 if reference.p50 else float("nan")
+        print(f"vs the reference: wall {wall:5.2f}x, client p50 {p50:5.2f}x")
+    return 0 if reference.ok and all(r.ok for r in rounds) else 1
 
 
 if __name__ == "__main__":

@@ -9,7 +9,8 @@ in order) and one that upgrades to the websocket and then never reads. Two paths
 - inject: a container of a prepared claim (directory made in a worker thread, mounts and env).
 
 The hook's own latency (what vgpud_hook_duration_seconds records) is printed as p50/p99 with the ratio
-to the run without clients, and the loop's throughput with the stream's work included.
+to the run without clients, and the loop's throughput with the stream's work included. Exits 1 when a
+live client missed a call or the stalled client was not dropped.
 
     .venv/bin/python bench/stream.py [--calls N]
 """
@@ -31,6 +32,7 @@ import trio
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from bench.lib.stats import percentile
 from tests import objects as o
 from tests.draharness import REF, single_container_claim
 from tests.unit.observe.node import Node, make_node
@@ -40,7 +42,8 @@ from vgpud._pb.nri.pkg.api.v1alpha1 import (
     PodSandbox,
     RemoveContainerRequest,
 )
-from vgpud.observe.debug import STREAM_BUFFER, run_debug_server
+from vgpud.observe.hub import STREAM_BUFFER
+from vgpud.observe.serve import run_debug_server
 
 #: a client that completes the websocket upgrade and then reads nothing, ever
 STALLED = textwrap.dedent(
@@ -70,11 +73,6 @@ def request(name: str, claim: str | None) -> CreateContainerRequest:
     return CreateContainerRequest(
         pod=POD, container=Container(id=name, pod_sandbox_id="sb", name=name, env=env)
     )
-
-
-def percentile(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
 async def timed_calls(node: Node, calls: int, make: Callable[[int], CreateContainerRequest]) -> list[float]:
@@ -140,7 +138,7 @@ async def scenario(
     return {"skip": skip, "inject": inject, "rate": total / elapsed, "complete": complete, "dropped": dropped}
 
 
-async def main(calls: int) -> None:
+async def main(calls: int) -> dict[str, dict[str, object]]:
     with tempfile.TemporaryDirectory(prefix="vgb", dir="/tmp") as tmp:
         root = Path(tmp)
         node = make_node(root / "node", stream_buffer=STREAM_BUFFER)
@@ -170,7 +168,19 @@ async def main(calls: int) -> None:
                     node, sock, root, clients=clients, stalled=stalled, calls=calls, tag=tag
                 )
             nursery.cancel_scope.cancel()
-    report(results, calls)
+    return results
+
+
+def failures(results: dict[str, dict[str, object]]) -> list[str]:
+    """The bench's own correctness check: every live client printed every call, in order, and the
+    stalled client was dropped."""
+    wrong = []
+    for name, result in results.items():
+        if not result["complete"]:
+            wrong.append(f"{name}: a live client missed calls or got them out of order")
+        if name.endswith("stalled") and not result["dropped"]:
+            wrong.append(f"{name}: the stalled client was not dropped")
+    return wrong
 
 
 def report(results: dict[str, dict[str, object]], calls: int) -> None:
@@ -181,7 +191,7 @@ def report(results: dict[str, dict[str, object]], calls: int) -> None:
     for name, result in results.items():
         cells = []
         for path in ("skip", "inject"):
-            for q in (0.5, 0.99):
+            for q in (50, 99):
                 value = percentile(result[path], q)  # type: ignore[arg-type]
                 ratio = value / percentile(base[path], q)  # type: ignore[arg-type]
                 cells.append(f"{value * 1e6:8.1f} ({ratio:4.2f})")
@@ -193,7 +203,7 @@ def report(results: dict[str, dict[str, object]], calls: int) -> None:
     ratios = [
         percentile(stalled[path], q) / percentile(three[path], q)  # type: ignore[arg-type]
         for path in ("skip", "inject")
-        for q in (0.5, 0.99)
+        for q in (50, 99)
     ]
     print(f"{'stalled vs 3 clients':24} " + " ".join(f"{f'({r:4.2f})':>16}" for r in ratios))
     mean = statistics.mean(base["skip"])  # type: ignore[arg-type]
@@ -203,4 +213,15 @@ def report(results: dict[str, dict[str, object]], calls: int) -> None:
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--calls", type=int, default=3000, help="calls per path and scenario (default 3000)")
-    trio.run(main, parser.parse_args().calls)
+    calls = parser.parse_args().calls
+    if 2 * calls <= STREAM_BUFFER:
+        parser.error(
+            f"--calls must be over {STREAM_BUFFER // 2}: "
+            f"the stalled client is dropped only when it is {STREAM_BUFFER} calls behind"
+        )
+    results = trio.run(main, calls)
+    report(results, calls)
+    wrong = failures(results)
+    for line in wrong:
+        print(f"FAILED: {line}", file=sys.stderr)
+    raise SystemExit(1 if wrong else 0)

@@ -34,9 +34,11 @@ from vgpud.kube.client import KubeClient
 from vgpud.nodesetup import cgroup_v2, prepare_manager_root
 from vgpud.nri.conn import Identity, run_session
 from vgpud.nri.hooks import NriHooks
-from vgpud.observe.debug import ObserveApp, StreamHub, run_debug_server, run_metrics_server
+from vgpud.observe.app import ObserveApp
 from vgpud.observe.drift import DriftChecker
+from vgpud.observe.hub import StreamHub
 from vgpud.observe.metrics import NodeMetrics
+from vgpud.observe.serve import run_debug_server, run_metrics_server
 from vgpud.observe.state import DebugState, NodeParts, StreamStats
 from vgpud.partition.assigner import Mode
 from vgpud.partition.eager import EagerAssigner

@@ -11,8 +11,6 @@ half-parsed message.
 from __future__ import annotations
 
 import logging
-import os
-import stat
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,15 +20,13 @@ import trio
 import trio_asyncio
 from grpclib.server import Server
 
+from vgpud.compat.grpclib import listening_sockets
 from vgpud.grpccodec import StrictProtoCodec
+from vgpud.sockpath import SocketIdentity, remove_stale_socket, unlink_if_ours
 
 log = logging.getLogger("vgpud.grpc")
 
 CLOSE_TIMEOUT = 2.0
-
-
-class SocketPathError(OSError):
-    """Something that is not a socket sits where a socket must be bound."""
 
 
 @dataclass(frozen=True)
@@ -43,34 +39,6 @@ class Bound:
 
     def __str__(self) -> str:
         return f"unix:{self.path}" if self.path is not None else f"{self.host}:{self.port}"
-
-
-def check_socket_path(path: Path) -> bool:
-    """True when a socket sits at `path`, False when nothing does; SocketPathError for anything else."""
-    try:
-        mode = path.lstat().st_mode
-    except FileNotFoundError:
-        return False
-    if not stat.S_ISSOCK(mode):
-        raise SocketPathError(f"{path} exists and is not a socket; refusing to replace it")
-    return True
-
-
-def remove_stale_socket(path: Path) -> None:
-    """Remove a socket left by an earlier process; refuse to remove anything that is not a socket."""
-    if check_socket_path(path):
-        path.unlink()
-        log.info("removed stale socket %s", path)
-
-
-def _unlink_if_ours(path: Path, inode: int | None) -> None:
-    """Unlink `path` only if it is still the socket we bound (a successor may have replaced it)."""
-    try:
-        st = path.lstat()
-    except FileNotFoundError:
-        return
-    if inode is None or st.st_ino == inode:
-        path.unlink()
 
 
 def new_server(handlers: Sequence[Any]) -> Server:
@@ -107,16 +75,16 @@ async def serve(
     if (path is None) == (port is None):
         raise ValueError("serve needs exactly one of path or port")
     server = new_server(handlers)
-    inode: int | None = None
+    identity: SocketIdentity | None = None
     if path is not None:
         path.parent.mkdir(parents=True, exist_ok=True)
         remove_stale_socket(path)
         await trio_asyncio.aio_as_trio(server.start)(path=str(path))
-        inode = os.lstat(path).st_ino
+        identity = SocketIdentity.at(path)
         bound = Bound(path=path)
     else:
         await trio_asyncio.aio_as_trio(server.start)(host=host, port=port)
-        sockname = server._server.sockets[0].getsockname()  # the real port when port=0
+        sockname = listening_sockets(server)[0].getsockname()  # the real port when port=0
         bound = Bound(host=sockname[0], port=sockname[1])
     log.info("gRPC %s serving on %s", ", ".join(type(h).__name__ for h in handlers), bound)
     try:
@@ -125,6 +93,6 @@ async def serve(
         await trio.sleep_forever()
     finally:
         await close_server(server, bound, close_timeout)
-        if path is not None:
-            _unlink_if_ours(path, inode)
+        if path is not None and identity is not None:
+            unlink_if_ours(path, identity)
         log.info("gRPC server on %s closed", bound)

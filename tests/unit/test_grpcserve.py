@@ -14,8 +14,9 @@ import trio_asyncio
 from grpclib.client import Channel
 
 from vgpud._pb.grpc.health.v1 import HealthCheckRequest, HealthCheckResponseServingStatus, HealthStub
-from vgpud.grpcserve import Bound, SocketPathError, remove_stale_socket, serve
+from vgpud.grpcserve import Bound, serve
 from vgpud.health import HealthService
+from vgpud.sockpath import SocketPathError, remove_stale_socket
 from vgpud.supervisor import HealthRegistry, HealthState
 
 

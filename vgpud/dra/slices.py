@@ -22,11 +22,11 @@ import logging
 import os
 import re
 from collections.abc import Callable, Mapping, Sequence
-from fractions import Fraction
 from pathlib import Path
 from typing import Any
 
 import trio
+from kubernetes.utils.quantity import parse_quantity
 
 from vgpud.gpu.model import GpuInfo
 from vgpud.kube import RESOURCE_API, JsonObject, KubeApi, NotFound, WatchEvent, WatchEventType
@@ -46,16 +46,6 @@ MAX_NAME_LENGTH = 253
 WATCH_MIN_INTERVAL = 1.0
 
 _BDF = re.compile(r"^[0-9a-f]{4}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-9a-f]$")  # deviceattribute's check
-_QUANTITY = re.compile(
-    r"^([+-]?(?:[0-9]+\.?[0-9]*|\.[0-9]+))(Ki|Mi|Gi|Ti|Pi|Ei|[numkMGTPE]|[eE][+-]?[0-9]+)?$"
-)
-_SUFFIXES = {
-    "n": Fraction(1, 10**9),
-    "u": Fraction(1, 10**6),
-    "m": Fraction(1, 1000),
-    **{s: Fraction(1000**i) for i, s in enumerate("kMGTPE", 1)},
-    **{s + "i": Fraction(1024**i) for i, s in enumerate("KMGTPE", 1)},
-}
 
 
 class SliceError(Exception):
@@ -228,16 +218,15 @@ def read_pcie_roots(gpus: Sequence[GpuInfo], sysfs: Path = Path("/sys")) -> dict
 
 
 def _quantity(value: Any) -> Any:
-    """A quantity as an exact number: the server re-renders quantities ("1000" comes back as "1k")."""
-    match = _QUANTITY.match(str(value))
-    if match is None:
+    """A quantity as an exact number (the client library's parser): the server re-renders quantities
+    ("1000" comes back as "1k"). Anything else is compared as it is."""
+    if isinstance(value, bool):
         return value
-    number, suffix = Fraction(match[1]), match[2] or ""
-    if not suffix:
-        return number
-    if suffix in _SUFFIXES:
-        return number * _SUFFIXES[suffix]
-    return number * Fraction(10) ** int(suffix[1:])  # a decimal exponent, "1e3"
+    try:
+        number = parse_quantity(value)
+    except (ValueError, TypeError):
+        return value
+    return number if number.is_finite() else value
 
 
 def _quantities(value: Any) -> Any:

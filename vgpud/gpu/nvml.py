@@ -1,9 +1,9 @@
 """The NVML backend: the node's GPUs through nvidia-ml-py (`pynvml`).
 
-pynvml keeps its library in module globals (`nvmlLib`, plus a cache of function pointers) and only
-ever loads "libnvidia-ml.so.1" by name. To load a library we name (a driver root's path, or the fake
-NVML in tests) and report exactly what failed to load, this module opens the library itself with
-ctypes and binds it into pynvml for the span of one read, under a lock. Every read is a whole NVML
+pynvml keeps its library in module globals and only ever loads "libnvidia-ml.so.1" by name. To load
+a library we name (a driver root's path, or the fake NVML in tests) and report exactly what failed to
+load, this module opens the library itself with ctypes and binds it into pynvml (vgpud.compat.pynvml)
+for the span of one read, under a lock. Every read is a whole NVML
 session (init, queries, shutdown), so repeated reads, even against different libraries in one
 process, do not interfere. All NVML use in vgpud goes through here. Calls block: run them in a thread.
 """
@@ -18,6 +18,8 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import pynvml
+
+from vgpud.compat import pynvml as pynvml_compat
 
 from .model import (
     ADDRESSING_MODE_NAMES,
@@ -56,7 +58,7 @@ class NvmlInventory:
 
     def gpus(self) -> list[GpuInfo]:
         with _session:
-            _bind(self._lib)
+            pynvml_compat.bind(self._lib)
             self._call("nvmlInitWithFlags", pynvml.nvmlInit)
             try:
                 driver = self._call("nvmlSystemGetDriverVersion", pynvml.nvmlSystemGetDriverVersion)
@@ -138,14 +140,6 @@ class NvmlInventory:
             else:
                 why = f"{symbol} failed{where}: {_error_string(err)} (NVML error {err.value})"
             raise GpuInventoryError(f"NVML library {self.library} {why}") from err
-
-
-def _bind(lib: ctypes.CDLL) -> None:
-    """Make `lib` the library pynvml calls into (the function-pointer cache belongs to the old one)."""
-    with pynvml.libLoadLock:
-        if pynvml.nvmlLib is not lib:
-            pynvml.nvmlLib = lib
-            pynvml._nvmlGetFunctionPointer_cache.clear()
 
 
 def _error_string(err: pynvml.NVMLError) -> str:

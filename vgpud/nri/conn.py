@@ -9,11 +9,12 @@ deadline the runtime sent (`timeout_nano`); all frames of one message are writte
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import trio
 
+from vgpud import excgroup
 from vgpud._pb.nri.pkg.api.v1alpha1 import RegisterPluginRequest
 from vgpud.nri import mux, ttrpc
 from vgpud.nri.hooks import HookError, NriHooks
@@ -160,7 +161,7 @@ class NriSession:
 def _why_ended(exc: BaseException) -> str:
     """One line for the debug state: why a session ended (the first SessionEnded, else the first
     error; only cancellations: vgpud stopped it)."""
-    leaves = list(_leaves(exc))
+    leaves = list(excgroup.leaves(exc))
     for leaf in leaves:
         if isinstance(leaf, SessionEnded):
             return str(leaf)
@@ -168,14 +169,6 @@ def _why_ended(exc: BaseException) -> str:
         if not isinstance(leaf, trio.Cancelled):
             return f"{type(leaf).__name__}: {leaf}"
     return "vgpud stopped the session"
-
-
-def _leaves(exc: BaseException) -> Iterator[BaseException]:
-    if isinstance(exc, BaseExceptionGroup):
-        for inner in exc.exceptions:
-            yield from _leaves(inner)
-    else:
-        yield exc
 
 
 async def run_session(

@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from vgpud.compat.grpclib import peer_socket
 from vgpud.partition.assigner import Candidate, ResolveError, TargetNotFound
 from vgpud.registry.cgroup import (
     CgroupParseError,
@@ -60,15 +61,9 @@ class NotTheCaller(ResolveError):
 
 
 def peer_pid(stream: Any) -> int | None:
-    """The PID of the process at the other end of a grpclib server stream's unix socket.
-
-    grpclib (0.4) has no public accessor for the connection's socket; `stream.peer` is its public
-    Peer object and `Peer._transport` the asyncio transport it wraps. This is the one place that
-    reaches in; a grpclib upgrade that moves it makes this return None and every call is refused
-    (fail closed), which the tests catch.
-    """
-    transport = getattr(getattr(stream, "peer", None), "_transport", None)
-    sock = transport.get_extra_info("socket") if transport is not None else None
+    """The PID of the process at the other end of a grpclib server stream's unix socket (its socket
+    through vgpud.compat.grpclib: None, so every call refused, if grpclib moves it)."""
+    sock = peer_socket(stream)
     if sock is None or sock.family != socket.AF_UNIX:
         return None
     try:

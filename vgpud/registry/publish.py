@@ -23,7 +23,6 @@ import os
 import socket
 import stat
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -31,7 +30,9 @@ import trio
 import trio_asyncio
 from grpclib.server import Server
 
-from vgpud.grpcserve import CLOSE_TIMEOUT, check_socket_path, close_server, new_server
+from vgpud.compat.grpclib import stop_accepting
+from vgpud.grpcserve import CLOSE_TIMEOUT, close_server, new_server
+from vgpud.sockpath import SocketIdentity, check_socket_path, path_state, unlink_if_ours
 
 log = logging.getLogger("vgpud.registry")
 
@@ -44,18 +45,6 @@ GUARD_INTERVAL = 5.0
 BACKLOG = 1024
 
 _attempts = itertools.count(1)
-
-
-@dataclass(frozen=True)
-class SocketIdentity:
-    """The inode we bound: paths are not identities once another instance may replace the file."""
-
-    dev: int
-    ino: int
-
-    @classmethod
-    def of(cls, st: os.stat_result) -> SocketIdentity:
-        return cls(st.st_dev, st.st_ino)
 
 
 def staged_path(path: Path) -> Path:
@@ -84,30 +73,6 @@ def bind_published(path: Path, mode: int = SOCKET_MODE) -> tuple[socket.socket, 
     return sock, SocketIdentity.of(st)
 
 
-def path_state(path: Path, ours: SocketIdentity) -> str:
-    """Whether `path` is "ours", "missing", or "other" (a successor's socket, or something else)."""
-    try:
-        st = path.lstat()
-    except FileNotFoundError:
-        return "missing"
-    return "ours" if stat.S_ISSOCK(st.st_mode) and SocketIdentity.of(st) == ours else "other"
-
-
-def unlink_if_ours(path: Path, ours: SocketIdentity) -> bool:
-    if path_state(path, ours) != "ours":
-        return False
-    path.unlink(missing_ok=True)
-    return True
-
-
-def _stop_accepting(server: Server) -> None:
-    """Close a superseded listener but let the calls already on its connections finish. grpclib has
-    no public call for it; its asyncio server's close() is exactly that (connections stay open)."""
-    listener = server._server
-    if listener is not None:
-        listener.close()
-
-
 class PublishedServer:
     """A set of grpclib servers for one path: the current one and any superseded by a re-publish."""
 
@@ -128,7 +93,7 @@ class PublishedServer:
             unlink_if_ours(self.path, identity)
             raise
         if self.servers:
-            _stop_accepting(self.servers[-1])
+            stop_accepting(self.servers[-1])  # its calls in flight finish
         self.servers.append(server)
         self.identity = identity
 

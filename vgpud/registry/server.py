@@ -34,6 +34,7 @@ from grpclib.const import Status
 from grpclib.exceptions import GRPCError
 
 from vgpud._pb.registry import ContainerDeviceRequest, ContainerDeviceResponse, VDeviceRegistryBase
+from vgpud.compat.grpclib import TruncatedData, recv_data
 from vgpud.kube import KubeApi
 from vgpud.nri.cache import NriCache
 from vgpud.partition.assigner import PartitionAssigner
@@ -68,11 +69,13 @@ async def read_request(stream: Any, limit: int = MAX_MESSAGE) -> ContainerDevice
     """The unary request, refused from its length prefix when over `limit` (RESOURCE_EXHAUSTED).
 
     grpclib has no receive limit: `Stream.recv_message` reads (and acknowledges) as many bytes as
-    the prefix claims. So the frame is read here from grpclib's HTTP/2 stream (`stream._stream`, its
-    only non-public part) and decoded strictly (INVALID_ARGUMENT for malformed bytes).
+    the prefix claims. So the frame is read here (vgpud.compat.grpclib.recv_data) and decoded
+    strictly (INVALID_ARGUMENT for malformed or truncated bytes).
     """
-    h2_stream = stream._stream
-    prefix = await h2_stream.recv_data(_PREFIX.size)
+    try:
+        prefix = await recv_data(stream, _PREFIX.size)
+    except TruncatedData:
+        raise GRPCError(Status.INVALID_ARGUMENT, "truncated message prefix") from None
     if len(prefix) < _PREFIX.size:
         raise GRPCError(Status.INVALID_ARGUMENT, "no request message")
     compressed, length = _PREFIX.unpack(prefix)
@@ -83,10 +86,10 @@ async def read_request(stream: Any, limit: int = MAX_MESSAGE) -> ContainerDevice
             Status.RESOURCE_EXHAUSTED, f"request message of {length} bytes exceeds the limit of {limit}"
         )
     try:
-        return parse_strict(await h2_stream.recv_data(length), ContainerDeviceRequest)
+        return parse_strict(await recv_data(stream, length), ContainerDeviceRequest)
     except MalformedMessage as err:
         raise GRPCError(Status.INVALID_ARGUMENT, f"malformed ContainerDeviceRequest: {err}") from None
-    except AssertionError:  # grpclib's buffer: the stream ended inside the message
+    except TruncatedData:
         raise GRPCError(Status.INVALID_ARGUMENT, "truncated request message") from None
 
 

@@ -13,9 +13,11 @@ import trio
 
 from tests.draharness import Harness
 from vgpud.nri.hooks import NriHooks
-from vgpud.observe.debug import ObserveApp, StreamHub, run_debug_server
+from vgpud.observe.app import ObserveApp
 from vgpud.observe.drift import DriftChecker
+from vgpud.observe.hub import StreamHub
 from vgpud.observe.metrics import NodeMetrics
+from vgpud.observe.serve import run_debug_server
 from vgpud.observe.state import DebugState, NodeParts, StreamStats
 from vgpud.partition.lazy import LazyAssigner
 from vgpud.registry.server import RegistryServer

@@ -21,8 +21,8 @@ import trio_websocket
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.unit.observe.node import Node, make_node, serving
-from vgpud.observe import debug
-from vgpud.observe.debug import unix_listener
+from vgpud.observe import serve
+from vgpud.observe.listeners import unix_listener
 from vgpud.recorder import HookCall, Recorder
 
 TIMEOUT = 20
@@ -188,6 +188,18 @@ def test_a_stale_socket_is_replaced_and_anything_else_kept(short_tmp: Path) -> N
     assert path.read_text() == "not a socket"
 
 
+async def test_a_successors_socket_survives_the_stop(node: Node, sock: Path) -> None:
+    """A new vgpud that replaced the socket path while this one was stopping keeps its socket."""
+    successor = socket.socket(socket.AF_UNIX)
+    try:
+        async with serving(node, sock):
+            sock.unlink()
+            successor.bind(str(sock))
+        assert stat.S_ISSOCK(sock.lstat().st_mode)
+    finally:
+        successor.close()
+
+
 # --- The live stream -------------------------------------------------------------------------------
 
 
@@ -255,7 +267,7 @@ async def test_a_client_that_never_reads_cannot_hold_up_the_stop(node: Node, soc
                     await trio.lowlevel.checkpoint()
             began = time.monotonic()
         stopped_in = time.monotonic() - began
-        assert stopped_in < debug.CLOSE_TIMEOUT + debug.GRACEFUL_TIMEOUT + 2
+        assert stopped_in < serve.CLOSE_TIMEOUT + serve.GRACEFUL_TIMEOUT + 2
         assert node.stream.clients == 0
         clients.start_soon(stalled.read)
         with trio.fail_after(TIMEOUT):
@@ -266,7 +278,7 @@ async def test_a_client_that_never_reads_cannot_hold_up_the_stop(node: Node, soc
 async def test_a_connection_that_reads_nothing_is_closed_after_the_write_timeout(
     node: Node, sock: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(debug, "WRITE_TIMEOUT", 0.3)
+    monkeypatch.setattr(serve, "WRITE_TIMEOUT", 0.3)
     node.hub.buffer = 100_000  # so that only the write timeout can end it
     recorder = node.parts.recorder
     async with trio.open_nursery() as clients, serving(node, sock):

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from tests.purity import run_without_io
 
-PURE_MODULES = ["model", "eager", "lazy", "assigner", "layout", "edits", "quantity"]
+PURE_MODULES = ["model", "eager", "lazy", "assigner", "layout", "edits"]
 
 BODY = """
     import importlib

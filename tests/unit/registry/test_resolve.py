@@ -295,15 +295,7 @@ async def test_a_slow_attempt_skips_poll_points_instead_of_running_back_to_back(
             await trio.sleep(0.1)
             raise ResolveError("the API server is slow")
 
-    slow = Slow(
-        assigner=world.assigner,
-        kube=world.kube,
-        claims=world.claims,
-        nri_cache=world.cache,
-        cgroup_root=world.cgroup,
-        driver_name=o.DRIVER,
-        timeout=0.5,
-    )
+    slow = world.resolver(Slow, timeout=0.5)
     with pytest.raises(ResolveTimeout, match="the API server is slow"):
         await slow.resolve(RegisterQuery(pod_uid=uid, container="main"), caller_in(world, uid, cid))
     assert started == pytest.approx([0.0, 0.12, 0.24, 0.36, 0.48])

@@ -11,10 +11,14 @@ import stat
 import subprocess
 import sys
 import textwrap
+import urllib.parse
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 import grpc
+import h2.config
+import h2.connection
+import h2.events
 import pytest
 import trio
 import trio_asyncio
@@ -23,12 +27,12 @@ from tests import objects as o
 from tests.stdproto import message_class
 from tests.support import REPO, built
 from tests.unit.registry.world import World, claim_uid
-from vgpud.grpcserve import SocketPathError
 from vgpud.nri.cache import CacheEntry
 from vgpud.recorder import Outcome
 from vgpud.registry.identity import peer_pid
 from vgpud.registry.resolve import Admission
 from vgpud.registry.server import MAX_MESSAGE, RegistryServer
+from vgpud.sockpath import SocketPathError
 
 METHOD = "/registry.VDeviceRegistry/RegisterContainerDevice"
 REQUEST = message_class("registry.ContainerDeviceRequest")
@@ -54,19 +58,7 @@ async def aregister(path: Path, **fields: str) -> tuple[grpc.StatusCode, str]:
 
 
 def make_server(world: World, **kwargs: object) -> RegistryServer:
-    return RegistryServer(
-        layout=world.layout,
-        assigner=world.assigner,
-        nri_cache=world.cache,
-        claims=world.claims,
-        kube=world.kube,
-        recorder=world.recorder,
-        driver_name=o.DRIVER,
-        proc_root=world.proc,
-        cgroup_root=world.cgroup,
-        guard_interval=0.05,
-        **kwargs,  # type: ignore[arg-type]
-    )
+    return world.server(guard_interval=0.05, **kwargs)
 
 
 async def serving(server: RegistryServer, body: Callable[[], Awaitable[None]]) -> None:
@@ -167,6 +159,52 @@ async def test_malformed_bytes_and_a_planted_symlink(world: World) -> None:
 
     await serving(server, body)
     assert precious.read_text() == "keep\n" and (config / "pids.config").is_symlink()
+
+
+def raw_h2_call(path: Path, body: bytes) -> tuple[str, str]:
+    """One call whose request body is exactly `body` (grpcio only sends whole messages): an
+    independent HTTP/2 client (h2) on the unix socket; the (grpc-status, grpc-message) trailers."""
+    connection = h2.connection.H2Connection(h2.config.H2Configuration(client_side=True))
+    with socket.socket(socket.AF_UNIX) as sock:
+        sock.settimeout(10)
+        sock.connect(str(path))
+        connection.initiate_connection()
+        headers = [
+            (":method", "POST"),
+            (":scheme", "http"),
+            (":path", METHOD),
+            (":authority", "localhost"),
+            ("content-type", "application/grpc"),
+            ("te", "trailers"),
+        ]
+        connection.send_headers(1, headers)
+        connection.send_data(1, body, end_stream=True)
+        sock.sendall(connection.data_to_send())
+        trailers: dict[str, str] = {}
+        while "grpc-status" not in trailers:
+            data = sock.recv(65536)
+            assert data, "the server closed the connection without a status"
+            for event in connection.receive_data(data):
+                if isinstance(event, (h2.events.ResponseReceived, h2.events.TrailersReceived)):
+                    trailers.update((bytes(k).decode(), bytes(v).decode()) for k, v in event.headers)
+            sock.sendall(connection.data_to_send())
+    return trailers["grpc-status"], urllib.parse.unquote(trailers.get("grpc-message", ""))
+
+
+async def test_a_request_that_ends_inside_its_prefix_or_its_message_is_invalid(world: World) -> None:
+    server = make_server(world)
+    invalid = str(grpc.StatusCode.INVALID_ARGUMENT.value[0])
+
+    async def body() -> None:
+        for sent, why in [
+            (b"\x00\x00\x00", "truncated message prefix"),
+            (b"\x00\x00\x00\x00\x0a\x0a\x01", "truncated request message"),
+            (b"", "no request message"),
+        ]:
+            status, message = await trio.to_thread.run_sync(raw_h2_call, server.path, sent)
+            assert (status, message) == (invalid, why), sent
+
+    await serving(server, body)
 
 
 def test_peer_pid_is_none_without_a_unix_socket() -> None:

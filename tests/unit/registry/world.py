@@ -21,7 +21,7 @@ from vgpud.partition.lazy import LazyAssigner
 from vgpud.partition.pidsfile import reset_pids_file
 from vgpud.recorder import Recorder
 from vgpud.registry.resolve import Resolver
-from vgpud.registry.server import RegistryService
+from vgpud.registry.server import RegistryServer, RegistryService
 
 
 def container_id(n: int) -> str:
@@ -145,8 +145,8 @@ class World:
             self.cache.set(uid, name, CacheEntry(claim, paths.base))
         return uid, cid, Path(paths.config)
 
-    def resolver(self, **kwargs: Any) -> Resolver:
-        return Resolver(
+    def resolver(self, cls: type[Resolver] = Resolver, **kwargs: Any) -> Resolver:
+        return cls(
             assigner=self.assigner,
             kube=self.kube,
             claims=self.claims,
@@ -158,3 +158,18 @@ class World:
 
     def service(self, **kwargs: Any) -> RegistryService:
         return RegistryService(self.resolver(), self.recorder, proc_root=self.proc, **kwargs)
+
+    def server(self, **kwargs: Any) -> RegistryServer:
+        """The whole registry server (socket under the layout) over this world."""
+        return RegistryServer(
+            layout=self.layout,
+            assigner=self.assigner,
+            nri_cache=self.cache,
+            claims=self.claims,
+            kube=self.kube,
+            recorder=self.recorder,
+            driver_name=o.DRIVER,
+            proc_root=self.proc,
+            cgroup_root=self.cgroup,
+            **kwargs,
+        )
