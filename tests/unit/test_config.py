@@ -7,15 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from vgpud.config import (
-    GATES,
-    ConfigError,
-    add_settings_arguments,
-    gpu_source_from,
-    parse_feature_gates,
-    settings_from,
-)
+from vgpud.config import add_settings_arguments, gpu_source_from, settings_from
+from vgpud.gates import GATES, parse_feature_gates
 from vgpud.gpu.mock import PROFILES_DIR
+from vgpud.options import ConfigError
 
 
 def _settings(argv: list[str], env: dict[str, str] | None = None):

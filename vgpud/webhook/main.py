@@ -20,9 +20,9 @@ from functools import partial
 import trio
 
 from vgpud import __version__
-from vgpud.config import ConfigError
 from vgpud.kube.api import KubeError
 from vgpud.logs import configure_logging
+from vgpud.options import ConfigError
 from vgpud.recorder import Recorder
 from vgpud.supervisor import Restart, Supervisor
 from vgpud.webhook.admit import Admitter
