@@ -45,7 +45,9 @@ OPTIONS: tuple[Option, ...] = (
         "NODE_NAME",
         dns_subdomain,
         None,
-        "this node's name (default: the host name)",
+        "this node's name, as the kubelet registered it",
+        "NAME",
+        unset="the host name",
     ),
     Option(
         "driver_name",
@@ -54,6 +56,7 @@ OPTIONS: tuple[Option, ...] = (
         dns_subdomain,
         DEFAULT_DRIVER_NAME,
         "DRA driver name; must match the DeviceClass and ResourceSlices",
+        "NAME",
     ),
     Option(
         "feature_gates",
@@ -61,8 +64,9 @@ OPTIONS: tuple[Option, ...] = (
         "FEATURE_GATES",
         parse_feature_gates,
         "",
-        "comma-separated Name=true|false: " + gates_help(),
+        "comma-separated Name=true|false: " + gates_help() + "; VGPUSupport is always on",
         "GATES",
+        unset="none set",
     ),
     Option(
         "manager_dir",
@@ -70,7 +74,7 @@ OPTIONS: tuple[Option, ...] = (
         "HOST_MANAGER_DIR",
         absolute_path,
         "/etc/vgpu-manager",
-        "manager root on the host: claims, registry socket, library",
+        "manager root on the host: claim directories, the registry socket, the control library",
         "DIR",
         rebased=True,
     ),
@@ -80,7 +84,7 @@ OPTIONS: tuple[Option, ...] = (
         "CDI_ROOT",
         absolute_path,
         "/var/run/cdi",
-        "where transient CDI specs are written",
+        "where the per-claim CDI specs are written (the runtime's CDI spec directory)",
         "DIR",
         rebased=True,
     ),
@@ -90,7 +94,7 @@ OPTIONS: tuple[Option, ...] = (
         "NRI_ROOT",
         absolute_path,
         "/var/run/nri",
-        "directory of the runtime's nri.sock",
+        "directory of the runtime's nri.sock (used with NRISupport)",
         "DIR",
         rebased=True,
     ),
@@ -100,7 +104,7 @@ OPTIONS: tuple[Option, ...] = (
         "KUBELET_REGISTRAR_DIR",
         absolute_path,
         "/var/lib/kubelet/plugins_registry",
-        "kubelet plugin registration directory",
+        "kubelet plugin registration directory (where <driver>-reg.sock is put)",
         "DIR",
         rebased=True,
     ),
@@ -110,7 +114,7 @@ OPTIONS: tuple[Option, ...] = (
         "KUBELET_PLUGINS_DIR",
         absolute_path,
         "/var/lib/kubelet/plugins",
-        "kubelet plugins directory (holds <driver>/dra.sock)",
+        "kubelet plugins directory (<driver>/ holds dra.sock, checkpoint.json, the lock and debug.sock)",
         "DIR",
         rebased=True,
     ),
@@ -120,7 +124,7 @@ OPTIONS: tuple[Option, ...] = (
         "HOST_PROC",
         absolute_path,
         "/proc",
-        "the host's /proc (caller identity)",
+        "the host's /proc, where a registering caller's cgroups are read (used with DevicePluginClientMode)",
         "DIR",
     ),
     Option(
@@ -128,8 +132,11 @@ OPTIONS: tuple[Option, ...] = (
         "--cgroup-driver",
         "CGROUP_DRIVER",
         choice(*CGROUP_DRIVERS),
-        "cgroupfs",
-        "the kubelet's cgroup driver: cgroupfs or systemd",
+        None,
+        "the kubelet's cgroup driver, cgroupfs or systemd: a registering caller must then be in a pod "
+        "cgroup of that layout (used with DevicePluginClientMode)",
+        "DRIVER",
+        unset="either layout, as each caller's cgroup path shows it",
     ),
     Option(
         "healthcheck_port",
@@ -155,7 +162,7 @@ OPTIONS: tuple[Option, ...] = (
         "NRI_PLUGIN_IDX",
         nri_idx,
         "00",
-        "NRI plugin index: two digits, the order among NRI plugins",
+        "NRI plugin index: two digits, the order among NRI plugins (used with NRISupport)",
         "IDX",
     ),
     Option(
@@ -183,6 +190,7 @@ OPTIONS: tuple[Option, ...] = (
         choice(*GPU_BACKENDS),
         "nvml",
         "where GPUs come from: nvml (real) or mock (a YAML profile)",
+        "BACKEND",
     ),
     Option(
         "gpu_profile",
@@ -190,8 +198,10 @@ OPTIONS: tuple[Option, ...] = (
         "GPU_PROFILE",
         gpu_profile,
         None,
-        "mock GPU profile: a YAML file or a built-in name (" + ", ".join(BUILTIN_PROFILES) + ")",
+        "mock GPU profile: a YAML file or a built-in name (" + ", ".join(BUILTIN_PROFILES) + "); "
+        "required with --gpu-backend mock, refused otherwise",
         "PROFILE",
+        unset="none",
     ),
     Option(
         "nvml_library",
@@ -199,8 +209,9 @@ OPTIONS: tuple[Option, ...] = (
         "NVML_LIBRARY",
         absolute_path,
         None,
-        "path of libnvidia-ml.so.1 (default: the dynamic loader's search)",
+        "path of libnvidia-ml.so.1 (--gpu-backend nvml only)",
         "PATH",
+        unset="the dynamic loader's search",
     ),
     Option(
         "kubeconfig",
@@ -208,8 +219,9 @@ OPTIONS: tuple[Option, ...] = (
         "KUBECONFIG",
         absolute_path,
         None,
-        "kubeconfig file (default: the in-cluster service account)",
+        "kubeconfig file for the Kubernetes API",
         "FILE",
+        unset="the in-cluster service account",
     ),
     Option(
         "library_source",
@@ -217,8 +229,9 @@ OPTIONS: tuple[Option, ...] = (
         "LIBRARY_SOURCE",
         absolute_path,
         None,
-        "libvgpu-control.so to install into the manager root (default: none installed)",
+        "libvgpu-control.so to install into the manager root as the control library containers load",
         "FILE",
+        unset="none installed; an empty placeholder keeps the mount valid",
     ),
     Option(
         "register_client_source",
@@ -228,6 +241,7 @@ OPTIONS: tuple[Option, ...] = (
         None,
         "vgpu-register to install as <manager root>/registry/vgpu-register, the client the library runs",
         "FILE",
+        unset="none installed",
     ),
     Option(
         "shutdown_timeout",
@@ -253,9 +267,9 @@ OPTIONS: tuple[Option, ...] = (
         "DEBUG_SOCKET",
         socket_path_or_off,
         None,
-        "unix socket of the debug endpoint and the live hook stream, mode 0600 "
-        "(default: <kubelet plugins dir>/<driver>/debug.sock; off: none)",
+        "unix socket of the debug endpoint and the live hook stream, mode 0600 ('', -1 or off: none)",
         "PATH",
+        unset="<kubelet plugins dir>/<driver>/debug.sock",
     ),
     Option(
         "debug_address",
@@ -263,8 +277,9 @@ OPTIONS: tuple[Option, ...] = (
         "DEBUG_ADDRESS",
         loopback_address,
         None,
-        "also serve the debug endpoint on this loopback HOST:PORT (default: none)",
+        "also serve the debug endpoint on this loopback HOST:PORT",
         "HOST:PORT",
+        unset="none",
     ),
     Option(
         "drift_interval",
@@ -276,7 +291,13 @@ OPTIONS: tuple[Option, ...] = (
         "SECONDS",
     ),
     Option(
-        "log_level", "--log-level", "LOG_LEVEL", choice(*LOG_LEVELS), "info", "debug, info, warning or error"
+        "log_level",
+        "--log-level",
+        "LOG_LEVEL",
+        choice(*LOG_LEVELS),
+        "info",
+        "log level: debug, info, warning or error",
+        "LEVEL",
     ),
 )
 
@@ -288,6 +309,7 @@ _ROOT_PREFIX = Option(
     None,
     "put every default host path under DIR (development and tests)",
     "DIR",
+    unset="none: the host paths as they are",
 )
 
 
@@ -304,7 +326,8 @@ class Settings:
     kubelet_registrar_dir: Path
     kubelet_plugins_dir: Path
     proc_root: Path
-    cgroup_driver: str
+    #: cgroupfs, systemd, or None: not configured (either layout)
+    cgroup_driver: str | None
     healthcheck_port: int
     healthcheck_address: str
     nri_plugin_idx: str
@@ -344,6 +367,11 @@ class Settings:
         if self.debug_socket is None:
             return self.plugin_dir / "debug.sock"
         return None if self.debug_socket == SOCKET_OFF else Path(self.debug_socket)
+
+    @property
+    def systemd_cgroups(self) -> bool | None:
+        """The kubelet's cgroup layout for caller identity: systemd (True), cgroupfs (False), either."""
+        return None if self.cgroup_driver is None else self.cgroup_driver == "systemd"
 
     @property
     def nri_socket(self) -> Path:

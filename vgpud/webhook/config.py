@@ -34,6 +34,7 @@ WEBHOOK_OPTIONS: tuple[Option, ...] = (
         None,
         "serving certificate (PEM, chain allowed); reloaded when it changes",
         "FILE",
+        unset="none: give it with --tls-key-file, or --self-signed",
     ),
     Option(
         "tls_key_file",
@@ -43,6 +44,7 @@ WEBHOOK_OPTIONS: tuple[Option, ...] = (
         None,
         "private key of --tls-cert-file (PEM); reloaded when it changes",
         "FILE",
+        unset="none",
     ),
     Option(
         "tls_reload_interval",
@@ -62,6 +64,7 @@ WEBHOOK_OPTIONS: tuple[Option, ...] = (
         "development: make a CA and serving certificate in DIR (reused when there), print the caBundle "
         "for the webhook configuration; instead of --tls-cert-file/--tls-key-file",
         "DIR",
+        unset="none",
     ),
     Option(
         "self_signed_hosts",
@@ -70,8 +73,9 @@ WEBHOOK_OPTIONS: tuple[Option, ...] = (
         hosts,
         "",
         "extra comma-separated DNS names and IPs for the self-signed certificate "
-        "(always: localhost, 127.0.0.1 and the Service's names)",
+        "(always: localhost, 127.0.0.1 and the Service's names); only with --self-signed",
         "HOSTS",
+        unset="none",
     ),
     Option(
         "service_name",
@@ -79,7 +83,7 @@ WEBHOOK_OPTIONS: tuple[Option, ...] = (
         "WEBHOOK_SERVICE_NAME",
         dns_subdomain,
         "vgpud-webhook",
-        "the webhook's Service, for the self-signed certificate's names",
+        "the webhook's Service, for the self-signed certificate's names (used with --self-signed)",
         "NAME",
     ),
     Option(
@@ -88,7 +92,7 @@ WEBHOOK_OPTIONS: tuple[Option, ...] = (
         "POD_NAMESPACE",
         dns_subdomain,
         "default",
-        "the Service's namespace, for the self-signed certificate's names",
+        "the Service's namespace, for the self-signed certificate's names (used with --self-signed)",
         "NAMESPACE",
     ),
     Option(
