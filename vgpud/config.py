@@ -1,10 +1,11 @@
 """The settings of `vgpud run`: the option table (flag, environment variable, parser, default), the
 validated `Settings`, and the rules about which settings go together.
 
-Every setting has a flag and most have the environment variable the Helm chart sets (the same names
-as the reference system). A flag wins over the environment, the environment over the default. All
-validation happens here, before anything starts: a bad value or gate combination is a `ConfigError`
-whose message names the flag and the variable, and the CLI turns it into one line and exit code 2.
+Every setting has a flag and an environment variable (the reference system's names where it has the
+setting, so a DaemonSet written for it configures vgpud the same way). A flag wins over the
+environment, the environment over the default. All validation happens here, before anything starts:
+a bad value or gate combination, or a setting vgpud cannot honour, is a `ConfigError` whose message
+names the flag or the variable, and the CLI turns it into one line and exit code 2.
 """
 
 from __future__ import annotations

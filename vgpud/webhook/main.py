@@ -1,4 +1,4 @@
-"""`vgpud webhook`: the admission webhook as its own process (the chart runs it as a Deployment).
+"""`vgpud webhook`: the admission webhook as its own process (in a cluster, a Deployment behind a Service).
 
 What can fail for good is checked before Trio starts and ends the process with exit 1: the serving
 certificate (or making the self-signed one), the Kubernetes API configuration and the listening

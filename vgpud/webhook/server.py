@@ -336,8 +336,8 @@ _HANDSHAKE_HINTS = {
     "HTTP_REQUEST": "plain HTTP sent to the HTTPS port",
     "TLSV1_ALERT_UNKNOWN_CA": "the client does not trust the serving certificate's CA "
     "(is the caBundle of the webhook configuration this certificate's CA?)",
-    "SSLV3_ALERT_BAD_CERTIFICATE": "the client rejected the serving certificate "
-    "(does it name the host the client dials?)",
+    "SSLV3_ALERT_BAD_CERTIFICATE": "the client rejected the serving certificate (is the caBundle of "
+    "the webhook configuration its CA, and does it name the host the client dials?)",
     "SSLV3_ALERT_CERTIFICATE_UNKNOWN": "the client rejected the serving certificate",
     "TLSV1_ALERT_PROTOCOL_VERSION": "the client offers no TLS version this server accepts (TLS 1.2+)",
     "UNSUPPORTED_PROTOCOL": "the client offers no TLS version this server accepts (TLS 1.2+)",
