@@ -66,8 +66,10 @@ class Limits:
     #: never sends a review into a connection this side is closing
     idle_timeout: float = 120.0
     max_connections: int = 512
-    #: after an error answer, read (and drop) what the client still sends for this long, so the close
-    #: does not reset the connection before the client has read the answer
+    #: after an error answer, read (and drop) what the client still sends until it closes or is quiet
+    #: for this long (at most 2 * max_body bytes, within request_timeout): closing while its bytes
+    #: are unread would reset the connection, and the reset throws away the answer the client has
+    #: not read yet
     linger: float = 2.0
 
 
@@ -322,13 +324,19 @@ class WebhookServer:
         return not scope.cancelled_caught
 
     async def _linger(self, stream: trio.SSLStream[trio.SocketStream]) -> None:
-        with trio.move_on_after(self.limits.linger):
-            drained = 0
-            while drained <= 2 * self.limits.max_body:
-                data = await stream.receive_some(RECEIVE_CHUNK)
-                if not data:
-                    return
-                drained += len(data)
+        """Drain what the client still sends (a body it writes before it reads the answer) while it
+        keeps sending, so the close that follows is a clean one."""
+        limits = self.limits
+        drained = 0
+        with trio.move_on_after(limits.request_timeout):
+            while drained <= 2 * limits.max_body:
+                with trio.move_on_after(limits.linger):
+                    data = await stream.receive_some(RECEIVE_CHUNK)
+                    if not data:
+                        return
+                    drained += len(data)
+                    continue
+                return  # quiet for `linger`: it has read the answer, or is not going to
 
 
 #: OpenSSL's reason for a failed server handshake -> what it means for the webhook's operator

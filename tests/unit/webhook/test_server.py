@@ -313,6 +313,32 @@ async def test_an_oversized_body_gets_400_before_it_is_read(running: Running) ->
     await assert_serving(running)
 
 
+async def test_an_oversized_body_still_being_sent_keeps_its_answer(live_certs: SelfSigned) -> None:
+    """A client that writes its whole body before it reads (curl, Python's http.client), slower than
+    the linger time in all but faster between its writes: the server drains until it is done, so its
+    close resets nothing and the 400 waiting in the client's socket is not thrown away."""
+    chunk = b" " * 8192
+    chunks = int(3 * LIMITS.linger / 0.1)  # 0.1 s apart: 3 linger times in all
+    size = len(chunk) * chunks
+    async with serving(live_certs, dataclasses.replace(LIMITS, request_timeout=10)) as running:
+        await _send_slowly_then_read(running, chunk, chunks, size)
+
+
+async def _send_slowly_then_read(running: Running, chunk: bytes, chunks: int, size: int) -> None:
+    stream = await running.connect()
+    with trio.fail_after(10):
+        head = f"POST /validate HTTP/1.1\r\nHost: x\r\nContent-Length: {size}\r\n\r\n"
+        await stream.send_all(head.encode())
+        for _ in range(chunks):
+            await stream.send_all(chunk)
+            await trio.sleep(0.1)
+        reply = await read_reply(stream)
+    await trio.aclose_forcefully(stream)
+    assert (reply.status, reply.headers["connection"]) == (400, "close")
+    assert reply.text == f"request body of {size} bytes is over the limit of {LIMITS.max_body}\n"
+    await assert_serving(running)
+
+
 async def test_an_oversized_chunked_body_gets_400(running: Running) -> None:
     stream = await running.connect()
     await stream.send_all(http("POST", "/validate", b"", "Transfer-Encoding: chunked"))
