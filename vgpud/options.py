@@ -62,15 +62,6 @@ def add_arguments(parser: argparse.ArgumentParser, options: Iterable[Option]) ->
             )
 
 
-def given(option: Option, args: argparse.Namespace, environ: Mapping[str, str]) -> str | None:
-    """Where the user set `option` (its flag, or its variable), None when only the default applies."""
-    if getattr(args, option.dest, None) is not None:
-        return option.flag
-    if option.env and environ.get(option.env, "") != "":
-        return f"{option.env} (environment)"
-    return None
-
-
 def resolve(option: Option, args: argparse.Namespace, environ: Mapping[str, str], prefix: Path | None) -> Any:
     """The parsed value: flag > environment (an empty variable counts as unset) > default."""
     raw = getattr(args, option.dest, None)
