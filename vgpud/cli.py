@@ -20,13 +20,13 @@ from vgpud.config import (
     DEFAULT_DRIVER_NAME,
     GPU_SOURCE_DESTS,
     OPTIONS,
-    ConfigError,
     add_settings_arguments,
     gpu_source_from,
-    parse_host_port,
     settings_from,
 )
 from vgpud.logs import configure_logging
+from vgpud.options import ConfigError
+from vgpud.parsers import parse_host_port
 from vgpud.webhook.config import add_webhook_arguments
 
 EXIT_OK, EXIT_FAILURE, EXIT_USAGE = 0, 1, 2

@@ -1,224 +1,42 @@
-"""Settings of `vgpud run` from flags and environment, and the feature gates with their rules.
+"""The settings of `vgpud run`: the option table (flag, environment variable, parser, default), the
+validated `Settings`, and the rules about which settings go together.
 
-Every setting has a flag and most have the environment variable the Helm chart sets (the same names
-as the reference system). A flag wins over the environment, the environment over the default. All
-validation happens here, before anything starts: a bad value or gate combination is a `ConfigError`
-whose message names the flag and the variable, and the CLI turns it into one line and exit code 2.
+Every setting has a flag and an environment variable (the reference system's names where it has the
+setting, so a DaemonSet written for it configures vgpud the same way). A flag wins over the
+environment, the environment over the default. All validation happens here, before anything starts:
+a bad value or gate combination, or a setting vgpud cannot honour, is a `ConfigError` whose message
+names the flag or the variable, and the CLI turns it into one line and exit code 2.
 """
 
 from __future__ import annotations
 
 import argparse
-import ipaddress
 import os
-import re
 import socket
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-from vgpud.gpu import GpuInventory, open_inventory
-from vgpud.gpu.mock import shipped_profiles
+from vgpud.gates import FeatureGates, gates_help, parse_feature_gates
+from vgpud.gpu.source import BUILTIN_PROFILES, GPU_BACKENDS, GpuSource, gpu_profile
+from vgpud.options import ConfigError, Option, add_arguments, resolve
+from vgpud.parsers import (
+    SOCKET_OFF,
+    absolute_path,
+    choice,
+    dns_subdomain,
+    int_in,
+    ip_address,
+    listen_address,
+    loopback_address,
+    nri_idx,
+    socket_path_or_off,
+)
 
 DEFAULT_DRIVER_NAME = "manager.nvidia.com"
-GPU_BACKENDS = ("nvml", "mock")
 CGROUP_DRIVERS = ("cgroupfs", "systemd")
 LOG_LEVELS = ("debug", "info", "warning", "error")
-BUILTIN_PROFILES = tuple(shipped_profiles())
-
-
-class ConfigError(ValueError):
-    """A setting or combination of settings that vgpud refuses to start with."""
-
-
-# --------------------------------------------------------------------------------------------------
-# Feature gates
-
-
-@dataclass(frozen=True)
-class Gate:
-    name: str
-    default: bool
-    requires: tuple[str, ...] = ()
-    help: str = ""
-
-
-GATES: tuple[Gate, ...] = (
-    Gate("VGPUSupport", True, help="share GPUs as vGPUs with memory and core limits"),
-    Gate("NVMLDeviceHealthCheck", True, help="watch NVML for device health"),
-    Gate("DevicePluginClientMode", False, ("VGPUSupport",), "the library registers with vgpud (bit 200)"),
-    Gate("NRISupport", False, ("VGPUSupport",), "per-container directories through containerd NRI"),
-    Gate("SharedSMUtilizationWatcher", False, ("VGPUSupport",), "one SM utilization watcher per GPU"),
-)
-_GATES_BY_NAME = {gate.name: gate for gate in GATES}
-_TRUE = {"true", "1", "yes", "on"}
-_FALSE = {"false", "0", "no", "off"}
-
-
-@dataclass(frozen=True)
-class FeatureGates:
-    """The resolved gates; `enabled(name)` raises on a name that is not a gate (a typo is a bug)."""
-
-    values: Mapping[str, bool]
-
-    def enabled(self, name: str) -> bool:
-        if name not in _GATES_BY_NAME:
-            raise KeyError(f"unknown feature gate {name!r}")
-        return self.values[name]
-
-    def __str__(self) -> str:
-        return ",".join(f"{name}={str(on).lower()}" for name, on in sorted(self.values.items()))
-
-
-def parse_feature_gates(text: str) -> FeatureGates:
-    """Parse `Name=true,Other=false` (the Kubernetes syntax) and check the gates' dependency rules."""
-    values = {gate.name: gate.default for gate in GATES}
-    for item in (part.strip() for part in text.split(",")):
-        if not item:
-            continue
-        name, sep, raw = item.partition("=")
-        name, raw = name.strip(), raw.strip().lower()
-        if not sep or not name:
-            raise ConfigError(f"feature gate {item!r} is not of the form Name=true|false")
-        if name not in _GATES_BY_NAME:
-            known = ", ".join(gate.name for gate in GATES)
-            raise ConfigError(f"unknown feature gate {name!r} (known: {known})")
-        if raw in _TRUE:
-            values[name] = True
-        elif raw in _FALSE:
-            values[name] = False
-        else:
-            raise ConfigError(f"feature gate {name}={raw!r}: the value must be true or false")
-    for gate in GATES:
-        for needed in gate.requires:
-            if values[gate.name] and not values[needed]:
-                raise ConfigError(f"feature gate {gate.name} requires {needed}, which is disabled")
-    return FeatureGates(values)
-
-
-# --------------------------------------------------------------------------------------------------
-# Value parsers: each takes the raw string and raises ValueError with a reason.
-
-
-def _absolute_path(raw: str) -> Path:
-    if not raw.startswith("/"):
-        raise ValueError(f"{raw!r} is not an absolute path")
-    return Path(os.path.normpath(raw))
-
-
-def _int_in(low: int, high: int) -> Callable[[str], int]:
-    def parse(raw: str) -> int:
-        try:
-            value = int(raw, 10)
-        except ValueError:
-            raise ValueError(f"{raw!r} is not an integer") from None
-        if not low <= value <= high:
-            raise ValueError(f"{value} is outside {low}..{high}")
-        return value
-
-    return parse
-
-
-def _choice(*choices: str) -> Callable[[str], str]:
-    def parse(raw: str) -> str:
-        value = raw.strip().lower()
-        if value not in choices:
-            raise ValueError(f"{raw!r} is not one of {', '.join(choices)}")
-        return value
-
-    return parse
-
-
-_DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
-_NRI_IDX = re.compile(r"^[0-9]{2}$")
-
-
-def _dns_subdomain(raw: str) -> str:
-    if len(raw) > 253 or not _DNS_SUBDOMAIN.match(raw):
-        raise ValueError(f"{raw!r} is not a DNS subdomain (lower-case letters, digits, '-' and '.')")
-    return raw
-
-
-def _nri_idx(raw: str) -> str:
-    if not _NRI_IDX.match(raw):
-        raise ValueError(f"{raw!r} is not exactly two digits (the NRI plugin index, e.g. 00)")
-    return raw
-
-
-def _ip_address(raw: str) -> str:
-    try:
-        ipaddress.ip_address(raw)
-    except ValueError:
-        raise ValueError(f"{raw!r} is not an IP address") from None
-    return raw
-
-
-def parse_host_port(raw: str) -> tuple[str, int]:
-    """`HOST:PORT` or `[V6]:PORT` with an IP address as the host -> (host, port)."""
-    host, sep, port = raw.strip().rpartition(":")
-    if host.startswith("[") and host.endswith("]"):
-        host = host[1:-1]
-    if not sep or not port.isdigit() or not host:
-        raise ValueError(f"{raw!r} is not HOST:PORT")
-    if int(port) > 65535:
-        raise ValueError(f"{raw!r}: port {port} is outside 0..65535")
-    return _ip_address(host), int(port)
-
-
-_OFF = {"", "-1", "off"}
-
-
-def _listen_address(raw: str) -> tuple[str, int] | None:
-    """HOST:PORT, or '', -1, off: not served."""
-    return None if raw.strip().lower() in _OFF else parse_host_port(raw)
-
-
-def _loopback_address(raw: str) -> tuple[str, int] | None:
-    """As `_listen_address`, and only a loopback IP: the debug routes have no authentication."""
-    address = _listen_address(raw)
-    if address is not None and not ipaddress.ip_address(address[0]).is_loopback:
-        raise ValueError(f"{raw!r}: the debug address must be a loopback address (127.0.0.1, ::1)")
-    return address
-
-
-#: `--debug-socket off`: no debug unix socket
-SOCKET_OFF = "off"
-
-
-def _socket_path_or_off(raw: str) -> Path | str:
-    return SOCKET_OFF if raw.strip().lower() in _OFF else _absolute_path(raw)
-
-
-def _gpu_profile(raw: str) -> Path:
-    """A built-in profile name or the path of a YAML profile file."""
-    if raw in BUILTIN_PROFILES:
-        return shipped_profiles()[raw]
-    path = Path(raw)
-    if not path.is_file():
-        raise ValueError(
-            f"{raw!r} is neither a built-in profile ({', '.join(BUILTIN_PROFILES)}) nor a readable file"
-        )
-    return path.resolve()
-
-
-# --------------------------------------------------------------------------------------------------
-# The settings and their options
-
-
-@dataclass(frozen=True)
-class Option:
-    """One setting: its flag, its environment variable (or none), its parser and default."""
-
-    dest: str
-    flag: str
-    env: str | None
-    parse: Callable[[str], Any]
-    default: str | None
-    help: str
-    metavar: str | None = None
-    #: a path default that --root-prefix moves under the prefix
-    rebased: bool = False
 
 
 OPTIONS: tuple[Option, ...] = (
@@ -226,17 +44,20 @@ OPTIONS: tuple[Option, ...] = (
         "node_name",
         "--node-name",
         "NODE_NAME",
-        _dns_subdomain,
+        dns_subdomain,
         None,
-        "this node's name (default: the host name)",
+        "this node's name, as the kubelet registered it",
+        "NAME",
+        unset="the host name",
     ),
     Option(
         "driver_name",
         "--driver-name",
         "DRIVER_NAME",
-        _dns_subdomain,
+        dns_subdomain,
         DEFAULT_DRIVER_NAME,
         "DRA driver name; must match the DeviceClass and ResourceSlices",
+        "NAME",
     ),
     Option(
         "feature_gates",
@@ -244,17 +65,17 @@ OPTIONS: tuple[Option, ...] = (
         "FEATURE_GATES",
         parse_feature_gates,
         "",
-        "comma-separated Name=true|false: "
-        + ", ".join(f"{g.name} ({'on' if g.default else 'off'})" for g in GATES),
+        "comma-separated Name=true|false: " + gates_help() + "; VGPUSupport is always on",
         "GATES",
+        unset="none set",
     ),
     Option(
         "manager_dir",
         "--host-manager-dir",
         "HOST_MANAGER_DIR",
-        _absolute_path,
+        absolute_path,
         "/etc/vgpu-manager",
-        "manager root on the host: claims, registry socket, library",
+        "manager root on the host: claim directories, the registry socket, the control library",
         "DIR",
         rebased=True,
     ),
@@ -262,9 +83,9 @@ OPTIONS: tuple[Option, ...] = (
         "cdi_root",
         "--cdi-root",
         "CDI_ROOT",
-        _absolute_path,
+        absolute_path,
         "/var/run/cdi",
-        "where transient CDI specs are written",
+        "where the per-claim CDI specs are written (the runtime's CDI spec directory)",
         "DIR",
         rebased=True,
     ),
@@ -272,9 +93,9 @@ OPTIONS: tuple[Option, ...] = (
         "nri_root",
         "--nri-root",
         "NRI_ROOT",
-        _absolute_path,
+        absolute_path,
         "/var/run/nri",
-        "directory of the runtime's nri.sock",
+        "directory of the runtime's nri.sock (used with NRISupport)",
         "DIR",
         rebased=True,
     ),
@@ -282,9 +103,9 @@ OPTIONS: tuple[Option, ...] = (
         "kubelet_registrar_dir",
         "--kubelet-registrar-dir",
         "KUBELET_REGISTRAR_DIR",
-        _absolute_path,
+        absolute_path,
         "/var/lib/kubelet/plugins_registry",
-        "kubelet plugin registration directory",
+        "kubelet plugin registration directory (where <driver>-reg.sock is put)",
         "DIR",
         rebased=True,
     ),
@@ -292,9 +113,9 @@ OPTIONS: tuple[Option, ...] = (
         "kubelet_plugins_dir",
         "--kubelet-plugins-dir",
         "KUBELET_PLUGINS_DIR",
-        _absolute_path,
+        absolute_path,
         "/var/lib/kubelet/plugins",
-        "kubelet plugins directory (holds <driver>/dra.sock)",
+        "kubelet plugins directory (<driver>/ holds dra.sock, checkpoint.json, the lock and debug.sock)",
         "DIR",
         rebased=True,
     ),
@@ -302,24 +123,27 @@ OPTIONS: tuple[Option, ...] = (
         "proc_root",
         "--proc-root",
         "HOST_PROC",
-        _absolute_path,
+        absolute_path,
         "/proc",
-        "the host's /proc (caller identity)",
+        "the host's /proc, where a registering caller's cgroups are read (used with DevicePluginClientMode)",
         "DIR",
     ),
     Option(
         "cgroup_driver",
         "--cgroup-driver",
         "CGROUP_DRIVER",
-        _choice(*CGROUP_DRIVERS),
-        "cgroupfs",
-        "the kubelet's cgroup driver: cgroupfs or systemd",
+        choice(*CGROUP_DRIVERS),
+        None,
+        "the kubelet's cgroup driver, cgroupfs or systemd: a registering caller must then be in a pod "
+        "cgroup of that layout (used with DevicePluginClientMode)",
+        "DRIVER",
+        unset="either layout, as each caller's cgroup path shows it",
     ),
     Option(
         "healthcheck_port",
         "--healthcheck-port",
         "HEALTHCHECK_PORT",
-        _int_in(-1, 65535),
+        int_in(-1, 65535),
         "51515",
         "TCP port of the gRPC health service ('' and 'liveness'); 0 = any free port, -1 = off",
         "PORT",
@@ -328,7 +152,7 @@ OPTIONS: tuple[Option, ...] = (
         "healthcheck_address",
         "--healthcheck-address",
         "HEALTHCHECK_ADDRESS",
-        _ip_address,
+        ip_address,
         "0.0.0.0",
         "address the gRPC health service binds (the kubelet probe dials the node IP)",
         "ADDR",
@@ -337,16 +161,16 @@ OPTIONS: tuple[Option, ...] = (
         "nri_plugin_idx",
         "--nri-plugin-idx",
         "NRI_PLUGIN_IDX",
-        _nri_idx,
+        nri_idx,
         "00",
-        "NRI plugin index: two digits, the order among NRI plugins",
+        "NRI plugin index: two digits, the order among NRI plugins (used with NRISupport)",
         "IDX",
     ),
     Option(
         "device_cores_ratio",
         "--device-cores-ratio",
         "DEVICE_CORES_RATIO",
-        _int_in(1, 10000),
+        int_in(1, 10000),
         "100",
         "percent of each GPU's compute offered as 'cores' capacity",
         "PCT",
@@ -355,7 +179,7 @@ OPTIONS: tuple[Option, ...] = (
         "device_memory_ratio",
         "--device-memory-ratio",
         "DEVICE_MEMORY_RATIO",
-        _int_in(1, 10000),
+        int_in(1, 10000),
         "100",
         "percent of each GPU's memory offered as 'memory' capacity (>100 oversells)",
         "PCT",
@@ -364,60 +188,67 @@ OPTIONS: tuple[Option, ...] = (
         "gpu_backend",
         "--gpu-backend",
         "GPU_BACKEND",
-        _choice(*GPU_BACKENDS),
+        choice(*GPU_BACKENDS),
         "nvml",
         "where GPUs come from: nvml (real) or mock (a YAML profile)",
+        "BACKEND",
     ),
     Option(
         "gpu_profile",
         "--gpu-profile",
         "GPU_PROFILE",
-        _gpu_profile,
+        gpu_profile,
         None,
-        "mock GPU profile: a YAML file or a built-in name (" + ", ".join(BUILTIN_PROFILES) + ")",
+        "mock GPU profile: a YAML file or a built-in name (" + ", ".join(BUILTIN_PROFILES) + "); "
+        "required with --gpu-backend mock, refused otherwise",
         "PROFILE",
+        unset="none",
     ),
     Option(
         "nvml_library",
         "--nvml-library",
         "NVML_LIBRARY",
-        _absolute_path,
+        absolute_path,
         None,
-        "path of libnvidia-ml.so.1 (default: the dynamic loader's search)",
+        "path of libnvidia-ml.so.1 (--gpu-backend nvml only)",
         "PATH",
+        unset="the dynamic loader's search",
     ),
     Option(
         "kubeconfig",
         "--kubeconfig",
         "KUBECONFIG",
-        _absolute_path,
+        absolute_path,
         None,
-        "kubeconfig file (default: the in-cluster service account)",
+        "kubeconfig file for the Kubernetes API",
         "FILE",
+        unset="the in-cluster service account",
     ),
     Option(
         "library_source",
         "--library-source",
         "LIBRARY_SOURCE",
-        _absolute_path,
+        absolute_path,
         None,
-        "libvgpu-control.so to install into the manager root (default: none installed)",
+        "libvgpu-control.so to install into the manager root as the control library containers load",
         "FILE",
+        unset="none installed; an empty placeholder keeps the mount valid",
     ),
     Option(
         "register_client_source",
         "--register-client-source",
         "REGISTER_CLIENT_SOURCE",
-        _absolute_path,
+        absolute_path,
         None,
         "vgpu-register to install as <manager root>/registry/vgpu-register, the client the library runs",
         "FILE",
+        unset="none installed",
     ),
     Option(
         "shutdown_timeout",
         "--shutdown-timeout",
         "SHUTDOWN_TIMEOUT",
-        _int_in(1, 300),
+        int_in(1, 300),
         "10",
         "seconds every component gets to close on SIGTERM",
         "SECONDS",
@@ -426,7 +257,7 @@ OPTIONS: tuple[Option, ...] = (
         "metrics_address",
         "--metrics-address",
         "METRICS_ADDRESS",
-        _listen_address,
+        listen_address,
         "127.0.0.1:9464",
         "HOST:PORT of the Prometheus /metrics server ('' or off: none; 0.0.0.0:9464 for a scraper)",
         "HOST:PORT",
@@ -435,32 +266,39 @@ OPTIONS: tuple[Option, ...] = (
         "debug_socket",
         "--debug-socket",
         "DEBUG_SOCKET",
-        _socket_path_or_off,
+        socket_path_or_off,
         None,
-        "unix socket of the debug endpoint and the live hook stream, mode 0600 "
-        "(default: <kubelet plugins dir>/<driver>/debug.sock; off: none)",
+        "unix socket of the debug endpoint and the live hook stream, mode 0600 ('', -1 or off: none)",
         "PATH",
+        unset="<kubelet plugins dir>/<driver>/debug.sock",
     ),
     Option(
         "debug_address",
         "--debug-address",
         "DEBUG_ADDRESS",
-        _loopback_address,
+        loopback_address,
         None,
-        "also serve the debug endpoint on this loopback HOST:PORT (default: none)",
+        "also serve the debug endpoint on this loopback HOST:PORT",
         "HOST:PORT",
+        unset="none",
     ),
     Option(
         "drift_interval",
         "--drift-interval",
         "DRIFT_INTERVAL",
-        _int_in(0, 86400),
+        int_in(0, 86400),
         "60",
         "seconds between drift self-checks (NRI cache vs runtime vs disk vs checkpoint); 0 = off",
         "SECONDS",
     ),
     Option(
-        "log_level", "--log-level", "LOG_LEVEL", _choice(*LOG_LEVELS), "info", "debug, info, warning or error"
+        "log_level",
+        "--log-level",
+        "LOG_LEVEL",
+        choice(*LOG_LEVELS),
+        "info",
+        "log level: debug, info, warning or error",
+        "LEVEL",
     ),
 )
 
@@ -468,10 +306,11 @@ _ROOT_PREFIX = Option(
     "root_prefix",
     "--root-prefix",
     "VGPUD_ROOT_PREFIX",
-    _absolute_path,
+    absolute_path,
     None,
     "put every default host path under DIR (development and tests)",
     "DIR",
+    unset="none: the host paths as they are",
 )
 
 
@@ -488,7 +327,8 @@ class Settings:
     kubelet_registrar_dir: Path
     kubelet_plugins_dir: Path
     proc_root: Path
-    cgroup_driver: str
+    #: cgroupfs, systemd, or None: not configured (either layout)
+    cgroup_driver: str | None
     healthcheck_port: int
     healthcheck_address: str
     nri_plugin_idx: str
@@ -530,6 +370,11 @@ class Settings:
         return None if self.debug_socket == SOCKET_OFF else Path(self.debug_socket)
 
     @property
+    def systemd_cgroups(self) -> bool | None:
+        """The kubelet's cgroup layout for caller identity: systemd (True), cgroupfs (False), either."""
+        return None if self.cgroup_driver is None else self.cgroup_driver == "systemd"
+
+    @property
     def nri_socket(self) -> Path:
         return self.nri_root / "nri.sock"
 
@@ -544,68 +389,21 @@ class Settings:
 
 def add_settings_arguments(parser: argparse.ArgumentParser, dests: tuple[str, ...] | None = None) -> None:
     """Register the options (all, or those in `dests`); values stay raw strings until resolved."""
-    for option in (*OPTIONS, _ROOT_PREFIX):
-        if dests is not None and option.dest not in dests:
-            continue
-        env = f" [env {option.env}]" if option.env else ""
-        default = f" (default: {option.default})" if option.default not in (None, "") else ""
-        parser.add_argument(
-            option.flag,
-            dest=option.dest,
-            default=None,
-            metavar=option.metavar,
-            help=f"{option.help}{default}{env}",
-        )
+    add_arguments(parser, (o for o in (*OPTIONS, _ROOT_PREFIX) if dests is None or o.dest in dests))
 
 
 def settings_from(args: argparse.Namespace, environ: Mapping[str, str] | None = None) -> Settings:
     """Resolve flag > environment > default for every option, validate, and check combinations."""
     environ = os.environ if environ is None else environ
-    prefix = _resolve(_ROOT_PREFIX, args, environ, None)
+    prefix = resolve(_ROOT_PREFIX, args, environ, None)
     values: dict[str, Any] = {"root_prefix": prefix}
     for option in OPTIONS:
-        values[option.dest] = _resolve(option, args, environ, prefix)
+        values[option.dest] = resolve(option, args, environ, prefix)
     if values["node_name"] is None:
-        values["node_name"] = _dns_subdomain(socket.gethostname().lower())
+        values["node_name"] = dns_subdomain(socket.gethostname().lower())
     settings = Settings(**values)
     _check_combinations(settings)
     return settings
-
-
-def _resolve(
-    option: Option, args: argparse.Namespace, environ: Mapping[str, str], prefix: Path | None
-) -> Any:
-    raw = getattr(args, option.dest, None)
-    source = option.flag
-    if raw is None and option.env and environ.get(option.env, "") != "":
-        raw, source = environ[option.env], f"{option.env} (environment)"
-    if raw is None:
-        if option.default is None:
-            return None
-        raw, source = option.default, f"{option.flag} default"
-        if option.rebased and prefix is not None:
-            raw = str(prefix) + raw
-    try:
-        return option.parse(raw)
-    except ValueError as err:
-        raise ConfigError(f"{source}: {err}") from None
-
-
-@dataclass(frozen=True)
-class GpuSource:
-    """Where the GPU inventory comes from: all that `vgpud gpus` needs."""
-
-    backend: str
-    profile: Path | None
-    nvml_library: Path | None
-
-    def inventory(self) -> GpuInventory:
-        """The inventory these settings name (GpuInventoryError when it cannot be opened)."""
-        return open_inventory(
-            self.backend,
-            profile=self.profile,
-            nvml_library=str(self.nvml_library) if self.nvml_library else None,
-        )
 
 
 GPU_SOURCE_DESTS = ("gpu_backend", "gpu_profile", "nvml_library")
@@ -615,22 +413,15 @@ def gpu_source_from(args: argparse.Namespace, environ: Mapping[str, str] | None 
     """Resolve only the GPU options, so `vgpud gpus` does not depend on unrelated settings."""
     environ = os.environ if environ is None else environ
     by_dest = {option.dest: option for option in OPTIONS}
-    source = GpuSource(*(_resolve(by_dest[dest], args, environ, None) for dest in GPU_SOURCE_DESTS))
+    source = GpuSource(*(resolve(by_dest[dest], args, environ, None) for dest in GPU_SOURCE_DESTS))
     _check_gpu_source(source)
     return source
 
 
 def _check_gpu_source(source: GpuSource) -> None:
-    if source.backend == "mock" and source.profile is None:
-        raise ConfigError(
-            "--gpu-backend mock needs --gpu-profile (a YAML file or one of "
-            + ", ".join(BUILTIN_PROFILES)
-            + ")"
-        )
-    if source.backend == "nvml" and source.profile is not None:
-        raise ConfigError("--gpu-profile is only used with --gpu-backend mock")
-    if source.backend == "mock" and source.nvml_library is not None:
-        raise ConfigError("--nvml-library is only used with --gpu-backend nvml")
+    problem = source.problem()
+    if problem is not None:
+        raise ConfigError(problem)
 
 
 def _check_combinations(settings: Settings) -> None:

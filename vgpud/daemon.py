@@ -273,6 +273,7 @@ def build_registry(
         driver_name=settings.driver_name,
         proc_root=settings.proc_root,
         cgroup_root=default_cgroup_root(),
+        systemd_cgroups=settings.systemd_cgroups,
     )
 
 

@@ -21,6 +21,7 @@ import pytest
 from tests.kubeapi import ApiServer, free_port
 from tests.unit.webhook.builders import review
 from tests.unit.webhook.process import WebhookProcess
+from vgpud.webhook.tls import ensure_self_signed
 
 DRIVER = "manager.nvidia.com"
 NODE = "webhook-e2e-node"
@@ -325,3 +326,44 @@ def test_bad_bodies_get_a_clear_error_and_the_server_goes_on(
     probe = pod("p", "probe-claim", ("a", "r0"), ("b", "r0"))
     dry = call(cluster.api, "POST", cluster.path("pods") + "?dryRun=All", probe)
     assert (dry.status, dry.message.startswith(DENIED)) == (403, True), dry.body
+
+
+def test_a_wrong_ca_bundle_is_logged_by_the_webhook_with_its_cause(cluster: Cluster, tmp_path: Path) -> None:
+    """A configuration whose caBundle is another CA: the API server's TLS client (Go) refuses the
+    serving certificate, every call fails, and the webhook's log says why, naming the caBundle."""
+    api = cluster.api
+    suffix = uuid.uuid4().hex[:8]
+    namespace, config_name = f"vgpud-webhook-ca-{suffix}", f"vgpud-e2e-ca-{suffix}"
+    config_path = f"/apis/admissionregistration.k8s.io/v1/validatingwebhookconfigurations/{config_name}"
+    other_ca = ensure_self_signed(tmp_path / "other", ["127.0.0.1"]).ca_bundle()
+    _ensure(api, "/api/v1/namespaces", {"metadata": {"name": namespace}})
+    try:
+        created = call(
+            api,
+            "POST",
+            "/apis/admissionregistration.k8s.io/v1/validatingwebhookconfigurations",
+            configuration(config_name, namespace, cluster.webhook.url, other_ca),
+        )
+        assert created.status == 201, created.body
+        probe = pod("probe", "probe-claim", ("a", "r0"))
+        end, answer = time.monotonic() + 30, None
+        while time.monotonic() < end:  # until the API server has picked the configuration up
+            answer = call(api, "POST", f"/api/v1/namespaces/{namespace}/pods?dryRun=All", probe)
+            if "failed calling webhook" in answer.message:
+                break
+            time.sleep(0.2)
+        assert answer is not None and "failed calling webhook" in answer.message, answer
+        assert "certificate signed by unknown authority" in answer.message
+        expected = (  # the API server's Go client answers an unknown CA with a bad_certificate alert
+            "failed: the client rejected the serving certificate (is the caBundle of the webhook "
+            "configuration its CA, and does it name the host the client dials?) (SSLV3_ALERT_BAD_CERTIFICATE)"
+        )
+        end = time.monotonic() + 10
+        while expected not in cluster.webhook.output() and time.monotonic() < end:
+            time.sleep(0.1)
+        lines = [line for line in cluster.webhook.output().splitlines() if expected in line]
+        assert lines, cluster.webhook.output()
+        assert "WARNING" in lines[0] and "TLS handshake with 127.0.0.1:" in lines[0]
+    finally:
+        call(api, "DELETE", config_path)
+        call(api, "DELETE", f"/api/v1/namespaces/{namespace}")

@@ -54,12 +54,53 @@ def test_run_help_names_the_environment_variables() -> None:
         assert f"[env {env}]" in out
 
 
+def _help_entries(command: str) -> dict[str, str]:
+    """`vgpud COMMAND --help`: each option's flag -> its help text, joined onto one line."""
+    result = vgpud(command, "--help")
+    assert result.returncode == 0, result.stderr
+    entries: dict[str, str] = {}
+    flag = ""
+    for line in result.stdout.split("options:", 1)[1].splitlines():
+        if line.startswith("  -"):
+            flag, _, text = line.strip().partition(" ")
+            entries[flag] = text.strip()
+        elif flag:
+            entries[flag] += " " + line.strip()
+    return {flag: " ".join(text.split()) for flag, text in entries.items()}
+
+
+@pytest.mark.parametrize("command", ["run", "webhook"])
+def test_every_option_says_what_it_does_its_default_and_its_variable(command: str) -> None:
+    from vgpud.config import OPTIONS
+    from vgpud.webhook.config import WEBHOOK_OPTIONS
+
+    options = OPTIONS if command == "run" else WEBHOOK_OPTIONS
+    entries = _help_entries(command)
+    for option in options:
+        text = entries[option.flag]
+        assert option.help.split()[0] in text, (option.flag, text)
+        assert f"[env {option.env}]" in text, (option.flag, text)
+        assert "(default: " in text, (option.flag, text)
+
+
+def test_run_help_lists_only_gates_that_work() -> None:
+    gates = _help_entries("run")["--feature-gates"]
+    assert "DevicePluginClientMode (off)" in gates and "NRISupport (off)" in gates
+    assert "VGPUSupport is always on" in gates
+    for refused in ("NVMLDeviceHealthCheck", "SharedSMUtilizationWatcher", "VGPUSupport (on)"):
+        assert refused not in gates
+
+
 @pytest.mark.parametrize(
     ("argv", "env", "fragment"),
     [
         (["run", "--no-such-flag"], {}, "unrecognized arguments: --no-such-flag"),
         (["run", "--healthcheck-port", "99999"], {}, "--healthcheck-port: 99999 is outside -1..65535"),
         (["run"], {"FEATURE_GATES": "VGPUSupport=false,NRISupport=true"}, "NRISupport requires VGPUSupport"),
+        (["run", "--feature-gates", "VGPUSupport=false"], {}, "VGPUSupport=false is not supported"),
+        (["run"], {"FEATURE_GATES": "NVMLDeviceHealthCheck=true"}, "NVMLDeviceHealthCheck=true is not"),
+        (["run"], {"FEATURE_GATES": "SharedSMUtilizationWatcher=true"}, "no SM utilization watcher"),
+        (["run", "--cgroup-driver", "openrc"], {}, "--cgroup-driver: 'openrc' is not one of"),
         (["run", "--gpu-backend", "mock"], {}, "--gpu-backend mock needs --gpu-profile"),
         (["frobnicate"], {}, "invalid choice: 'frobnicate'"),
         (["debug"], {}, "the following arguments are required: SUBCOMMAND"),

@@ -7,15 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from vgpud.config import (
-    GATES,
-    ConfigError,
-    add_settings_arguments,
-    gpu_source_from,
-    parse_feature_gates,
-    settings_from,
-)
+from vgpud.config import add_settings_arguments, gpu_source_from, settings_from
+from vgpud.gates import GATES, gates_help, parse_feature_gates
 from vgpud.gpu.mock import PROFILES_DIR
+from vgpud.options import ConfigError
 
 
 def _settings(argv: list[str], env: dict[str, str] | None = None):
@@ -34,7 +29,7 @@ def test_defaults_match_the_reference_system() -> None:
     assert s.dra_socket == Path("/var/lib/kubelet/plugins/manager.nvidia.com/dra.sock")
     assert s.nri_plugin_idx == "00"
     assert s.healthcheck_port == 51515
-    assert s.cgroup_driver == "cgroupfs"
+    assert s.cgroup_driver is None and s.systemd_cgroups is None  # either layout
     assert s.gpu_backend == "nvml"
     assert s.feature_gates.enabled("VGPUSupport")
     assert not s.feature_gates.enabled("NRISupport")
@@ -46,7 +41,7 @@ def test_flag_beats_environment_beats_default() -> None:
     s = _settings(["--healthcheck-port", "7000"], env)
     assert s.node_name == "from-env"
     assert s.healthcheck_port == 7000
-    assert s.cgroup_driver == "systemd"
+    assert s.cgroup_driver == "systemd" and s.systemd_cgroups is True
 
 
 def test_empty_environment_value_means_unset() -> None:
@@ -157,7 +152,7 @@ class TestFeatureGates:
         gates = parse_feature_gates("")
         assert {g.name: gates.enabled(g.name) for g in GATES} == {
             "VGPUSupport": True,
-            "NVMLDeviceHealthCheck": True,
+            "NVMLDeviceHealthCheck": False,  # no device health check exists yet
             "DevicePluginClientMode": False,
             "NRISupport": False,
             "SharedSMUtilizationWatcher": False,
@@ -171,11 +166,32 @@ class TestFeatureGates:
         "dependent", ["NRISupport", "DevicePluginClientMode", "SharedSMUtilizationWatcher"]
     )
     def test_each_dependent_gate_requires_vgpu_support(self, dependent: str) -> None:
+        """The reference's rule, checked before the refusal of VGPUSupport=false."""
         with pytest.raises(ConfigError, match=f"{dependent} requires VGPUSupport"):
             parse_feature_gates(f"VGPUSupport=false,{dependent}=true")
 
-    def test_vgpu_support_off_alone_is_allowed(self) -> None:
-        assert not parse_feature_gates("VGPUSupport=false").enabled("VGPUSupport")
+    @pytest.mark.parametrize(
+        ("text", "fragment"),
+        [
+            ("VGPUSupport=false", "VGPUSupport=false is not supported: vgpud only shares GPUs as vGPUs"),
+            ("NVMLDeviceHealthCheck=true", "NVMLDeviceHealthCheck=true is not supported: device health"),
+            ("SharedSMUtilizationWatcher=1", "SharedSMUtilizationWatcher=true is not supported: vgpud"),
+        ],
+    )
+    def test_a_gate_vgpud_cannot_honour_is_refused(self, text: str, fragment: str) -> None:
+        with pytest.raises(ConfigError, match=fragment):
+            parse_feature_gates(text)
+
+    def test_setting_what_is_true_anyway_is_accepted(self) -> None:
+        text = "VGPUSupport=true,NVMLDeviceHealthCheck=false,SharedSMUtilizationWatcher=false"
+        assert parse_feature_gates(text) == parse_feature_gates("")
+
+    def test_only_gates_that_work_are_offered(self) -> None:
+        assert [g.name for g in GATES if g.settable] == ["DevicePluginClientMode", "NRISupport"]
+        assert gates_help() == (
+            "DevicePluginClientMode (off): the library registers with vgpud (bit 200); "
+            "NRISupport (off): per-container directories through containerd NRI"
+        )
 
     @pytest.mark.parametrize(
         ("text", "fragment"),

@@ -11,7 +11,8 @@ cgroup after its UID and the runtime names a container's after its ID, in one of
 cgroup v1 lists one line per hierarchy (`<n>:<controllers>:<path>`), v2 one (`0::<path>`); a path may
 start with `/..` components when the reader runs in its own cgroup namespace. Only the pod component
 and the one right below it (the container's) are read, wherever they sit, so all of these parse the
-same; a process in a sub-cgroup the container made for itself still counts as the container's.
+same; a process in a sub-cgroup the container made for itself still counts as the container's. When the
+kubelet's cgroup driver is configured (`--cgroup-driver`), only that driver's layout names a pod.
 """
 
 from __future__ import annotations
@@ -64,12 +65,16 @@ def _pod_component(component: str) -> tuple[str, bool] | None:
     return None
 
 
-def membership_of_path(path: str) -> Membership | None:
-    """The pod and container of one cgroup path; None when no component is a pod's."""
+def membership_of_path(path: str, systemd: bool | None = None) -> Membership | None:
+    """The pod and container of one cgroup path; None when no component is a pod's.
+
+    `systemd`: only pod components of that layout count (the kubelet's cgroup driver is known);
+    None: either layout.
+    """
     parts = [p for p in path.split("/") if p]
     for index, part in enumerate(parts):
         pod = _pod_component(part)
-        if pod is None:
+        if pod is None or (systemd is not None and pod[1] != systemd):
             continue
         below = parts[index + 1] if index + 1 < len(parts) else None
         container = _CONTAINER.match(below) if below is not None else None
@@ -79,18 +84,19 @@ def membership_of_path(path: str) -> Membership | None:
     return None
 
 
-def parse_proc_cgroup(text: str) -> Membership | None:
+def parse_proc_cgroup(text: str, systemd: bool | None = None) -> Membership | None:
     """The pod and container of a `/proc/<pid>/cgroup` text (v1 or v2); None outside every pod.
 
     Hierarchies that do not place the process in a pod are ignored (a v1 host may leave some
-    controllers at `/`); those that do must agree, else CgroupParseError.
+    controllers at `/`); those that do must agree, else CgroupParseError. `systemd` as for
+    `membership_of_path`.
     """
     found: set[Membership] = set()
     for line in text.splitlines():
         fields = line.split(":", 2)
         if len(fields) != 3:
             continue
-        membership = membership_of_path(fields[2])
+        membership = membership_of_path(fields[2], systemd)
         if membership is not None:
             found.add(membership)
     if len(found) > 1:

@@ -93,8 +93,13 @@ class Caller:
         return f"pid {self.pid} (pod {m.pod_uid}, {where})"
 
 
-def identify(proc_root: Path, pid: int | None) -> Caller:
-    """Read the caller's pod and container from `<proc_root>/<pid>/cgroup`; IdentityError if we can't."""
+def identify(proc_root: Path, pid: int | None, systemd: bool | None = None) -> Caller:
+    """Read the caller's pod and container from `<proc_root>/<pid>/cgroup`; IdentityError if we can't.
+
+    `systemd`: the kubelet's cgroup driver when it is configured (True: systemd, False: cgroupfs); a
+    caller in a pod cgroup of the other layout is then refused, as no kubelet pod of this node is
+    named that way. None: either layout.
+    """
     if pid is None:
         raise IdentityError(
             "the caller's PID is unknown (SO_PEERCRED gave none: is vgpud running with hostPID?)"
@@ -104,9 +109,17 @@ def identify(proc_root: Path, pid: int | None) -> Caller:
     except OSError as err:
         raise IdentityError(f"cannot read the cgroups of caller pid {pid}: {err.strerror or err}") from None
     try:
-        return Caller(pid, parse_proc_cgroup(text))
+        membership = parse_proc_cgroup(text, systemd)
+        other = parse_proc_cgroup(text) if membership is None and systemd is not None else None
     except CgroupParseError as err:
         raise IdentityError(f"caller pid {pid}: {err}") from None
+    if other is not None:
+        layout, driver = ("cgroupfs", "systemd") if systemd else ("systemd", "cgroupfs")
+        raise IdentityError(
+            f"caller pid {pid} runs in a {layout}-layout cgroup of pod {other.pod_uid}, but the kubelet's "
+            f"cgroup driver is set to {driver} (--cgroup-driver, CGROUP_DRIVER)"
+        )
+    return Caller(pid, membership)
 
 
 def default_cgroup_root(mount: Path = DEFAULT_CGROUP_MOUNT) -> Path:
@@ -128,7 +141,7 @@ def container_cgroup(cgroup_root: Path, membership: Membership) -> Path:
             return candidate
     raise ResolveError(
         f"no cgroup of container {membership.container_id} of pod {membership.pod_uid} under "
-        f"{cgroup_root} (is --cgroup-root the hierarchy that holds the kubelet's kubepods tree?)"
+        f"{cgroup_root} (is it the hierarchy that holds the kubelet's kubepods tree?)"
     )
 
 

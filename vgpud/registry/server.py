@@ -104,10 +104,14 @@ class RegistryService(VDeviceRegistryBase):
         proc_root: Path,
         admission: Admission | None = None,
         max_message: int = MAX_MESSAGE,
+        systemd_cgroups: bool | None = None,
     ) -> None:
+        """`systemd_cgroups`: the kubelet's cgroup driver is systemd (True), cgroupfs (False), or not
+        configured (None: a caller's pod is read from either layout)."""
         self.resolver = resolver
         self.recorder = recorder
         self.proc_root = proc_root
+        self.systemd_cgroups = systemd_cgroups
         self.admission = admission or Admission()
         self.max_message = max_message
         self._consumed: dict[str, None] = {}  # an ordered set, oldest first
@@ -153,7 +157,7 @@ class RegistryService(VDeviceRegistryBase):
             try:
                 query = parse_query(request.pod_uid, request.container_name, request.register_uuid)
                 try:
-                    caller = identify(self.proc_root, pid)
+                    caller = identify(self.proc_root, pid, self.systemd_cgroups)
                 except IdentityError as err:
                     raise CallerRefused(str(err)) from None
                 with self.admission.slot(caller.key):
@@ -224,6 +228,7 @@ class RegistryServer:
         cgroup_root: Path,
         guard_interval: float = GUARD_INTERVAL,
         admission: Admission | None = None,
+        systemd_cgroups: bool | None = None,
     ) -> None:
         self.path = Path(layout.registry_socket)
         self.guard_interval = guard_interval
@@ -235,7 +240,9 @@ class RegistryServer:
             cgroup_root=cgroup_root,
             driver_name=driver_name,
         )
-        self.service = RegistryService(self.resolver, recorder, proc_root=proc_root, admission=admission)
+        self.service = RegistryService(
+            self.resolver, recorder, proc_root=proc_root, admission=admission, systemd_cgroups=systemd_cgroups
+        )
 
     def consumed_register_uuids(self) -> frozenset[str]:
         return self.service.consumed_register_uuids()

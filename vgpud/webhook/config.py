@@ -11,51 +11,10 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
-from vgpud.config import (
-    OPTIONS,
-    ConfigError,
-    Option,
-    _absolute_path,
-    _dns_subdomain,
-    _int_in,
-    _ip_address,
-    _resolve,
-)
+from vgpud.config import OPTIONS
+from vgpud.options import ConfigError, Option, add_arguments, resolve
+from vgpud.parsers import absolute_path, boolean, dns_subdomain, dns_subdomains, hosts, int_in, ip_address
 from vgpud.webhook.rules import DEFAULT_VGPU_CLASSES, Policy
-
-_TRUE = {"true", "1", "yes", "on"}
-_FALSE = {"false", "0", "no", "off", ""}
-
-
-def _boolean(raw: str) -> bool:
-    value = raw.strip().lower()
-    if value in _TRUE:
-        return True
-    if value in _FALSE:
-        return False
-    raise ValueError(f"{raw!r} is not true or false")
-
-
-def _names(raw: str) -> tuple[str, ...]:
-    """A comma-separated list of DNS subdomains (device class names)."""
-    names = tuple(dict.fromkeys(part.strip() for part in raw.split(",") if part.strip()))
-    if not names:
-        raise ValueError("the list is empty")
-    for name in names:
-        _dns_subdomain(name)
-    return names
-
-
-def _hosts(raw: str) -> tuple[str, ...]:
-    """A comma-separated list of IP addresses and DNS names, possibly empty."""
-    hosts = tuple(dict.fromkeys(part.strip() for part in raw.split(",") if part.strip()))
-    for host in hosts:
-        try:
-            _ip_address(host)
-        except ValueError:
-            _dns_subdomain(host.lower())
-    return hosts
-
 
 #: options shared with `vgpud run`, declared once in vgpud.config
 _SHARED = {
@@ -63,33 +22,35 @@ _SHARED = {
 }
 
 WEBHOOK_OPTIONS: tuple[Option, ...] = (
-    Option("address", "--address", "WEBHOOK_ADDRESS", _ip_address, "0.0.0.0", "address to listen on", "ADDR"),
+    Option("address", "--address", "WEBHOOK_ADDRESS", ip_address, "0.0.0.0", "address to listen on", "ADDR"),
     Option(
-        "port", "--port", "WEBHOOK_PORT", _int_in(0, 65535), "9443", "HTTPS port (0: any free port)", "PORT"
+        "port", "--port", "WEBHOOK_PORT", int_in(0, 65535), "9443", "HTTPS port (0: any free port)", "PORT"
     ),
     Option(
         "tls_cert_file",
         "--tls-cert-file",
         "WEBHOOK_TLS_CERT_FILE",
-        _absolute_path,
+        absolute_path,
         None,
         "serving certificate (PEM, chain allowed); reloaded when it changes",
         "FILE",
+        unset="none: give it with --tls-key-file, or --self-signed",
     ),
     Option(
         "tls_key_file",
         "--tls-key-file",
         "WEBHOOK_TLS_KEY_FILE",
-        _absolute_path,
+        absolute_path,
         None,
         "private key of --tls-cert-file (PEM); reloaded when it changes",
         "FILE",
+        unset="none",
     ),
     Option(
         "tls_reload_interval",
         "--tls-reload-interval",
         "WEBHOOK_TLS_RELOAD_INTERVAL",
-        _int_in(1, 3600),
+        int_in(1, 3600),
         "10",
         "seconds between checks whether the certificate or key file changed",
         "SECONDS",
@@ -98,45 +59,47 @@ WEBHOOK_OPTIONS: tuple[Option, ...] = (
         "self_signed_dir",
         "--self-signed",
         "WEBHOOK_SELF_SIGNED_DIR",
-        _absolute_path,
+        absolute_path,
         None,
         "development: make a CA and serving certificate in DIR (reused when there), print the caBundle "
         "for the webhook configuration; instead of --tls-cert-file/--tls-key-file",
         "DIR",
+        unset="none",
     ),
     Option(
         "self_signed_hosts",
         "--self-signed-hosts",
         "WEBHOOK_SELF_SIGNED_HOSTS",
-        _hosts,
+        hosts,
         "",
         "extra comma-separated DNS names and IPs for the self-signed certificate "
-        "(always: localhost, 127.0.0.1 and the Service's names)",
+        "(always: localhost, 127.0.0.1 and the Service's names); only with --self-signed",
         "HOSTS",
+        unset="none",
     ),
     Option(
         "service_name",
         "--service-name",
         "WEBHOOK_SERVICE_NAME",
-        _dns_subdomain,
+        dns_subdomain,
         "vgpud-webhook",
-        "the webhook's Service, for the self-signed certificate's names",
+        "the webhook's Service, for the self-signed certificate's names (used with --self-signed)",
         "NAME",
     ),
     Option(
         "service_namespace",
         "--service-namespace",
         "POD_NAMESPACE",
-        _dns_subdomain,
+        dns_subdomain,
         "default",
-        "the Service's namespace, for the self-signed certificate's names",
+        "the Service's namespace, for the self-signed certificate's names (used with --self-signed)",
         "NAMESPACE",
     ),
     Option(
         "vgpu_device_classes",
         "--vgpu-device-classes",
         "VGPU_DEVICE_CLASSES",
-        _names,
+        dns_subdomains,
         ",".join(sorted(DEFAULT_VGPU_CLASSES)),
         "comma-separated DeviceClass names whose requests are vGPU requests",
         "CLASSES",
@@ -145,17 +108,15 @@ WEBHOOK_OPTIONS: tuple[Option, ...] = (
         "allow_multiple_vgpu_claims_per_container",
         "--allow-multiple-vgpu-claims-per-container",
         "ALLOW_MULTIPLE_VGPU_CLAIMS_PER_CONTAINER",
-        _boolean,
+        boolean,
         "false",
         "let a container use several vGPU claims; only for clusters where every node runs NRI mode "
         "(NRISupport on and the runtime's NRI socket reachable): an eager-mode node gives such a "
         "container colliding register identities and mounts",
+        switch=True,
     ),
     *(_SHARED[dest] for dest in ("driver_name", "kubeconfig", "log_level")),
 )
-
-#: flags that take no value (present = true); their environment variables take true/false
-_SWITCHES = frozenset({"allow_multiple_vgpu_claims_per_container"})
 
 
 @dataclass(frozen=True)
@@ -201,18 +162,7 @@ class WebhookSettings:
 
 def add_webhook_arguments(parser: argparse.ArgumentParser) -> None:
     """Register the options; values stay raw strings until `webhook_settings_from` resolves them."""
-    for option in WEBHOOK_OPTIONS:
-        env = f" [env {option.env}]" if option.env else ""
-        default = f" (default: {option.default})" if option.default not in (None, "") else ""
-        help_text = f"{option.help}{default}{env}"
-        if option.dest in _SWITCHES:
-            parser.add_argument(
-                option.flag, dest=option.dest, action="store_const", const="true", help=help_text
-            )
-        else:
-            parser.add_argument(
-                option.flag, dest=option.dest, default=None, metavar=option.metavar, help=help_text
-            )
+    add_arguments(parser, WEBHOOK_OPTIONS)
 
 
 def webhook_settings_from(
@@ -220,9 +170,7 @@ def webhook_settings_from(
 ) -> WebhookSettings:
     """Resolve flag > environment > default for every option, validate, and check combinations."""
     environ = os.environ if environ is None else environ
-    values: dict[str, Any] = {
-        option.dest: _resolve(option, args, environ, None) for option in WEBHOOK_OPTIONS
-    }
+    values: dict[str, Any] = {option.dest: resolve(option, args, environ, None) for option in WEBHOOK_OPTIONS}
     settings = WebhookSettings(**values)
     _check(settings)
     return settings

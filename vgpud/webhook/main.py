@@ -1,4 +1,4 @@
-"""`vgpud webhook`: the admission webhook as its own process (the chart runs it as a Deployment).
+"""`vgpud webhook`: the admission webhook as its own process (in a cluster, a Deployment behind a Service).
 
 What can fail for good is checked before Trio starts and ends the process with exit 1: the serving
 certificate (or making the self-signed one), the Kubernetes API configuration and the listening
@@ -20,9 +20,9 @@ from functools import partial
 import trio
 
 from vgpud import __version__
-from vgpud.config import ConfigError
 from vgpud.kube.api import KubeError
 from vgpud.logs import configure_logging
+from vgpud.options import ConfigError
 from vgpud.recorder import Recorder
 from vgpud.supervisor import Restart, Supervisor
 from vgpud.webhook.admit import Admitter

@@ -10,7 +10,9 @@ Routes: POST /validate (AdmissionReview, any query string: the API server adds `
 GET /healthz, GET /metrics. A body that is not a review gets 400 with the reason as text; a body over
 the limit gets 400 (the reason names the limit) before it is read; malformed HTTP gets 400; a request
 that does not arrive in time gets 408. Whatever a client sends, only its own connection ends: the
-server keeps serving.
+server keeps serving. Each answer is written in one write, so it arrives whole or not at all; a
+failed TLS handshake is logged with its cause (plain HTTP, an untrusted certificate, no common TLS
+version), which is what an operator needs when the API server cannot call the webhook.
 """
 
 from __future__ import annotations
@@ -56,14 +58,18 @@ _STATUS_TEXT = {
 class Limits:
     max_body: int = MAX_BODY
     handshake_timeout: float = 10.0
-    #: from the first byte of a request to its last, and for writing the answer
+    #: from the first byte of a request to its last
     request_timeout: float = 15.0
+    #: for writing an answer (a client that does not read it loses its connection)
+    write_timeout: float = 15.0
     #: keep-alive between requests: above Go's 90 s idle timeout, so the API server closes first and
     #: never sends a review into a connection this side is closing
     idle_timeout: float = 120.0
     max_connections: int = 512
-    #: after an error answer, read (and drop) what the client still sends for this long, so the close
-    #: does not reset the connection before the client has read the answer
+    #: after an error answer, read (and drop) what the client still sends until it closes or is quiet
+    #: for this long (at most 2 * max_body bytes, within request_timeout): closing while its bytes
+    #: are unread would reset the connection, and the reset throws away the answer the client has
+    #: not read yet
     linger: float = 2.0
 
 
@@ -140,17 +146,34 @@ class WebhookServer:
         stream: trio.abc.AsyncResource = tcp
         try:
             stream = tls = trio.SSLStream(tcp, self._tls(), server_side=True, https_compatible=True)
-            with trio.move_on_after(self.limits.handshake_timeout) as handshake:
-                await tls.do_handshake()
-            if not handshake.cancelled_caught:
+            if await self._handshake(tls, _peer(tcp)):
                 await self._http(tls)
         except (trio.BrokenResourceError, trio.ClosedResourceError):
-            pass  # the client went away, or the TLS handshake failed: nothing to answer
+            pass  # the client went away: nothing to answer
         except Exception:
             log.exception("connection failed; the server goes on")
         finally:
             self.open_connections -= 1
             await trio.aclose_forcefully(stream)
+
+    async def _handshake(self, tls: trio.SSLStream[trio.SocketStream], peer: str) -> bool:
+        """True when the TLS handshake completed; otherwise one log line that says why not."""
+        try:
+            with trio.move_on_after(self.limits.handshake_timeout) as scope:
+                await tls.do_handshake()
+        except trio.BrokenResourceError as err:
+            cause = err.__cause__
+            if isinstance(cause, ssl.SSLError) and not isinstance(cause, ssl.SSLEOFError):
+                log.warning("TLS handshake with %s failed: %s", peer, handshake_failure(cause))
+            else:
+                log.info("TLS handshake with %s failed: the client closed the connection (%s)", peer, cause)
+            return False
+        if scope.cancelled_caught:
+            log.info(
+                "TLS handshake with %s failed: not finished within %gs", peer, self.limits.handshake_timeout
+            )
+            return False
+        return True
 
     async def _http(self, stream: trio.SSLStream[trio.SocketStream]) -> None:
         conn = h11.Connection(h11.SERVER, max_incomplete_event_size=MAX_HEADER)
@@ -276,14 +299,11 @@ class WebhookServer:
         if response.close:
             headers.append(("connection", "close"))
         reason = _STATUS_TEXT.get(response.status, b"")
-        with trio.move_on_after(self.limits.request_timeout) as scope:
-            await stream.send_all(
-                conn.send(h11.Response(status_code=response.status, headers=headers, reason=reason))
-            )
-            if response.body and not head:
-                await stream.send_all(conn.send(h11.Data(data=response.body)))
-            await stream.send_all(conn.send(h11.EndOfMessage()))
-        if scope.cancelled_caught:
+        data = conn.send(h11.Response(status_code=response.status, headers=headers, reason=reason))
+        if response.body and not head:
+            data += conn.send(h11.Data(data=response.body))
+        data += conn.send(h11.EndOfMessage())
+        if not await self._write(stream, data):
             raise trio.BrokenResourceError("the client did not read the answer in time")
 
     async def _send_error(self, stream: trio.SSLStream[trio.SocketStream], response: Response) -> None:
@@ -291,17 +311,62 @@ class WebhookServer:
         never completed, a protocol error), the connection closes after it anyway."""
         status = f"HTTP/1.1 {response.status} {_STATUS_TEXT.get(response.status, b'').decode()}\r\n"
         head = f"content-type: {response.content_type}\r\ncontent-length: {len(response.body)}\r\n"
-        with trio.move_on_after(self.limits.request_timeout):
-            await stream.send_all(f"{status}{head}connection: close\r\n\r\n".encode() + response.body)
+        await self._write(stream, f"{status}{head}connection: close\r\n\r\n".encode() + response.body)
+
+    async def _write(self, stream: trio.SSLStream[trio.SocketStream], data: bytes) -> bool:
+        """One whole answer in one write, under the write timeout; False when it ran out.
+
+        One write, not head and body apart: the deadline is only looked at when a write starts or
+        blocks, so a process held up between two writes (a loaded machine) would otherwise find it
+        passed after the head, and the close that follows would cut the answer in two."""
+        with trio.move_on_after(self.limits.write_timeout) as scope:
+            await stream.send_all(data)
+        return not scope.cancelled_caught
 
     async def _linger(self, stream: trio.SSLStream[trio.SocketStream]) -> None:
-        with trio.move_on_after(self.limits.linger):
-            drained = 0
-            while drained <= 2 * self.limits.max_body:
-                data = await stream.receive_some(RECEIVE_CHUNK)
-                if not data:
-                    return
-                drained += len(data)
+        """Drain what the client still sends (a body it writes before it reads the answer) while it
+        keeps sending, so the close that follows is a clean one."""
+        limits = self.limits
+        drained = 0
+        with trio.move_on_after(limits.request_timeout):
+            while drained <= 2 * limits.max_body:
+                with trio.move_on_after(limits.linger):
+                    data = await stream.receive_some(RECEIVE_CHUNK)
+                    if not data:
+                        return
+                    drained += len(data)
+                    continue
+                return  # quiet for `linger`: it has read the answer, or is not going to
+
+
+#: OpenSSL's reason for a failed server handshake -> what it means for the webhook's operator
+_HANDSHAKE_HINTS = {
+    "HTTP_REQUEST": "plain HTTP sent to the HTTPS port",
+    "TLSV1_ALERT_UNKNOWN_CA": "the client does not trust the serving certificate's CA "
+    "(is the caBundle of the webhook configuration this certificate's CA?)",
+    "SSLV3_ALERT_BAD_CERTIFICATE": "the client rejected the serving certificate (is the caBundle of "
+    "the webhook configuration its CA, and does it name the host the client dials?)",
+    "SSLV3_ALERT_CERTIFICATE_UNKNOWN": "the client rejected the serving certificate",
+    "TLSV1_ALERT_PROTOCOL_VERSION": "the client offers no TLS version this server accepts (TLS 1.2+)",
+    "UNSUPPORTED_PROTOCOL": "the client offers no TLS version this server accepts (TLS 1.2+)",
+    "WRONG_VERSION_NUMBER": "the client does not speak TLS 1.2+ (a wrong protocol or version)",
+    "NO_SHARED_CIPHER": "no cipher suite in common with the client",
+}
+
+
+def handshake_failure(err: ssl.SSLError) -> str:
+    """A failed handshake's cause in words, with OpenSSL's reason: `plain HTTP ... (HTTP_REQUEST)`."""
+    reason = err.reason or type(err).__name__
+    hint = _HANDSHAKE_HINTS.get(reason)
+    return f"{hint} ({reason})" if hint else f"{err.strerror or err} ({reason})"
+
+
+def _peer(tcp: trio.SocketStream) -> str:
+    try:
+        host, port = tcp.socket.getpeername()[:2]
+    except OSError:
+        return "a client that has gone"
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
 
 def _content_length(request: h11.Request) -> int | None:

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from vgpud.config import ConfigError
+from vgpud.options import ConfigError
 from vgpud.webhook.config import WebhookSettings, add_webhook_arguments, webhook_settings_from
 from vgpud.webhook.rules import Policy
 

@@ -5,14 +5,21 @@ without restart."""
 from __future__ import annotations
 
 import base64
+import dataclasses
 import json
+import logging
 import os
 import shutil
+import socket
 import ssl
 import subprocess
+import time
+import warnings
 from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 import trio
@@ -33,6 +40,7 @@ LIMITS = Limits(
     idle_timeout=1.0,
     max_connections=8,
     linger=0.5,
+    write_timeout=5.0,
 )
 
 
@@ -80,20 +88,69 @@ def live_certs(certs: SelfSigned, tmp_path: Path) -> Iterator[SelfSigned]:
     yield copy
 
 
-@pytest.fixture
-async def running(live_certs: SelfSigned) -> AsyncIterator[Running]:
+class StallingStream(trio.abc.Stream):
+    """A server-side TCP stream that, once `stalls.armed`, holds the whole process (a blocking sleep,
+    no checkpoint) right after each write has reached the kernel: what a loaded machine does to a
+    process between two system calls."""
+
+    def __init__(self, inner: trio.SocketStream, stalls: Stalls) -> None:
+        self.inner, self.stalls, self.socket = inner, stalls, inner.socket
+
+    async def send_all(self, data: bytes | bytearray | memoryview) -> None:
+        await self.inner.send_all(data)
+        if self.stalls.armed:
+            time.sleep(self.stalls.seconds)  # noqa: ASYNC251 - the point: a stall without a checkpoint
+
+    async def wait_send_all_might_not_block(self) -> None:
+        await self.inner.wait_send_all_might_not_block()
+
+    async def receive_some(self, max_bytes: int | None = None) -> bytes:
+        return await self.inner.receive_some(max_bytes)
+
+    async def aclose(self) -> None:
+        await self.inner.aclose()
+
+
+@dataclass
+class Stalls:
+    seconds: float
+    armed: bool = False
+
+
+class StallingListener(trio.abc.Listener[trio.abc.Stream]):
+    def __init__(self, inner: trio.SocketListener, stalls: Stalls) -> None:
+        self.inner, self.stalls, self.socket = inner, stalls, inner.socket
+
+    async def accept(self) -> StallingStream:
+        return StallingStream(await self.inner.accept(), self.stalls)
+
+    async def aclose(self) -> None:
+        await self.inner.aclose()
+
+
+@asynccontextmanager
+async def serving(
+    live_certs: SelfSigned, limits: Limits = LIMITS, stalls: Stalls | None = None
+) -> AsyncIterator[Running]:
     metrics = WebhookMetrics()
     tls = ReloadingTls(live_certs.cert, live_certs.key, metrics)
     tls.load()
     admitter = Admitter(FakeLookup({"gpu-claim": GPU}), POLICY)
-    server = WebhookServer(admitter, lambda: tls.context, metrics, limits=LIMITS)
-    listeners = await trio.open_tcp_listeners(0, host="127.0.0.1")
+    server = WebhookServer(admitter, lambda: tls.context, metrics, limits=limits)
+    listeners: list[Any] = await trio.open_tcp_listeners(0, host="127.0.0.1")
+    served = listeners if stalls is None else [StallingListener(ls, stalls) for ls in listeners]
     async with trio.open_nursery() as nursery:
-        await nursery.start(lambda task_status: server.serve(listeners, task_status.started))
+        await nursery.start(lambda task_status: server.serve(served, task_status.started))
         yield Running(listeners[0].socket.getsockname()[1], live_certs.ca, metrics, admitter, server, tls)
         nursery.cancel_scope.cancel()
     for listener in listeners:
         await listener.aclose()
+
+
+@pytest.fixture
+async def running(live_certs: SelfSigned) -> AsyncIterator[Running]:
+    async with serving(live_certs) as running:
+        yield running
 
 
 @dataclass
@@ -225,12 +282,60 @@ async def test_bad_bodies_get_400_with_the_reason(running: Running, body: bytes,
     assert call.outcome == "rejected"
 
 
+async def test_a_stall_between_writes_does_not_cut_a_reply(live_certs: SelfSigned) -> None:
+    """The process held for longer than the write timeout right after a write (a loaded machine): each
+    answer still arrives whole, because an answer is written at once, not head and body apart."""
+    limits = dataclasses.replace(LIMITS, write_timeout=0.5)
+    stalls = Stalls(seconds=limits.write_timeout + 0.3)
+    async with serving(live_certs, limits, stalls) as running:
+        stream = await running.connect()
+        with trio.fail_after(10):
+            await stream.send_all(http("GET", "/healthz"))  # the handshake is over on both sides
+            assert (await read_reply(stream)).status == 200
+            stalls.armed = True
+            await stream.send_all(http("POST", "/validate", b"garbage"))
+            reply = await read_reply(stream)
+            assert (reply.status, reply.text) == (
+                400,
+                "bad AdmissionReview: the body is not JSON: Expecting value: line 1 column 1 (char 0)\n",
+            )
+            await stream.send_all(http("POST", "/validate", VALID))
+            assert json.loads((await read_reply(stream)).body)["response"]["allowed"] is True
+        await stream.aclose()
+
+
 async def test_an_oversized_body_gets_400_before_it_is_read(running: Running) -> None:
     big = b"{" + b" " * (LIMITS.max_body + 10) + b"}"
     reply = await ask(running, http("POST", "/validate", big))
     assert reply.status == 400
     assert reply.text == f"request body of {len(big)} bytes is over the limit of {LIMITS.max_body}\n"
     assert reply.headers["connection"] == "close"
+    await assert_serving(running)
+
+
+async def test_an_oversized_body_still_being_sent_keeps_its_answer(live_certs: SelfSigned) -> None:
+    """A client that writes its whole body before it reads (curl, Python's http.client), slower than
+    the linger time in all but faster between its writes: the server drains until it is done, so its
+    close resets nothing and the 400 waiting in the client's socket is not thrown away."""
+    chunk = b" " * 8192
+    chunks = int(3 * LIMITS.linger / 0.1)  # 0.1 s apart: 3 linger times in all
+    size = len(chunk) * chunks
+    async with serving(live_certs, dataclasses.replace(LIMITS, request_timeout=10)) as running:
+        await _send_slowly_then_read(running, chunk, chunks, size)
+
+
+async def _send_slowly_then_read(running: Running, chunk: bytes, chunks: int, size: int) -> None:
+    stream = await running.connect()
+    with trio.fail_after(10):
+        head = f"POST /validate HTTP/1.1\r\nHost: x\r\nContent-Length: {size}\r\n\r\n"
+        await stream.send_all(head.encode())
+        for _ in range(chunks):
+            await stream.send_all(chunk)
+            await trio.sleep(0.1)
+        reply = await read_reply(stream)
+    await trio.aclose_forcefully(stream)
+    assert (reply.status, reply.headers["connection"]) == (400, "close")
+    assert reply.text == f"request body of {size} bytes is over the limit of {LIMITS.max_body}\n"
     await assert_serving(running)
 
 
@@ -296,9 +401,75 @@ async def test_plain_http_and_silent_clients_are_dropped(running: Running) -> No
     with trio.fail_after(5):
         plain = await trio.open_tcp_stream("127.0.0.1", running.port)
         await plain.send_all(http("GET", "/healthz"))
-        assert await _drain(plain) is True  # the server closed it
+        assert await until_closed(plain) == b""  # no answer: the server closed it
         silent = await trio.open_tcp_stream("127.0.0.1", running.port)
-        assert await _drain(silent) is True  # no handshake: closed after handshake_timeout
+        started = trio.current_time()
+        assert await until_closed(silent) == b""
+        assert trio.current_time() - started >= LIMITS.handshake_timeout  # closed by the handshake timeout
+    await assert_serving(running)
+
+
+async def wrong_protocol(running: Running) -> None:
+    """A client that offers only TLS 1.0 and 1.1 (the server takes 1.2 or newer)."""
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+    context.check_hostname, context.verify_mode = False, ssl.CERT_NONE
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)  # that is the point
+        context.minimum_version, context.maximum_version = ssl.TLSVersion.TLSv1, ssl.TLSVersion.TLSv1_1
+    context.set_ciphers("DEFAULT:@SECLEVEL=0")
+    stream = await trio.open_ssl_over_tcp_stream("127.0.0.1", running.port, ssl_context=context)
+    with pytest.raises(trio.BrokenResourceError):
+        await stream.do_handshake()
+    await trio.aclose_forcefully(stream)
+
+
+async def untrusted_certificate(running: Running, other_ca: Path) -> None:
+    """A client whose CA did not sign the serving certificate (a wrong caBundle). The standard
+    library's blocking client, as it sends its alert before it gives up (as Go's does); Trio's
+    SSLStream drops the alert, and the server would only see the connection close."""
+
+    def connect() -> None:
+        context = running.client_context(other_ca)
+        with (
+            socket.create_connection(("127.0.0.1", running.port), timeout=5) as raw,
+            pytest.raises(ssl.SSLCertVerificationError),
+        ):
+            context.wrap_socket(raw, server_hostname="127.0.0.1")
+
+    await trio.to_thread.run_sync(connect)
+
+
+async def plain_http(running: Running) -> None:
+    stream = await trio.open_tcp_stream("127.0.0.1", running.port)
+    await stream.send_all(http("GET", "/healthz"))
+    assert await until_closed(stream) == b""
+
+
+@pytest.mark.parametrize(
+    ("client", "cause"),
+    [
+        ("wrong protocol", "the client offers no TLS version this server accepts (TLS 1.2+) "),
+        ("untrusted certificate", "the client does not trust the serving certificate's CA "),
+        ("plain http", "plain HTTP sent to the HTTPS port (HTTP_REQUEST)"),
+    ],
+)
+async def test_a_failed_handshake_is_logged_with_its_cause(
+    running: Running, other_certs: SelfSigned, caplog: pytest.LogCaptureFixture, client: str, cause: str
+) -> None:
+    caplog.set_level(logging.INFO, logger="vgpud.webhook.server")
+    with trio.fail_after(5):
+        if client == "wrong protocol":
+            await wrong_protocol(running)
+        elif client == "untrusted certificate":
+            await untrusted_certificate(running, other_certs.ca)
+        else:
+            await plain_http(running)
+        while not caplog.records:  # noqa: ASYNC110 - the server's task logs it
+            await trio.sleep(0.01)
+    (record,) = caplog.records
+    assert record.levelno == logging.WARNING
+    assert record.getMessage().startswith("TLS handshake with 127.0.0.1:")
+    assert f" failed: {cause}" in record.getMessage()
     await assert_serving(running)
 
 
@@ -315,20 +486,23 @@ async def test_connections_over_the_limit_are_refused(running: Running) -> None:
     with trio.fail_after(5):
         await trio.testing.wait_all_tasks_blocked()
         raw = await trio.open_tcp_stream("127.0.0.1", running.port)
-        assert await _drain(raw) is True
+        started = trio.current_time()
+        assert await until_closed(raw) == b""
+        assert trio.current_time() - started < LIMITS.handshake_timeout  # refused, not timed out
     for stream in held:
         await trio.aclose_forcefully(stream)
     await assert_serving(running)
 
 
-async def _drain(stream: trio.abc.Stream) -> bool:
-    """Read until the peer closes; True when it did (EOF or reset)."""
+async def until_closed(stream: trio.abc.Stream) -> bytes:
+    """What the peer sent until it closed the connection (EOF or reset); callers bound the wait."""
+    received = b""
     try:
-        while await stream.receive_some(65536):
-            pass
+        while data := await stream.receive_some(65536):
+            received += data
     except trio.BrokenResourceError:
         pass
-    return True
+    return received
 
 
 # --------------------------------------------------------------------------------------------------
