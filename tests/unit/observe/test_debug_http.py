@@ -20,6 +20,7 @@ import trio.lowlevel
 import trio_websocket
 from prometheus_client.parser import text_string_to_metric_families
 
+from tests.support import require
 from tests.unit.observe.node import Node, make_node, serving
 from vgpud.observe import debug
 from vgpud.observe.debug import unix_listener
@@ -160,13 +161,11 @@ async def test_routes_answer_json_and_the_exposition(node: Node, sock: Path) -> 
 
 
 async def test_curl_reads_the_unix_socket(node: Node, sock: Path) -> None:
-    curl = shutil.which("curl")
-    if curl is None:
-        pytest.skip("curl is not installed")
+    require(shutil.which("curl") is not None, "curl", "install curl (apt-get install curl)")
     async with serving(node, sock):
         node.parts.recorder.record(nri_call(1))
         result = await trio.run_process(
-            [curl, "-sS", "--unix-socket", str(sock), "http://vgpud/debug/calls?n=1"], capture_stdout=True
+            ["curl", "-sS", "--unix-socket", str(sock), "http://vgpud/debug/calls?n=1"], capture_stdout=True
         )
     assert json.loads(result.stdout)["calls"][0]["call"] == "CreateContainer"
 
