@@ -8,6 +8,7 @@ import urllib.parse
 
 from tests.e2e import workload as w
 from tests.e2e.node import DRIVER, LocalNode
+from tests.kubeapi import log_tail
 
 GiB = 1 << 30
 
@@ -155,5 +156,15 @@ def test_forged_claim_uid_of_another_namespaces_claim(node: LocalNode) -> None:
 
 
 def test_driver_registered_with_kubelet(node: LocalNode) -> None:
-    text = node.log("kubelet").read_text()
-    assert f'driverName="{DRIVER}"' in text and "connected=true" in text
+    """The kubelet logs the driver as connected a while after the node is ready (its plugin watcher
+    registers the socket on its own schedule), so wait for that line."""
+    needle = f'driverName="{DRIVER}"'
+
+    def connected() -> bool:
+        lines = node.log("kubelet").read_text(errors="replace").splitlines()
+        return any(needle in line and "connected=true" in line for line in lines)
+
+    try:
+        w.wait_for(connected, timeout=60, what="the kubelet to log the driver as connected")
+    except AssertionError as exc:
+        raise AssertionError(f"{exc}; kubelet log, last lines:\n{log_tail(node.log('kubelet'))}") from None

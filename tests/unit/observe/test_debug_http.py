@@ -20,6 +20,7 @@ import trio.lowlevel
 import trio_websocket
 from prometheus_client.parser import text_string_to_metric_families
 
+from tests.support import require
 from tests.unit.observe.node import Node, make_node, serving
 from vgpud.observe import serve
 from vgpud.observe.listeners import unix_listener
@@ -160,13 +161,11 @@ async def test_routes_answer_json_and_the_exposition(node: Node, sock: Path) -> 
 
 
 async def test_curl_reads_the_unix_socket(node: Node, sock: Path) -> None:
-    curl = shutil.which("curl")
-    if curl is None:
-        pytest.skip("curl is not installed")
+    require(shutil.which("curl") is not None, "curl", "install curl (apt-get install curl)")
     async with serving(node, sock):
         node.parts.recorder.record(nri_call(1))
         result = await trio.run_process(
-            [curl, "-sS", "--unix-socket", str(sock), "http://vgpud/debug/calls?n=1"], capture_stdout=True
+            ["curl", "-sS", "--unix-socket", str(sock), "http://vgpud/debug/calls?n=1"], capture_stdout=True
         )
     assert json.loads(result.stdout)["calls"][0]["call"] == "CreateContainer"
 
@@ -306,9 +305,11 @@ async def test_stream_filters_and_a_refused_filter(node: Node, sock: Path) -> No
         recorder.record(nri_call(1, pod_namespace="ml", pod_name="train", outcome="error"))
         recorder.record(nri_call(2, pod_namespace="ml", pod_name="train"))
         recorder.record(HookCall(component="dra", call="Unprepare", claim_uid="c1"))
-        await wait_until(lambda: prepare.seqs and pod.seqs, "filtered calls")
-        await trio.sleep(0.1)
-        assert (prepare.seqs, pod.seqs) == ([1], [3])
+        # a last call both filters pass: once each client has it, it has had every call before it
+        both = {"claim_uid": "c1", "pod_namespace": "ml", "pod_name": "train", "outcome": "error"}
+        recorder.record(HookCall(component="dra", call="Prepare", **both))
+        await wait_until(lambda: 6 in prepare.seqs and 6 in pod.seqs, "the last call on both streams")
+        assert (prepare.seqs, pod.seqs) == ([1, 6], [3, 6])
 
         with pytest.raises(BaseExceptionGroup) as refused:
             async with trio.open_nursery() as handshake:
