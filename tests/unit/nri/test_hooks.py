@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.unit.nri.fakeruntime import injected
 from vgpud._pb.nri.pkg.api.v1alpha1 import (
     ConfigureRequest,
     Container,
@@ -52,6 +53,11 @@ def container(name: str = "main", claim: str | None = CLAIM, sandbox: str = "san
 def sync(**fields: object) -> SyncBatch:
     """A Synchronize chunk as the session hands it to the hook: decoded from its wire bytes."""
     return decode_sync(bytes(SynchronizeRequest(**fields)))
+
+
+def made(hooks: NriHooks, ctr: Container, in_pod: PodSandbox | None = None) -> Container:
+    """`ctr` as the runtime reports it after vgpud's injection."""
+    return injected(hooks.assigner, in_pod or pod(), ctr)
 
 
 def container_dir(hooks: NriHooks, name: str = "main", pod_uid: str = POD_UID) -> Path:
@@ -141,11 +147,11 @@ async def test_a_symlinked_pids_file_is_refused(hooks: NriHooks) -> None:
 async def test_split_synchronize_rebuilds_the_cache_once_complete(hooks: NriHooks) -> None:
     synchronized = hooks.begin_session()
     pods = [pod(), pod(uid="1a2b3c4d-5e6f-4a8b-9c0d-e1f2a3b4c5d6", sandbox="sandbox-2")]
-    first = await hooks.synchronize(sync(pods=pods, containers=[container("a")], more=True))
+    first = await hooks.synchronize(sync(pods=pods, containers=[made(hooks, container("a"))], more=True))
     assert first.more is True
     assert not hooks.cache.synced and not synchronized.is_set()
     rest = [
-        container("b", sandbox="sandbox-2"),
+        made(hooks, container("b", sandbox="sandbox-2"), pods[1]),
         container("no-claim", claim=None),
         container("forged", claim="00000000-0000-4000-8000-000000000bad"),
         container("orphan", sandbox="sandbox-gone"),
@@ -153,7 +159,7 @@ async def test_split_synchronize_rebuilds_the_cache_once_complete(hooks: NriHook
     final = await hooks.synchronize(sync(containers=rest))
     assert final.more is False and list(final.update) == []
     assert hooks.cache.synced and synchronized.is_set()
-    assert {key for key, _ in hooks.cache.items()} == {(POD_UID, "a"), (pods[1].uid, "b")}
+    assert {entry.key for _, entry in hooks.cache.items()} == {(POD_UID, "a"), (pods[1].uid, "b")}
     assert (hooks.stats.sync_reported, hooks.stats.sync_rebuilt, hooks.stats.sync_invalid) == (5, 2, 2)
 
 
@@ -161,8 +167,8 @@ async def test_a_new_session_drops_a_half_received_synchronize(hooks: NriHooks) 
     hooks.begin_session()
     await hooks.synchronize(sync(pods=[pod()], containers=[container("stale")], more=True))
     hooks.begin_session()
-    await hooks.synchronize(sync(pods=[pod()], containers=[container("fresh")]))
-    assert [key[1] for key, _ in hooks.cache.items()] == ["fresh"]
+    await hooks.synchronize(sync(pods=[pod()], containers=[made(hooks, container("fresh"))]))
+    assert [entry.container for _, entry in hooks.cache.items()] == ["fresh"]
 
 
 async def test_remove_container_removes_its_directory(hooks: NriHooks) -> None:

@@ -9,7 +9,7 @@ import pytest
 import trio
 import trio.testing
 
-from tests.unit.nri.fakeruntime import fake_runtime
+from tests.unit.nri.fakeruntime import fake_runtime, injected
 from tests.unit.nri.test_hooks import CLAIM, POD_UID, container, pod
 from vgpud._pb.nri.pkg.api.v1alpha1 import (
     CreateContainerRequest,
@@ -48,7 +48,9 @@ async def test_register_configure_synchronize_create_remove(short_tmp: Path) -> 
         with trio.fail_after(10):
             runtime = await plugins.receive()
             configured = await runtime.handshake(
-                SynchronizeRequest(pods=[pod()], containers=[container("old")])
+                SynchronizeRequest(
+                    pods=[pod()], containers=[injected(hooks.assigner, pod(), container("old"))]
+                )
             )
             await ready.wait()
         assert runtime.registered is not None

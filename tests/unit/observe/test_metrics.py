@@ -119,9 +119,14 @@ async def test_exposition_has_every_node_family_with_its_labels(short_tmp: Path)
 
 
 async def test_eager_mode_fallback_and_no_nri_families(short_tmp: Path) -> None:
-    node = make_node(short_tmp, lazy=False, nri_fallback=True)
+    node = make_node(short_tmp, lazy=False, nri_fallback="the NRI socket /x does not answer: refused")
     found = families(node)
     assert value(found[family(names.NRI_EAGER_FALLBACKS)], "vgpud_nri_eager_fallbacks_total") == 1
+    reason = "the NRI socket /x does not answer: refused"
+    assert (
+        value(found[family(names.NRI_EAGER_FALLBACK_INFO)], "vgpud_nri_eager_fallback_info", reason=reason)
+        == 1
+    )
     assert value(found[family(names.PARTITION_MODE)], "vgpud_partition_mode", mode="eager") == 1
     assert family(names.NRI_SYNC_CONTAINERS) not in found
     assert family(names.NRI_CONNECTED) not in found
