@@ -17,7 +17,7 @@ from vgpud._pb.nri.pkg.api.v1alpha1 import (
     PodSandbox,
     RemoveContainerRequest,
 )
-from vgpud.nri.cache import CacheEntry, RuntimeContainer
+from vgpud.nri.cache import CacheEntry, NotInjected, RuntimeContainer
 from vgpud.observe.drift import (
     Difference,
     DiskState,
@@ -94,6 +94,20 @@ def test_nri_rules(cache, runtime, on_disk, expected) -> None:  # type: ignore[n
     nri = NriView(cache=cache, runtime=runtime, synced=True)
     found = compare(nri=nri, disk=on_disk, prepared=frozenset({A, B}), vgpu_claims={A: "ml"})
     assert kinds(found) == expected
+
+
+def test_a_container_without_its_injection_is_reported_once_and_owns_its_directory() -> None:
+    """Created while vgpud was away (or after the runtime dropped it): one not-injected difference,
+    not also runtime-not-cached, and its directory is not an orphan."""
+    found = NotInjected(
+        "p1", "main", A, "ml", "train", ROOT / A / "p1_main", ("mount /etc/vgpu-manager/config",)
+    )
+    nri = NriView(cache={}, runtime=HEALTHY_RUNTIME, synced=True, not_injected={"c1": found})
+    differences = compare(
+        nri=nri, disk=disk(ROOT / A / "p1_main"), prepared=frozenset({A}), vgpu_claims={A: "ml"}
+    )
+    assert kinds(differences) == [("not-injected", "p1/main c1")]
+    assert differences[0].detail == "ml/train, claim claim-a, missing mount /etc/vgpu-manager/config"
 
 
 def test_claims_that_disagree() -> None:

@@ -3,7 +3,7 @@ conventions, and every recorded call counted exactly once through the recorder l
 
 from __future__ import annotations
 
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
@@ -17,6 +17,7 @@ from vgpud._pb.nri.pkg.api.v1alpha1 import (
     PodSandbox,
     SynchronizeRequest,
 )
+from vgpud.nri.cache import NotInjected
 from vgpud.nri.sync import decode_sync
 from vgpud.observe.metrics import HOOK_BUCKETS, registry_result
 from vgpud.recorder import HookCall, Outcome, Recorder
@@ -204,3 +205,12 @@ def test_a_failing_listener_never_reaches_the_hook(caplog: pytest.LogCaptureFixt
     recorder.remove_listener(broken)
     recorder.record(HookCall(component="nri", call="CreateContainer"))
     assert seen == [1, 2]
+
+
+async def test_containers_without_their_injection_are_a_gauge(short_tmp: Path) -> None:
+    node = make_node(short_tmp)
+    directory = PurePosixPath(short_tmp / "claims" / "c" / "p_main")
+    node.nri.not_injected.set("c9", NotInjected("p", "main", "c", "ml", "train", directory, ("env X",)))
+    found = families(node)
+    assert value(found[family(names.NRI_NOT_INJECTED)], "vgpud_nri_not_injected_containers") == 1
+    assert found[family(names.NRI_EAGER_FALLBACK_INFO)] == []  # no fallback: no sample
