@@ -10,8 +10,8 @@ cache survives reconnects, while the split-Synchronize buffer is per session (`b
   injected, recorded as rejected (a pod may set that env itself; seed §12.12.1). A directory that
   cannot be made: an error, so the container is not created (fail-closed).
 - Synchronize: the cache is rebuilt from the containers' env with the same validation; a container
-  that does not validate is skipped and counted, and the sync itself still succeeds. A valid one
-  whose mounts and env lack the injection (created while vgpud was down, or after the runtime
+  that does not validate is skipped and counted, and the sync itself still succeeds. A valid live
+  one whose mounts and env lack the injection (created while vgpud was down, or after the runtime
   dropped the plugin for a missed deadline) is not cached but kept as not injected: one WARNING line
   each, the metrics and the debug state show it. Eviction would let the kubelet recreate it, but no
   NRI runtime adaptation acts on a plugin's eviction request (v0.6.1 through v0.12.5 drop it).
@@ -248,7 +248,10 @@ class NriHooks:
                     reason = str(err)
                 else:
                     base = plan.paths.base
-                    missing = missing_injection(plan, container.mounts, container.env)
+                    # an exited container runs nothing that could register: only live ones are checked
+                    missing = (
+                        () if container.stopped else missing_injection(plan, container.mounts, container.env)
+                    )
                     if missing:
                         found = NotInjected(
                             pod.uid, container.name, claim_uid, pod.namespace, pod.name, base, missing

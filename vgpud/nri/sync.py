@@ -15,7 +15,10 @@ from dataclasses import dataclass
 from google.protobuf.message import DecodeError
 
 from vgpud._pb import nri_api_pb2
+from vgpud._pb.nri.pkg.api.v1alpha1 import ContainerState
 from vgpud.wire import MalformedMessage
+
+CONTAINER_STOPPED = int(ContainerState.CONTAINER_STOPPED)
 
 
 @dataclass(frozen=True)
@@ -34,6 +37,12 @@ class SyncContainer:
     env: tuple[str, ...]
     #: (destination, source) of each mount: what the runtime actually gave the container
     mounts: tuple[tuple[str, str], ...] = ()
+    #: the NRI ContainerState number (4: stopped)
+    state: int = 0
+
+    @property
+    def stopped(self) -> bool:
+        return self.state == CONTAINER_STOPPED
 
 
 @dataclass(frozen=True)
@@ -60,6 +69,7 @@ def decode_sync(data: bytes) -> SyncBatch:
                 c.name,
                 tuple(c.env),
                 tuple((m.destination, m.source) for m in c.mounts),
+                c.state,
             )
             for c in request.containers
         ),

@@ -289,3 +289,13 @@ async def test_a_partial_injection_is_not_an_injection(hooks: NriHooks) -> None:
     await hooks.synchronize(sync(pods=[pod()], containers=[ctr]))
     found = hooks.not_injected.instance("x")
     assert found is not None and found.missing == ("env VGPU_POD_UID",)
+
+
+async def test_an_exited_container_is_not_checked_for_its_injection(hooks: NriHooks) -> None:
+    """A stopped container runs nothing that could register: cached as before, never reported."""
+    stopped = Container(
+        id="done", pod_sandbox_id="sandbox-1", name="main", env=[f"MANAGER_VGPU_CLAIM_UID={CLAIM}"], state=4
+    )
+    hooks.begin_session()
+    await hooks.synchronize(sync(pods=[pod()], containers=[stopped]))
+    assert hooks.cache.instance("done") is not None and len(hooks.not_injected) == 0
