@@ -13,8 +13,8 @@ cache survives reconnects, while the split-Synchronize buffer is per session (`b
   that does not validate is skipped and counted, and the sync itself still succeeds. A valid live
   one whose mounts and env lack the injection (created while vgpud was down, or after the runtime
   dropped the plugin for a missed deadline) is not cached but kept as not injected: one WARNING line
-  each, the metrics and the debug state show it. Eviction would let the kubelet recreate it, but no
-  NRI runtime adaptation acts on a plugin's eviction request (v0.6.1 through v0.12.5 drop it).
+  each, the metrics and the debug state show it. Eviction would let the kubelet recreate it, but the
+  NRI runtime adaptation drops a plugin's eviction requests (v0.6.1 through v0.12.5; docs/decisions.md).
 - RemoveContainer / StopPodSandbox / RemovePodSandbox, as dedicated RPCs (NRI v0.12) or as
   StateChange events (older runtimes): the instance's cache entry goes, and its directory once no
   other cached instance of the container uses it (seed §12.10; a stale instance can be removed
