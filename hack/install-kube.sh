@@ -2,7 +2,8 @@
 # Installs the real Kubernetes peers the tests run against, into a machine-wide cache that survives fresh
 # clones: etcd (Debian trixie's etcd-server .deb, unpacked, not installed) and kube-apiserver,
 # kube-scheduler and kubelet (built from the k8s.io/kubernetes Go module through a wrapper module that
-# pins every k8s.io/* staging module). Idempotent: prints nothing and does nothing when the cache holds
+# pins every k8s.io/* staging module), and crictl (sigs.k8s.io/cri-tools, a CRI client for tests that
+# act as an operator on containerd's CRI: `crictl rm` of one container). Idempotent: prints nothing and does nothing when the cache holds
 # what this recipe asks for; a version bump rebuilds.
 #
 #   hack/install-kube.sh             install what is missing, then write <cache>/kube.env
@@ -17,6 +18,7 @@ KUBE_VERSION=${KUBE_VERSION:-v1.36.5}        # newest 1.36 k8s.io/kubernetes the
 ETCD_SUITE=${ETCD_SUITE:-trixie}              # etcd-server 3.5.16 runs on bookworm (libc 2.36)
 ETCD_RECIPE=1                                 # bump when a recipe below changes, to redo that part
 KUBE_RECIPE=3
+CRICTL_VERSION=${CRICTL_VERSION:-v1.34.0}     # cri-tools release the Go module proxy serves
 CACHE=${VGPUD_CACHE:-$HOME/.cache/vgpud}
 
 print_env=0
@@ -150,10 +152,26 @@ for cmd in "${KUBE_CMDS[@]}"; do
   [ -x "$KUBE_BIN_DIR/$cmd" ] || { say "kube: $KUBE_BIN_DIR/$cmd is missing after install"; exit 1; }
 done
 
+# --- crictl ------------------------------------------------------------------------------------------
+CRICTL_DIR=$CACHE/crictl-$CRICTL_VERSION
+CRICTL_BIN=$CRICTL_DIR/crictl
+if [ ! -x "$CRICTL_BIN" ]; then
+  command -v go >/dev/null || PATH=$PATH:/usr/local/go/bin
+  say "crictl: building sigs.k8s.io/cri-tools/cmd/crictl@$CRICTL_VERSION into $CRICTL_DIR"
+  rm -rf "$CACHE/.crictl.tmp"
+  GOBIN=$CACHE/.crictl.tmp GOTOOLCHAIN=local CGO_ENABLED=0 go install -trimpath \
+    "sigs.k8s.io/cri-tools/cmd/crictl@$CRICTL_VERSION"
+  mkdir -p "$CRICTL_DIR" && mv "$CACHE/.crictl.tmp/crictl" "$CRICTL_BIN" && rm -rf "$CACHE/.crictl.tmp"
+  for old in "$CACHE"/crictl-v*; do
+    [ "$old" = "$CRICTL_DIR" ] || rm -rf "$old"
+  done
+fi
+
 # --- kube.env ----------------------------------------------------------------------------------------
 env_file=$CACHE/kube.env
 env_text="KUBE_VERSION=$KUBE_VERSION
 KUBE_BIN_DIR=$KUBE_BIN_DIR
+CRICTL_BIN=$CRICTL_BIN
 ETCD_BIN=$ETCD_BIN
 ETCD_VERSION=$(sed -n 's/.* version=//p' "$ETCD_DIR/.stamp")"
 if [ "$(cat "$env_file" 2>/dev/null)" != "$env_text" ]; then

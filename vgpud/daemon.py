@@ -32,7 +32,7 @@ from vgpud.health import HealthService
 from vgpud.kube import KubeApi, KubeError
 from vgpud.kube.client import KubeClient
 from vgpud.nodesetup import cgroup_v2, prepare_manager_root
-from vgpud.nri.conn import Identity, run_session
+from vgpud.nri.conn import Dialer, Identity, probe, run_session
 from vgpud.nri.hooks import NriHooks
 from vgpud.observe.app import ObserveApp
 from vgpud.observe.drift import DriftChecker
@@ -48,7 +48,7 @@ from vgpud.ready import Ready
 from vgpud.recorder import Recorder
 from vgpud.registry.identity import default_cgroup_root
 from vgpud.registry.server import RegistryServer
-from vgpud.supervisor import HealthAfter, HealthRegistry, Restart, Supervisor
+from vgpud.supervisor import HealthAfter, HealthRegistry, HealthState, Restart, Supervisor
 
 log = logging.getLogger("vgpud")
 
@@ -57,6 +57,7 @@ CHECKPOINT_FILE = "checkpoint.json"
 NODE_LOCK_FILE = "pu.lock"
 #: the control library is installed as `libvgpu-control.so.<version>` so an upgrade never swaps a live file
 LIBRARY_VERSION = __version__
+NRI_COMPONENT = "nri-plugin"
 
 
 @dataclass(frozen=True)
@@ -69,8 +70,11 @@ class Startup:
     layout: Layout
     boot_id: str
     mode: Mode
-    #: NRISupport was asked for but the runtime's NRI socket did not answer: eager mode instead
-    nri_fallback: bool
+    #: NRISupport was asked for but the runtime's NRI socket did not answer: eager mode instead, and
+    #: why ("" when it did not fall back)
+    nri_fallback: str
+    #: lazy mode: the probe's connection to the NRI socket, the NRI plugin's first session
+    nri_connection: socket.socket | None = None
 
 
 @dataclass
@@ -184,36 +188,32 @@ def check_node(settings: Settings) -> Startup | None:
     except OSError as err:
         log.error("cannot set up the manager root %s: %s", settings.manager_dir, err)
         return None
-    mode, fallback = select_mode(settings)
-    return Startup(settings, gpus, kube, layout, boot_id, mode, fallback)
+    mode = select_mode(settings)
+    return Startup(settings, gpus, kube, layout, boot_id, mode.mode, mode.fallback, mode.connection)
 
 
-def select_mode(settings: Settings) -> tuple[Mode, bool]:
-    """(mode, fell back): lazy when NRISupport is on and the runtime's NRI socket answers at start;
-    otherwise eager, and with NRISupport on that is a fallback the metrics count (seed §12.1)."""
+@dataclass(frozen=True)
+class ModeChoice:
+    mode: Mode
+    #: why NRISupport fell back to eager mode ("" when it did not)
+    fallback: str = ""
+    #: lazy mode: the probe's connection, kept for the plugin's first session
+    connection: socket.socket | None = None
+
+
+def select_mode(settings: Settings) -> ModeChoice:
+    """Lazy when NRISupport is on and the runtime's NRI socket answers at start; otherwise eager,
+    and with NRISupport on that is a fallback the log, metrics, debug state and health show (seed
+    §12.1). The probe's connection is kept: the runtime logs an error for one closed unregistered."""
     if not settings.feature_gates.enabled("NRISupport"):
-        return Mode.EAGER, False
-    problem = _unix_socket_problem(settings.nri_socket)
-    if problem is None:
+        return ModeChoice(Mode.EAGER)
+    connected = probe(str(settings.nri_socket))
+    if not isinstance(connected, str):
         log.info("NRI socket %s answers: lazy mode (per-container directories)", settings.nri_socket)
-        return Mode.LAZY, False
-    log.warning(
-        "NRISupport is on but the NRI socket %s does not answer (%s): eager mode",
-        settings.nri_socket,
-        problem,
-    )
-    return Mode.EAGER, True
-
-
-def _unix_socket_problem(path: Path) -> str | None:
-    """None when something accepts connections on the unix socket `path`, else why not."""
-    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as probe:
-        probe.settimeout(2.0)
-        try:
-            probe.connect(str(path))
-        except OSError as err:
-            return err.strerror or str(err)
-    return None
+        return ModeChoice(Mode.LAZY, connection=connected)
+    reason = f"the NRI socket {settings.nri_socket} does not answer: {connected}"
+    log.warning("NRISupport is on but %s: eager mode (no per-container injection)", reason)
+    return ModeChoice(Mode.EAGER, fallback=reason)
 
 
 def build_assigner(startup: Startup) -> EagerAssigner | LazyAssigner:
@@ -292,6 +292,9 @@ async def _main(startup: Startup) -> None:
                 )
             registry = build_registry(startup, assigner, driver, nri, recorder)
             health = HealthRegistry()
+            if startup.nri_fallback:
+                health.register(NRI_COMPONENT, counts_for_health=False)
+                health.set(NRI_COMPONENT, HealthState.STOPPED, f"eager-mode fallback: {startup.nri_fallback}")
             observe = build_observability(
                 startup, recorder=recorder, health=health, driver=driver, nri=nri, registry=registry
             )
@@ -326,7 +329,8 @@ def _start_components(node: Node) -> None:
     supervise("dra-cleanup", node.driver.run_cleanup, *policies)
     if node.nri is not None:
         identity = Identity(settings.driver_name, settings.nri_plugin_idx)
-        supervise("nri-plugin", partial(run_session, str(settings.nri_socket), node.nri, identity), *policies)
+        dialer = Dialer(str(settings.nri_socket), node.startup.nri_connection)
+        supervise(NRI_COMPONENT, partial(run_session, dialer, node.nri, identity), *policies)
     if node.registry is not None:
         supervise("registry", node.registry.run, *policies)
     if settings.healthcheck_port >= 0:

@@ -122,6 +122,20 @@ NRI_EAGER_FALLBACKS = MetricName(
     "Starts where NRISupport was on but the NRI socket did not answer, so eager mode was used.",
 )
 
+#: the same fallback with its reason (why the socket did not answer), value 1; absent without one
+NRI_EAGER_FALLBACK_INFO = MetricName(
+    "vgpud_nri_eager_fallback_info",
+    "NRISupport was on but the NRI socket did not answer at start: eager mode, and why (value 1).",
+    ("reason",),
+)
+
+#: running vGPU containers the runtime reported (Synchronize) without vgpud's mounts and env: created
+#: while vgpud was away; they cannot register (the runtime cannot evict them)
+NRI_NOT_INJECTED = MetricName(
+    "vgpud_nri_not_injected_containers",
+    "Running vGPU containers the runtime reported without vgpud's injection (recreate their pods).",
+)
+
 #: the partition mode this process runs in: mode=lazy or mode=eager, value 1
 PARTITION_MODE = MetricName(
     "vgpud_partition_mode",
@@ -198,6 +212,8 @@ ALL: tuple[MetricName, ...] = (
     NRI_CONNECTED,
     NRI_REMOVED_DIRECTORIES,
     NRI_EAGER_FALLBACKS,
+    NRI_EAGER_FALLBACK_INFO,
+    NRI_NOT_INJECTED,
     PARTITION_MODE,
     PARTITION_CONFLICTS,
     COMPONENT_HEALTH,

@@ -268,6 +268,7 @@ async def _check_created(daemon: Daemon, tail: Tail, pod_uid: str, claim_uid: st
 
     state = await wait_state(daemon.debug_sock, lambda s: s["drift"]["checks"] >= 2, "two drift checks")
     directories = state["nri"]["cache"]["directories"]
+    assert [len(d.pop("container_ids")) for d in directories.values()] == [1]
     assert list(directories.values()) == [
         {
             "pod_uid": pod_uid,
@@ -319,4 +320,5 @@ async def _check_restarted(daemon: Daemon) -> None:
         stats = nri["stats"]
         assert (stats["sync_reported"], stats["sync_rebuilt"], stats["sync_invalid"]) == (4, 1, 1)
         assert nri["runtime_containers"] == 2  # main and forged carry a claim UID
+        assert nri["not_injected"] == {}  # main was created with its injection
     assert [c["call"] for c in via_cli["calls"]["recent"]] == ["Synchronize"]

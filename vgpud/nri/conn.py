@@ -4,11 +4,17 @@ The codecs (`mux`, `ttrpc`) do no I/O; this module only moves bytes and runs hoo
 (nri-protocol.md §0): conn 1 is served before RegisterPlugin goes out on conn 2, because the runtime
 may send Configure before it answers the registration. Each request runs in its own task under the
 deadline the runtime sent (`timeout_nano`); all frames of one message are written together.
+
+The start-up check that the runtime's NRI socket answers (`probe`) keeps its connection, and the first
+session runs on it: a connection that closes without registering is what a broken plugin does, and
+the runtime logs it as an error ("failed to start external plugin: failed to register plugin,
+connection closed").
 """
 
 from __future__ import annotations
 
 import logging
+import socket
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -25,6 +31,7 @@ log = logging.getLogger("vgpud.nri")
 PLUGIN_SERVICE = "nri.pkg.api.v1alpha1.Plugin"
 RUNTIME_SERVICE = "nri.pkg.api.v1alpha1.Runtime"
 REGISTRATION_TIMEOUT = 5.0
+PROBE_TIMEOUT = 2.0
 READ_SIZE = 256 * 1024
 
 
@@ -171,13 +178,42 @@ def _why_ended(exc: BaseException) -> str:
     return "vgpud stopped the session"
 
 
-async def run_session(
-    socket_path: str, hooks: NriHooks, identity: Identity, ready: Callable[[], None]
-) -> None:
-    """One supervised session: dial the runtime's NRI socket and serve until the connection ends."""
+def probe(path: str, timeout: float = PROBE_TIMEOUT) -> socket.socket | str:
+    """Blocking (before Trio starts): a socket connected to `path` when something accepts there, else
+    why not. Hand the socket to `Dialer`: closing it unregistered leaves an error in the runtime's log."""
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    sock.settimeout(timeout)
     try:
-        stream = await trio.open_unix_socket(socket_path)
+        sock.connect(path)
     except OSError as err:
-        raise SessionEnded(f"cannot connect to {socket_path}: {err.strerror or err}") from err
+        sock.close()
+        return err.strerror or str(err)
+    return sock
+
+
+class Dialer:
+    """Connections to the runtime's NRI socket: the start-up probe's first (if any), then new ones."""
+
+    def __init__(self, path: str, first: socket.socket | None = None) -> None:
+        self.path = path
+        self._first = first
+
+    async def connect(self) -> trio.SocketStream:
+        first, self._first = self._first, None
+        if first is not None:
+            return trio.SocketStream(trio.socket.from_stdlib_socket(first))
+        try:
+            return await trio.open_unix_socket(self.path)
+        except OSError as err:
+            raise SessionEnded(f"cannot connect to {self.path}: {err.strerror or err}") from err
+
+
+async def run_session(
+    target: Dialer | str, hooks: NriHooks, identity: Identity, ready: Callable[[], None]
+) -> None:
+    """One supervised session: dial the runtime's NRI socket (a path, or a `Dialer` that may hold the
+    probe's connection) and serve until the connection ends."""
+    dialer = target if isinstance(target, Dialer) else Dialer(target)
+    stream = await dialer.connect()
     async with stream:
         await NriSession(stream, hooks, identity).run(ready)

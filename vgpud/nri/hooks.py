@@ -10,10 +10,15 @@ cache survives reconnects, while the split-Synchronize buffer is per session (`b
   injected, recorded as rejected (a pod may set that env itself; seed §12.12.1). A directory that
   cannot be made: an error, so the container is not created (fail-closed).
 - Synchronize: the cache is rebuilt from the containers' env with the same validation; a container
-  that does not validate is skipped and counted, and the sync itself still succeeds.
+  that does not validate is skipped and counted, and the sync itself still succeeds. A valid live
+  one whose mounts and env lack the injection (created while vgpud was down, or after the runtime
+  dropped the plugin for a missed deadline) is not cached but kept as not injected: one WARNING line
+  each, the metrics and the debug state show it. Eviction would let the kubelet recreate it, but the
+  NRI runtime adaptation drops a plugin's eviction requests (v0.6.1 through v0.12.5; docs/decisions.md).
 - RemoveContainer / StopPodSandbox / RemovePodSandbox, as dedicated RPCs (NRI v0.12) or as
-  StateChange events (older runtimes): the cache entries go and the per-container directories with
-  them (seed §12.10).
+  StateChange events (older runtimes): the instance's cache entry goes, and its directory once no
+  other cached instance of the container uses it (seed §12.10; a stale instance can be removed
+  while a newer one runs).
 """
 
 from __future__ import annotations
@@ -66,12 +71,20 @@ from vgpud._pb.nri.pkg.api.v1alpha1 import (
 )
 from vgpud.fsutil import remove_tree
 from vgpud.nri.adjust import adjustment, make_directories
-from vgpud.nri.cache import CacheEntry, NriCache, RuntimeContainer, RuntimeContainers
+from vgpud.nri.cache import (
+    CacheEntry,
+    NotInjected,
+    NotInjectedContainers,
+    NriCache,
+    RuntimeContainer,
+    RuntimeContainers,
+)
 from vgpud.nri.envs import env_value
 from vgpud.nri.events import WANTED_EVENTS, event_mask, known_events_mask
 from vgpud.nri.session import NriSessionState, NriStats, SessionState
 from vgpud.nri.sync import SyncBatch, SyncContainer, SyncPod, decode_sync
 from vgpud.nri.ttrpc import Code
+from vgpud.nri.verify import missing_injection
 from vgpud.partition.assigner import ContainerContext
 from vgpud.partition.layout import ENV_CLAIM_UID, LayoutError
 from vgpud.partition.lazy import LazyAssigner
@@ -115,6 +128,9 @@ class NriHooks:
         self.cache = cache if cache is not None else NriCache()
         #: what the runtime reported (for the drift self-check; never decides anything)
         self.runtime = RuntimeContainers()
+        #: running vGPU containers without the injection, as the last Synchronize found them
+        self.not_injected = NotInjectedContainers()
+        self._warned_not_injected: set[str] = set()
         self.stats = NriStats()
         self._sessions = 0
         self._connected = False
@@ -187,15 +203,19 @@ class NriHooks:
         if request.more:
             return SynchronizeResponse(more=True)
         with self._recorder.timed("nri", "Synchronize") as call:
-            entries = list(self._rebuild(session.pods, session.containers))
+            entries, not_injected = self._rebuild(session.pods, session.containers)
             self.cache.replace(entries)
+            self.not_injected.replace(not_injected)
+            self._warn_not_injected()
             self.runtime.replace(_runtime_containers(session.pods, session.containers))
             self._last_sync_time = time.time()
             self.stats.sync_reported = len(session.containers)
             self.stats.sync_rebuilt = len(entries)
             invalid = len([c for c in session.containers if env_value(c.env, ENV_CLAIM_UID)]) - len(entries)
+            invalid -= len(not_injected)
             call.detail = (
-                f"{len(entries)} vGPU containers of {len(session.containers)}, {invalid} not valid here"
+                f"{len(entries)} vGPU containers of {len(session.containers)}, {invalid} not valid here, "
+                f"{len(not_injected)} without their injection"
             )
         log.info("NRI: synchronized: %s", call.detail)
         session.pods, session.containers = [], []
@@ -203,9 +223,12 @@ class NriHooks:
         return SynchronizeResponse()
 
     def _rebuild(
-        self, pods: list[PodSandbox], containers: list[Container]
-    ) -> Iterable[tuple[str, str, CacheEntry]]:
+        self, pods: list[SyncPod], containers: list[SyncContainer]
+    ) -> tuple[list[tuple[str, CacheEntry]], list[tuple[str, NotInjected]]]:
+        """(cache entries, containers without their injection) of a Synchronize, by container ID."""
         by_id = {pod.id: pod for pod in pods}
+        entries: list[tuple[str, CacheEntry]] = []
+        not_injected: list[tuple[str, NotInjected]] = []
         invalid_before = self.stats.sync_invalid
         for container in containers:
             claim_uid = env_value(container.env, ENV_CLAIM_UID)
@@ -218,18 +241,47 @@ class NriHooks:
             elif not self._is_prepared(claim_uid, pod.namespace):
                 reason = f"claim {claim_uid} is not a vGPU claim of namespace {pod.namespace} prepared here"
             else:
+                context = ContainerContext(claim_uid, pod.uid, pod.name, pod.namespace, container.name)
                 try:
-                    paths = self.assigner.paths(claim_uid, pod.uid, container.name)
+                    plan = self.assigner.inject(context)
                 except LayoutError as err:
                     reason = str(err)
                 else:
-                    yield pod.uid, container.name, CacheEntry(claim_uid, paths.base)
+                    base = plan.paths.base
+                    # an exited container runs nothing that could register: only live ones are checked
+                    missing = (
+                        () if container.stopped else missing_injection(plan, container.mounts, container.env)
+                    )
+                    if missing:
+                        found = NotInjected(
+                            pod.uid, container.name, claim_uid, pod.namespace, pod.name, base, missing
+                        )
+                        not_injected.append((container.id, found))
+                    else:
+                        entries.append((container.id, CacheEntry(pod.uid, container.name, claim_uid, base)))
                     continue
             self.stats.sync_invalid += 1
             if self.stats.sync_invalid - invalid_before <= SYNC_WARNINGS_SHOWN:  # a node may have thousands
                 log.warning(
                     "NRI: Synchronize: container %s (%s) not cached: %s", container.name, container.id, reason
                 )
+        return entries, not_injected
+
+    def _warn_not_injected(self) -> None:
+        """One WARNING line per container found without its injection (once, not per Synchronize)."""
+        current = {cid for cid, _ in self.not_injected.items()}
+        for cid, found in self.not_injected.items():
+            if cid not in self._warned_not_injected:
+                log.warning(
+                    "NRI: container %s (%s) of pod %s/%s runs without its vGPU injection (missing %s): it "
+                    "was created while vgpud was away; the runtime cannot evict it, recreate its pod",
+                    found.container,
+                    cid,
+                    found.pod_namespace,
+                    found.pod_name,
+                    ", ".join(found.missing),
+                )
+        self._warned_not_injected = current
 
     async def shutdown(self, request: Empty) -> Empty:
         log.info("NRI: the runtime asked the plugin to shut down")
@@ -243,7 +295,9 @@ class NriHooks:
                 call.outcome, call.detail = Outcome.SKIPPED, "no vGPU claim"
                 self.stats.skipped += 1
                 return CreateContainerResponse()
-            self.runtime.set(pod.uid, container.name, RuntimeContainer(claim_uid, pod.namespace, pod.name))
+            self.runtime.set(
+                container.id, RuntimeContainer(pod.uid, container.name, claim_uid, pod.namespace, pod.name)
+            )
             if not self._is_prepared(claim_uid, pod.namespace):
                 call.outcome = Outcome.REJECTED
                 call.detail = (
@@ -271,9 +325,9 @@ class NriHooks:
                     f"{pod.namespace}/{pod.name}: {err}"
                 )
                 log.error("NRI: %s", message)
-                self.runtime.pop(pod.uid, container.name)  # creation fails: the runtime will not run it
+                self.runtime.pop(container.id)  # creation fails: the runtime will not run it
                 raise HookError(Code.FAILED_PRECONDITION, message) from err
-            self.cache.set(pod.uid, container.name, CacheEntry(claim_uid, plan.paths.base))
+            self.cache.set(container.id, CacheEntry(pod.uid, container.name, claim_uid, plan.paths.base))
             self.stats.injected += 1
             call.detail = str(plan.paths.base)
             return CreateContainerResponse(adjust=adjustment(plan))
@@ -318,21 +372,38 @@ class NriHooks:
         )
 
     async def _forget_container(self, pod: PodSandbox | None, container: Container | None) -> None:
+        """One instance is gone: its entries, and its directory unless another instance uses it."""
         pod, container = pod or PodSandbox(), container or Container()
-        self.runtime.pop(pod.uid, container.name)
-        entry = self.cache.pop(pod.uid, container.name)
+        self.runtime.pop(container.id)
+        self.not_injected.pop(container.id)
+        entry = self.cache.pop(container.id)
         claim_uid = entry.claim_uid if entry else env_value(container.env, ENV_CLAIM_UID)
         if not claim_uid or (entry is None and not self._is_prepared(claim_uid, pod.namespace)):
             return  # not a container vgpud injected (or one that never ran: its removal is harmless)
-        with self._timed("RemoveContainer", pod, container.name, claim_uid):
+        with self._timed("RemoveContainer", pod, container.name, claim_uid) as call:
+            users = self._directory_users(claim_uid, pod.uid, container.name)
+            if users:
+                call.detail = f"directory kept: used by {', '.join(users)}"
+                log.info("NRI: container %s (%s) removed; %s", container.name, container.id, call.detail)
+                return
             await self._remove_directory(claim_uid, pod.uid, container.name)
 
     async def _forget_pod(self, pod: PodSandbox | None) -> None:
         pod = pod or PodSandbox()
         self.runtime.pop_pod(pod.uid)
-        for container, entry in self.cache.pop_pod(pod.uid):
-            with self._timed("StopPodSandbox", pod, container, entry.claim_uid):
-                await self._remove_directory(entry.claim_uid, pod.uid, container)
+        self.not_injected.pop_pod(pod.uid)
+        gone = {(entry.container, entry.claim_uid) for _, entry in self.cache.pop_pod(pod.uid)}
+        for container, claim_uid in sorted(gone):
+            with self._timed("StopPodSandbox", pod, container, claim_uid):
+                await self._remove_directory(claim_uid, pod.uid, container)
+
+    def _directory_users(self, claim_uid: str, pod_uid: str, container: str) -> list[str]:
+        """The cached instances that use this container's directory (a newer instance of it)."""
+        try:
+            directory = self.assigner.paths(claim_uid, pod_uid, container).base
+        except LayoutError:
+            return []
+        return self.cache.uses(directory)
 
     async def _remove_directory(self, claim_uid: str, pod_uid: str, container: str) -> None:
         try:
@@ -351,14 +422,14 @@ class NriHooks:
 
 def _runtime_containers(
     pods: list[SyncPod], containers: list[SyncContainer]
-) -> Iterable[tuple[str, str, RuntimeContainer]]:
-    """Every container of a Synchronize with a claim UID in its env and a reported pod."""
+) -> Iterable[tuple[str, RuntimeContainer]]:
+    """Every container of a Synchronize with a claim UID in its env and a reported pod, by ID."""
     by_id = {pod.id: pod for pod in pods}
     for container in containers:
         claim_uid = env_value(container.env, ENV_CLAIM_UID)
         pod = by_id.get(container.pod_sandbox_id)
         if claim_uid and pod is not None:
-            yield pod.uid, container.name, RuntimeContainer(claim_uid, pod.namespace, pod.name)
+            yield container.id, RuntimeContainer(pod.uid, container.name, claim_uid, pod.namespace, pod.name)
 
 
 _NO_OP_EVENTS = (

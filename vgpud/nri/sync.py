@@ -4,8 +4,8 @@ A Synchronize carries every pod and container of the node, and all its chunks sh
 a plugin that misses it is closed and injects nothing until it reconnects. betterproto2 decodes a
 4 MiB chunk in about 2 s on this hardware, protobuf's C decoder (upb) in about 15 ms, so this one
 message is decoded with the upb module generated beside the betterproto2 code (`make protos`), and
-only the fields the cache rebuild needs are kept. upb rejects malformed input as strictly as
-`vgpud.wire` does (truncation, bad lengths, invalid UTF-8).
+only the fields the cache rebuild and the injection check need are kept. upb rejects malformed input
+as strictly as `vgpud.wire` does (truncation, bad lengths, invalid UTF-8).
 """
 
 from __future__ import annotations
@@ -15,7 +15,10 @@ from dataclasses import dataclass
 from google.protobuf.message import DecodeError
 
 from vgpud._pb import nri_api_pb2
+from vgpud._pb.nri.pkg.api.v1alpha1 import ContainerState
 from vgpud.wire import MalformedMessage
+
+CONTAINER_STOPPED = int(ContainerState.CONTAINER_STOPPED)
 
 
 @dataclass(frozen=True)
@@ -32,6 +35,14 @@ class SyncContainer:
     pod_sandbox_id: str
     name: str
     env: tuple[str, ...]
+    #: (destination, source) of each mount: what the runtime actually gave the container
+    mounts: tuple[tuple[str, str], ...] = ()
+    #: the NRI ContainerState number (4: stopped)
+    state: int = 0
+
+    @property
+    def stopped(self) -> bool:
+        return self.state == CONTAINER_STOPPED
 
 
 @dataclass(frozen=True)
@@ -52,7 +63,15 @@ def decode_sync(data: bytes) -> SyncBatch:
     return SyncBatch(
         pods=tuple(SyncPod(p.id, p.uid, p.name, p.namespace) for p in request.pods),
         containers=tuple(
-            SyncContainer(c.id, c.pod_sandbox_id, c.name, tuple(c.env)) for c in request.containers
+            SyncContainer(
+                c.id,
+                c.pod_sandbox_id,
+                c.name,
+                tuple(c.env),
+                tuple((m.destination, m.source) for m in c.mounts),
+                c.state,
+            )
+            for c in request.containers
         ),
         more=request.more,
     )

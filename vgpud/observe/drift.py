@@ -11,14 +11,17 @@ Kinds (NRI: only with the NRI plugin and after its first Synchronize):
     cached-not-in-runtime    the cache names a container the runtime no longer reports        NRI
     runtime-not-cached       the runtime runs a container of a prepared vGPU claim of its
                              own namespace that is not cached                                 NRI
+    not-injected             the runtime reported a valid vGPU container without the mounts
+                             and env vgpud intended (created while vgpud was away)             NRI
     claim-mismatch           cache and runtime name different claims for one container        NRI
     directory-missing        a cached container's directory is not on disk                    NRI
-    orphan-directory         a directory under `claims/<uid>/` no cached container owns       NRI
+    orphan-directory         a directory under `claims/<uid>/` no live container owns         NRI
     orphan-claim-directory   `claims/<uid>` of a claim the checkpoint does not hold prepared  always
     claim-directory-missing  a prepared vGPU claim without `claims/<uid>`                     always
 
 The runtime's view is the last Synchronize plus the CreateContainer and removal events since
-(`NriHooks.runtime`). In eager mode the same periodic pass counts partition conflicts (bug-2): the
+(`NriHooks.runtime`), keyed by container ID; the subject of a container difference is
+`<pod UID>/<container> <ID>`. In eager mode the same periodic pass counts partition conflicts (bug-2): the
 containers that now use requests Prepare put into different partitions (read from the API, only for
 claims with more than one partition).
 """
@@ -38,7 +41,7 @@ from typing import TYPE_CHECKING
 import trio
 
 if TYPE_CHECKING:
-    from vgpud.nri.cache import CacheEntry, RuntimeContainer
+    from vgpud.nri.cache import CacheEntry, NotInjected, RuntimeContainer
     from vgpud.observe.state import NodeParts
 
 log = logging.getLogger("vgpud.observe.drift")
@@ -47,12 +50,11 @@ DEFAULT_INTERVAL = 60.0
 #: differences logged one by one per check; beyond that only the count
 LOGGED_PER_CHECK = 20
 
-ContainerKey = tuple[str, str]  # (pod UID, container name)
-
 
 class DriftKind(enum.StrEnum):
     CACHED_NOT_IN_RUNTIME = "cached-not-in-runtime"
     RUNTIME_NOT_CACHED = "runtime-not-cached"
+    NOT_INJECTED = "not-injected"
     CLAIM_MISMATCH = "claim-mismatch"
     DIRECTORY_MISSING = "directory-missing"
     ORPHAN_DIRECTORY = "orphan-directory"
@@ -87,12 +89,15 @@ class DiskState:
 class NriView:
     """The NRI side of one check; None in a check when the node runs without NRI."""
 
-    cache: Mapping[ContainerKey, CacheEntry]
-    runtime: Mapping[ContainerKey, RuntimeContainer]
+    #: by container ID
+    cache: Mapping[str, CacheEntry]
+    runtime: Mapping[str, RuntimeContainer]
     #: the cache has been rebuilt by a Synchronize (before that the NRI rules do not apply)
     synced: bool
     #: compare the directories below claim directories (lazy mode: one per container)
     lazy: bool = True
+    #: valid vGPU containers the runtime reported without their injection, by container ID
+    not_injected: Mapping[str, NotInjected] = field(default_factory=dict)
 
 
 def compare(
@@ -114,10 +119,14 @@ def compare(
     return sorted(found)
 
 
+def _subject(pod_uid: str, container: str, container_id: str) -> str:
+    return f"{pod_uid}/{container} {container_id}"
+
+
 def _compare_nri(nri: NriView, disk: DiskState, vgpu_claims: Mapping[str, str]) -> Iterable[Difference]:
-    for key, entry in nri.cache.items():
-        subject = "/".join(key)
-        running = nri.runtime.get(key)
+    for cid, entry in nri.cache.items():
+        subject = _subject(entry.pod_uid, entry.container, cid)
+        running = nri.runtime.get(cid)
         if running is None:
             yield Difference(DriftKind.CACHED_NOT_IN_RUNTIME, subject, f"claim {entry.claim_uid}")
         elif running.claim_uid != entry.claim_uid:
@@ -128,16 +137,30 @@ def _compare_nri(nri: NriView, disk: DiskState, vgpu_claims: Mapping[str, str]) 
             )
         if nri.lazy and entry.directory not in disk.container_dirs:
             yield Difference(DriftKind.DIRECTORY_MISSING, subject, str(entry.directory))
-    for key, running in nri.runtime.items():
-        if key not in nri.cache and vgpu_claims.get(running.claim_uid) == running.pod_namespace:
+    for cid, found in nri.not_injected.items():
+        yield Difference(
+            DriftKind.NOT_INJECTED,
+            _subject(found.pod_uid, found.container, cid),
+            f"{found.pod_namespace}/{found.pod_name}, claim {found.claim_uid}, "
+            f"missing {', '.join(found.missing)}",
+        )
+    for cid, running in nri.runtime.items():
+        if (
+            cid not in nri.cache
+            and cid not in nri.not_injected
+            and vgpu_claims.get(running.claim_uid) == running.pod_namespace
+        ):
             where = f"{running.pod_namespace}/{running.pod_name}" if running.pod_name else "pod ?"
             yield Difference(
-                DriftKind.RUNTIME_NOT_CACHED, "/".join(key), f"{where}, claim {running.claim_uid}"
+                DriftKind.RUNTIME_NOT_CACHED,
+                _subject(running.pod_uid, running.container, cid),
+                f"{where}, claim {running.claim_uid}",
             )
     if nri.lazy:
         owned = {entry.directory for entry in nri.cache.values()}
+        owned |= {found.directory for found in nri.not_injected.values()}
         for directory in sorted(disk.container_dirs - owned):
-            yield Difference(DriftKind.ORPHAN_DIRECTORY, str(directory), "no cached container owns it")
+            yield Difference(DriftKind.ORPHAN_DIRECTORY, str(directory), "no live container owns it")
 
 
 def confirmed(previous: Iterable[Difference], current: Iterable[Difference]) -> list[Difference]:
@@ -232,6 +255,7 @@ class DriftChecker:
                 cache=dict(parts.nri.cache.items()),
                 runtime=dict(parts.nri.runtime.items()),
                 synced=parts.nri.cache.synced,
+                not_injected=dict(parts.nri.not_injected.items()),
             )
         current = compare(
             nri=nri,

@@ -139,6 +139,10 @@ class StateCollector(Collector):
         mode.add_metric([parts.mode], 1)
         yield mode
         yield _counter(names.NRI_EAGER_FALLBACKS, 1 if parts.nri_fallback else 0)
+        fallback = _gauge(names.NRI_EAGER_FALLBACK_INFO)
+        if parts.nri_fallback:
+            fallback.add_metric([parts.nri_fallback], 1)
+        yield fallback
         health = _gauge(names.COMPONENT_HEALTH)
         for component, entry in sorted(parts.health.snapshot().items()):
             for state in type(entry.state):  # every state of the enum, 1 for the current one
@@ -163,6 +167,7 @@ class StateCollector(Collector):
         yield sync
         yield _counter(names.NRI_SYNC_INVALID, stats.sync_invalid)
         yield _gauge(names.NRI_CACHE_ENTRIES, len(nri.cache))
+        yield _gauge(names.NRI_NOT_INJECTED, len(nri.not_injected))
         yield _counter(names.NRI_CONNECTION_CLOSES, stats.connection_closes)
         yield _gauge(names.NRI_CONNECTED, 1 if nri.session_state().connected else 0)
         yield _counter(names.NRI_REMOVED_DIRECTORIES, stats.removed_dirs)

@@ -3,14 +3,18 @@ written. Each section is built by a function of plain values, so its JSON shape 
 
 Shape (every key always present; a section that does not apply to this node is null):
 
-    node, version, mode ("lazy" | "eager"), nri_fallback, time (epoch seconds), healthy
+    node, version, mode ("lazy" | "eager"), time (epoch seconds), healthy
+    nri_fallback: {reason}: NRISupport on but the NRI socket did not answer at start (else null)
     components:  {name: {state, reason, for_seconds, counts_for_health}}
     nri:         {session: {connected, runtime, nri_version, synchronized, sessions, last_close,
                             last_sync_time},
                   stats: {injected, skipped, rejected_unprepared, sync_reported, sync_rebuilt,
                           sync_invalid, removed_dirs, connection_closes},
                   cache: {synced, entries, directories: {dir: {pod_uid, container, claim_uid,
-                                                               pod_namespace, pod_name}}},
+                                                               pod_namespace, pod_name,
+                                                               container_ids}}},
+                  not_injected: {container ID: {pod_uid, container, claim_uid, pod_namespace,
+                                                 pod_name, directory, missing}},
                   runtime_containers}                                      lazy mode only
     partitions:  {"<claim UID>/<key>": {claim: {uid, namespace, name}, key, directory, register_uuid,
                                         requests, containers}}               eager mode only
@@ -59,7 +63,8 @@ class NodeParts:
 
     node_name: str
     mode: str
-    nri_fallback: bool
+    #: why NRISupport fell back to eager mode at start ("" when it did not)
+    nri_fallback: str
     layout: Layout
     recorder: Recorder
     health: HealthRegistry
@@ -95,22 +100,31 @@ def health_json(components: Mapping[str, ComponentHealth], now: float) -> JsonOb
 
 
 def nri_json(nri: NriHooks) -> JsonObject:
-    runtime = dict(nri.runtime.items())
-    directories = {}
-    for (pod_uid, container), entry in nri.cache.items():
-        pod = runtime.get((pod_uid, container))
-        directories[str(entry.directory)] = {
-            "pod_uid": pod_uid,
-            "container": container,
-            "claim_uid": entry.claim_uid,
-            "pod_namespace": pod.pod_namespace if pod else "",
-            "pod_name": pod.pod_name if pod else "",
-        }
+    directories: JsonObject = {}
+    for cid, entry in nri.cache.items():
+        pod = nri.runtime.instance(cid)
+        row = directories.setdefault(
+            str(entry.directory),
+            {
+                "pod_uid": entry.pod_uid,
+                "container": entry.container,
+                "claim_uid": entry.claim_uid,
+                "pod_namespace": pod.pod_namespace if pod else "",
+                "pod_name": pod.pod_name if pod else "",
+                "container_ids": [],
+            },
+        )
+        row["container_ids"].append(cid)
+    not_injected = {
+        cid: {**asdict(found), "directory": str(found.directory), "missing": list(found.missing)}
+        for cid, found in nri.not_injected.items()
+    }
     return {
         "session": asdict(nri.session_state()),
         "stats": asdict(nri.stats),
         "cache": {"synced": nri.cache.synced, "entries": len(nri.cache), "directories": directories},
-        "runtime_containers": len(runtime),
+        "not_injected": not_injected,
+        "runtime_containers": len(nri.runtime),
     }
 
 
@@ -185,7 +199,7 @@ class DebugState:
             "node": parts.node_name,
             **build_info(),
             "mode": parts.mode,
-            "nri_fallback": parts.nri_fallback,
+            "nri_fallback": {"reason": parts.nri_fallback} if parts.nri_fallback else None,
             "time": time.time(),
             "healthy": parts.health.all_healthy(),
             "components": health_json(parts.health.snapshot(), trio.current_time()),

@@ -81,7 +81,8 @@ def with_sync_report(hooks: NriHooks, report: Path) -> None:
         totals["pods"] += len(request.pods)
         totals["containers"] += len(request.containers)
         if not request.more:
-            line = {**totals, "tracked": len(hooks.cache)}
+            # the harness's containers carry no injection: vgpud tracks them as not injected
+            line = {**totals, "tracked": len(hooks.cache) + len(hooks.not_injected)}
             with report.open("a") as out:
                 out.write(json.dumps(line) + "\n")
             totals.update(pods=0, containers=0)

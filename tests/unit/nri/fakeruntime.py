@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager, suppress
+from dataclasses import replace
 from pathlib import Path
 
 import betterproto2
@@ -16,12 +17,20 @@ import trio
 from vgpud._pb.nri.pkg.api.v1alpha1 import (
     ConfigureRequest,
     ConfigureResponse,
+    Container,
+    ContainerAdjustment,
     Empty,
+    PodSandbox,
     RegisterPluginRequest,
     SynchronizeRequest,
     SynchronizeResponse,
 )
 from vgpud.nri import mux, ttrpc
+from vgpud.nri.adjust import adjustment
+from vgpud.nri.envs import env_value
+from vgpud.partition.assigner import ContainerContext
+from vgpud.partition.layout import ENV_CLAIM_UID
+from vgpud.partition.lazy import LazyAssigner
 
 PLUGIN = "nri.pkg.api.v1alpha1.Plugin"
 
@@ -108,3 +117,22 @@ async def fake_runtime(socket_path: Path) -> AsyncIterator[trio.MemoryReceiveCha
 async def _read_until_closed(connection: RuntimeConnection) -> None:
     with suppress(trio.BrokenResourceError, trio.ClosedResourceError):
         await connection.read()
+
+
+def adjusted(container: Container, adjust: ContainerAdjustment | None) -> Container:
+    """The container as a runtime reports it (Synchronize) after applying a plugin's adjustment:
+    the adjustment's mounts added, its env set over the container's own."""
+    if adjust is None:
+        return container
+    keys = {kv.key for kv in adjust.env}
+    env = [item for item in container.env if item.split("=", 1)[0] not in keys]
+    env += [f"{kv.key}={kv.value}" for kv in adjust.env]
+    return replace(container, env=env, mounts=[*container.mounts, *adjust.mounts])
+
+
+def injected(assigner: LazyAssigner, pod: PodSandbox, container: Container) -> Container:
+    """`container` of `pod` with the injection vgpud gives it (its claim UID from its env)."""
+    context = ContainerContext(
+        env_value(container.env, ENV_CLAIM_UID), pod.uid, pod.name, pod.namespace, container.name
+    )
+    return adjusted(container, adjustment(assigner.inject(context)))

@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.unit.nri.fakeruntime import injected
 from vgpud._pb.nri.pkg.api.v1alpha1 import (
     ConfigureRequest,
     Container,
@@ -52,6 +53,11 @@ def container(name: str = "main", claim: str | None = CLAIM, sandbox: str = "san
 def sync(**fields: object) -> SyncBatch:
     """A Synchronize chunk as the session hands it to the hook: decoded from its wire bytes."""
     return decode_sync(bytes(SynchronizeRequest(**fields)))
+
+
+def made(hooks: NriHooks, ctr: Container, in_pod: PodSandbox | None = None) -> Container:
+    """`ctr` as the runtime reports it after vgpud's injection."""
+    return injected(hooks.assigner, in_pod or pod(), ctr)
 
 
 def container_dir(hooks: NriHooks, name: str = "main", pod_uid: str = POD_UID) -> Path:
@@ -141,11 +147,11 @@ async def test_a_symlinked_pids_file_is_refused(hooks: NriHooks) -> None:
 async def test_split_synchronize_rebuilds_the_cache_once_complete(hooks: NriHooks) -> None:
     synchronized = hooks.begin_session()
     pods = [pod(), pod(uid="1a2b3c4d-5e6f-4a8b-9c0d-e1f2a3b4c5d6", sandbox="sandbox-2")]
-    first = await hooks.synchronize(sync(pods=pods, containers=[container("a")], more=True))
+    first = await hooks.synchronize(sync(pods=pods, containers=[made(hooks, container("a"))], more=True))
     assert first.more is True
     assert not hooks.cache.synced and not synchronized.is_set()
     rest = [
-        container("b", sandbox="sandbox-2"),
+        made(hooks, container("b", sandbox="sandbox-2"), pods[1]),
         container("no-claim", claim=None),
         container("forged", claim="00000000-0000-4000-8000-000000000bad"),
         container("orphan", sandbox="sandbox-gone"),
@@ -153,7 +159,7 @@ async def test_split_synchronize_rebuilds_the_cache_once_complete(hooks: NriHook
     final = await hooks.synchronize(sync(containers=rest))
     assert final.more is False and list(final.update) == []
     assert hooks.cache.synced and synchronized.is_set()
-    assert {key for key, _ in hooks.cache.items()} == {(POD_UID, "a"), (pods[1].uid, "b")}
+    assert {entry.key for _, entry in hooks.cache.items()} == {(POD_UID, "a"), (pods[1].uid, "b")}
     assert (hooks.stats.sync_reported, hooks.stats.sync_rebuilt, hooks.stats.sync_invalid) == (5, 2, 2)
 
 
@@ -161,8 +167,8 @@ async def test_a_new_session_drops_a_half_received_synchronize(hooks: NriHooks) 
     hooks.begin_session()
     await hooks.synchronize(sync(pods=[pod()], containers=[container("stale")], more=True))
     hooks.begin_session()
-    await hooks.synchronize(sync(pods=[pod()], containers=[container("fresh")]))
-    assert [key[1] for key, _ in hooks.cache.items()] == ["fresh"]
+    await hooks.synchronize(sync(pods=[pod()], containers=[made(hooks, container("fresh"))]))
+    assert [entry.container for _, entry in hooks.cache.items()] == ["fresh"]
 
 
 async def test_remove_container_removes_its_directory(hooks: NriHooks) -> None:
@@ -204,3 +210,92 @@ async def test_a_claim_of_another_namespace_is_rejected(hooks: NriHooks, tmp_pat
     assert reply.adjust is None
     assert not (tmp_path / "claims").exists()
     assert hooks.stats.rejected_unprepared == 1
+
+
+def instance(container_id: str, name: str = "main") -> Container:
+    """One instance (one container ID) of container `name`: a restart makes a new one."""
+    return Container(
+        id=container_id, pod_sandbox_id="sandbox-1", name=name, env=[f"MANAGER_VGPU_CLAIM_UID={CLAIM}"]
+    )
+
+
+async def test_removing_a_stale_instance_keeps_the_running_instances_directory(hooks: NriHooks) -> None:
+    """Issue 12 item 1: the exited instance is removed (`crictl rm`, kubelet GC) while its restarted
+    successor runs; the successor keeps its directory and cache entry, the last removal takes them."""
+    await hooks.create_container(CreateContainerRequest(pod=pod(), container=instance("first")))
+    await hooks.create_container(CreateContainerRequest(pod=pod(), container=instance("second")))
+    await hooks.remove_container(RemoveContainerRequest(pod=pod(), container=instance("first")))
+    assert container_dir(hooks).is_dir()
+    assert (container_dir(hooks) / "config" / "pids.config").exists()
+    assert hooks.cache.get(POD_UID, "main") == hooks.cache.instance("second") is not None
+    assert hooks.cache.instances(POD_UID, "main") == ["second"]
+    assert hooks.stats.removed_dirs == 0
+    await hooks.remove_container(RemoveContainerRequest(pod=pod(), container=instance("second")))
+    assert not container_dir(hooks).exists()
+    assert hooks.cache.get(POD_UID, "main") is None and len(hooks.runtime) == 0
+
+
+async def test_a_stale_instance_known_only_from_its_env_keeps_the_directory(hooks: NriHooks) -> None:
+    """After a Synchronize that did not report the exited instance, its removal still finds the claim
+    in its env; the running instance keeps the directory."""
+    hooks.begin_session()
+    await hooks.synchronize(sync(pods=[pod()], containers=[made(hooks, instance("second"))]))
+    container_dir(hooks).mkdir(parents=True)
+    await hooks.remove_container(RemoveContainerRequest(pod=pod(), container=instance("first")))
+    assert container_dir(hooks).is_dir() and hooks.cache.get(POD_UID, "main") is not None
+    await hooks.state_change(
+        StateChangeEvent(event=Event.REMOVE_CONTAINER, pod=pod(), container=instance("second"))
+    )
+    assert not container_dir(hooks).exists()
+
+
+async def test_synchronize_finds_a_container_the_runtime_created_without_the_injection(
+    hooks: NriHooks, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Issue 12 item 7: vgpud finished CreateContainer after the runtime's deadline, so the runtime
+    dropped the plugin and created the container unadjusted. The next Synchronize reports it as it
+    is: not cached (it cannot register), reported once, its directory kept until it goes."""
+    await hooks.create_container(CreateContainerRequest(pod=pod(), container=instance("late")))
+    assert hooks.cache.instance("late") is not None  # what vgpud believed
+    caplog.set_level("WARNING", logger="vgpud.nri")
+    for _ in range(2):  # two reconnects: the container is logged once
+        hooks.begin_session()
+        await hooks.synchronize(
+            sync(pods=[pod()], containers=[instance("late"), made(hooks, instance("ok", "side"))])
+        )
+    assert hooks.cache.instance("late") is None and hooks.cache.get(POD_UID, "main") is None
+    assert hooks.cache.instance("ok") is not None
+    found = hooks.not_injected.instance("late")
+    assert found is not None and found.directory == container_dir(hooks)
+    assert "mount /etc/vgpu-manager/config" in found.missing and "env VGPU_POD_UID" in found.missing
+    lines = [r.getMessage() for r in caplog.records if "without its vGPU injection" in r.getMessage()]
+    assert len(lines) == 1 and "late" in lines[0] and "ml/train" in lines[0]
+    assert hooks.stats.sync_invalid == 0
+    await hooks.remove_container(RemoveContainerRequest(pod=pod(), container=instance("late")))
+    assert len(hooks.not_injected) == 0 and not container_dir(hooks).exists()
+
+
+async def test_a_partial_injection_is_not_an_injection(hooks: NriHooks) -> None:
+    """A forged or stale identity env with the right mounts is still reported (env differs)."""
+    ctr = made(hooks, instance("x"))
+    ctr = Container(
+        id="x",
+        pod_sandbox_id="sandbox-1",
+        name="main",
+        env=[*ctr.env, "VGPU_POD_UID=other"],
+        mounts=ctr.mounts,
+    )
+    hooks.begin_session()
+    await hooks.synchronize(sync(pods=[pod()], containers=[ctr]))
+    found = hooks.not_injected.instance("x")
+    assert found is not None and found.missing == ("env VGPU_POD_UID",)
+
+
+async def test_an_exited_container_is_not_checked_for_its_injection(hooks: NriHooks) -> None:
+    """A stopped container runs nothing that could register: cached as before, never reported."""
+    stopped = Container(
+        id="done", pod_sandbox_id="sandbox-1", name="main", env=[f"MANAGER_VGPU_CLAIM_UID={CLAIM}"], state=4
+    )
+    hooks.begin_session()
+    await hooks.synchronize(sync(pods=[pod()], containers=[stopped]))
+    assert hooks.cache.instance("done") is not None and len(hooks.not_injected) == 0

@@ -9,7 +9,7 @@ import pytest
 import trio
 import trio.testing
 
-from tests.unit.nri.fakeruntime import fake_runtime
+from tests.unit.nri.fakeruntime import fake_runtime, injected
 from tests.unit.nri.test_hooks import CLAIM, POD_UID, container, pod
 from vgpud._pb.nri.pkg.api.v1alpha1 import (
     CreateContainerRequest,
@@ -19,7 +19,7 @@ from vgpud._pb.nri.pkg.api.v1alpha1 import (
     RemoveContainerResponse,
     SynchronizeRequest,
 )
-from vgpud.nri.conn import Identity, SessionEnded, run_session
+from vgpud.nri.conn import Dialer, Identity, SessionEnded, probe, run_session
 from vgpud.nri.hooks import NriHooks
 from vgpud.nri.ttrpc import Code, TtrpcError
 from vgpud.partition.layout import Layout
@@ -48,7 +48,9 @@ async def test_register_configure_synchronize_create_remove(short_tmp: Path) -> 
         with trio.fail_after(10):
             runtime = await plugins.receive()
             configured = await runtime.handshake(
-                SynchronizeRequest(pods=[pod()], containers=[container("old")])
+                SynchronizeRequest(
+                    pods=[pod()], containers=[injected(hooks.assigner, pod(), container("old"))]
+                )
             )
             await ready.wait()
         assert runtime.registered is not None
@@ -174,3 +176,33 @@ async def test_recovery_clears_failing_health(short_tmp: Path) -> None:
                 while supervisor.health.get("nri-plugin").state is not HealthState.HEALTHY:
                     await supervisor.health.wait_changed()
                 supervisor.cancel()
+
+
+async def test_the_probe_connection_is_the_first_session(short_tmp: Path) -> None:
+    """The start-up probe's socket registers (a hang-up would be a broken plugin to the runtime);
+    the next session dials anew."""
+    socket_path = short_tmp / "nri.sock"
+    assert probe(str(socket_path)) == "No such file or directory"
+    hooks = make_hooks(short_tmp / "root")
+    async with fake_runtime(socket_path) as plugins, trio.open_nursery() as nursery:
+        connected = await trio.to_thread.run_sync(probe, str(socket_path))
+        assert not isinstance(connected, str)
+        dialer = Dialer(str(socket_path), connected)
+        ready = trio.Event()
+
+        async def two_sessions() -> None:
+            for _ in range(2):
+                with pytest.raises(SessionEnded):
+                    await run_session(dialer, hooks, IDENTITY, ready.set)
+
+        with trio.fail_after(10):
+            first = await plugins.receive()  # accepted at the probe, before any session
+            nursery.start_soon(two_sessions)
+            await first.handshake()
+            await ready.wait()
+        assert first.registered is not None
+        await first.stream.aclose()
+        with trio.fail_after(10):
+            second = await plugins.receive()  # the supervisor's next session, on a new connection
+        assert second is not first
+        nursery.cancel_scope.cancel()

@@ -49,7 +49,7 @@ def make_node(
     lazy: bool = True,
     client_mode: bool = False,
     stream_buffer: int = 64,
-    nri_fallback: bool = False,
+    nri_fallback: str = "",
 ) -> Node:
     """Must run inside Trio (the health registry reads Trio's clock)."""
     h = Harness(root, lazy=lazy, client_mode=client_mode)

@@ -17,7 +17,7 @@ from vgpud._pb.nri.pkg.api.v1alpha1 import (
     PodSandbox,
     RemoveContainerRequest,
 )
-from vgpud.nri.cache import CacheEntry, RuntimeContainer
+from vgpud.nri.cache import CacheEntry, NotInjected, RuntimeContainer
 from vgpud.observe.drift import (
     Difference,
     DiskState,
@@ -33,11 +33,11 @@ A, B = "claim-a", "claim-b"
 
 
 def entry(claim: str, pod: str, ctr: str) -> CacheEntry:
-    return CacheEntry(claim, ROOT / claim / f"{pod}_{ctr}")
+    return CacheEntry(pod, ctr, claim, ROOT / claim / f"{pod}_{ctr}")
 
 
 def running(claim: str, namespace: str = "ml") -> RuntimeContainer:
-    return RuntimeContainer(claim, namespace, "train")
+    return RuntimeContainer("p1", "main", claim, namespace, "train")
 
 
 def disk(*dirs: PurePosixPath, claims: tuple[str, ...] = (A,)) -> DiskState:
@@ -45,8 +45,8 @@ def disk(*dirs: PurePosixPath, claims: tuple[str, ...] = (A,)) -> DiskState:
 
 
 VGPU = {A: "ml", B: "ml"}  # prepared vGPU claims -> their namespace
-HEALTHY_CACHE = {("p1", "main"): entry(A, "p1", "main")}
-HEALTHY_RUNTIME = {("p1", "main"): running(A)}
+HEALTHY_CACHE = {"c1": entry(A, "p1", "main")}  # by container ID
+HEALTHY_RUNTIME = {"c1": running(A)}
 
 
 def kinds(found: list[Difference]) -> list[tuple[str, str]]:
@@ -61,25 +61,25 @@ def kinds(found: list[Difference]) -> list[tuple[str, str]]:
             HEALTHY_CACHE,
             {},
             disk(ROOT / A / "p1_main"),
-            [("cached-not-in-runtime", "p1/main")],
+            [("cached-not-in-runtime", "p1/main c1")],
             id="cached, gone from the runtime",
         ),
         pytest.param(
             {},
             HEALTHY_RUNTIME,
             disk(),
-            [("runtime-not-cached", "p1/main")],
+            [("runtime-not-cached", "p1/main c1")],
             id="running vGPU container not cached",
         ),
         pytest.param(
             {},
-            {("p1", "main"): running("not-prepared")},
+            {"c1": running("not-prepared")},
             disk(),
             [],
             id="unprepared claim: rejected by design",
         ),
         pytest.param(
-            HEALTHY_CACHE, HEALTHY_RUNTIME, disk(), [("directory-missing", "p1/main")], id="directory gone"
+            HEALTHY_CACHE, HEALTHY_RUNTIME, disk(), [("directory-missing", "p1/main c1")], id="directory gone"
         ),
         pytest.param(
             HEALTHY_CACHE,
@@ -96,15 +96,29 @@ def test_nri_rules(cache, runtime, on_disk, expected) -> None:  # type: ignore[n
     assert kinds(found) == expected
 
 
+def test_a_container_without_its_injection_is_reported_once_and_owns_its_directory() -> None:
+    """Created while vgpud was away (or after the runtime dropped it): one not-injected difference,
+    not also runtime-not-cached, and its directory is not an orphan."""
+    found = NotInjected(
+        "p1", "main", A, "ml", "train", ROOT / A / "p1_main", ("mount /etc/vgpu-manager/config",)
+    )
+    nri = NriView(cache={}, runtime=HEALTHY_RUNTIME, synced=True, not_injected={"c1": found})
+    differences = compare(
+        nri=nri, disk=disk(ROOT / A / "p1_main"), prepared=frozenset({A}), vgpu_claims={A: "ml"}
+    )
+    assert kinds(differences) == [("not-injected", "p1/main c1")]
+    assert differences[0].detail == "ml/train, claim claim-a, missing mount /etc/vgpu-manager/config"
+
+
 def test_claims_that_disagree() -> None:
-    nri = NriView(cache=HEALTHY_CACHE, runtime={("p1", "main"): running(B)}, synced=True)
+    nri = NriView(cache=HEALTHY_CACHE, runtime={"c1": running(B)}, synced=True)
     found = compare(
         nri=nri,
         disk=disk(ROOT / A / "p1_main", claims=(A, B)),
         prepared=frozenset({A, B}),
         vgpu_claims=VGPU,
     )
-    assert kinds(found) == [("claim-mismatch", "p1/main")]
+    assert kinds(found) == [("claim-mismatch", "p1/main c1")]
     assert found[0].detail == "cache: claim claim-a, runtime: claim claim-b"
 
 
@@ -177,14 +191,14 @@ async def test_the_component_logs_and_counts_what_persists_and_fixes_nothing(
     # Drift: a directory removed behind vgpud's back, a leftover directory, an entry the runtime lost.
     main_dir = Path(node.nri.cache.get(o.POD1_UID, "main").directory)  # type: ignore[union-attr]
     main_dir.rename(main_dir.with_name("leftover"))
-    node.nri.runtime.pop(o.POD1_UID, "side")
+    node.nri.runtime.pop("side")
     caplog.set_level(logging.INFO, logger="vgpud.observe.drift")
     first = await node.drift.check()
     assert first.differences == ()  # seen once: maybe a hook in flight
     second = await node.drift.check()
     assert kinds(list(second.differences)) == [
-        ("cached-not-in-runtime", f"{o.POD1_UID}/side"),
-        ("directory-missing", f"{o.POD1_UID}/main"),
+        ("cached-not-in-runtime", f"{o.POD1_UID}/side side"),
+        ("directory-missing", f"{o.POD1_UID}/main main"),
         ("orphan-directory", str(main_dir.with_name("leftover"))),
     ]
     assert second.detected == {"cached-not-in-runtime": 1, "directory-missing": 1, "orphan-directory": 1}
@@ -201,7 +215,7 @@ async def test_the_component_logs_and_counts_what_persists_and_fixes_nothing(
     await node.drift.check()
     fifth = await node.drift.check()
     assert kinds(list(fifth.differences)) == [
-        ("directory-missing", f"{o.POD1_UID}/main"),
+        ("directory-missing", f"{o.POD1_UID}/main main"),
         ("orphan-directory", str(main_dir.with_name("leftover"))),
     ]
     assert "no longer found" in caplog.text

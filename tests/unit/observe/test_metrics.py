@@ -3,7 +3,7 @@ conventions, and every recorded call counted exactly once through the recorder l
 
 from __future__ import annotations
 
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
@@ -17,6 +17,7 @@ from vgpud._pb.nri.pkg.api.v1alpha1 import (
     PodSandbox,
     SynchronizeRequest,
 )
+from vgpud.nri.cache import NotInjected
 from vgpud.nri.sync import decode_sync
 from vgpud.observe.metrics import HOOK_BUCKETS, registry_result
 from vgpud.recorder import HookCall, Outcome, Recorder
@@ -119,9 +120,14 @@ async def test_exposition_has_every_node_family_with_its_labels(short_tmp: Path)
 
 
 async def test_eager_mode_fallback_and_no_nri_families(short_tmp: Path) -> None:
-    node = make_node(short_tmp, lazy=False, nri_fallback=True)
+    node = make_node(short_tmp, lazy=False, nri_fallback="the NRI socket /x does not answer: refused")
     found = families(node)
     assert value(found[family(names.NRI_EAGER_FALLBACKS)], "vgpud_nri_eager_fallbacks_total") == 1
+    reason = "the NRI socket /x does not answer: refused"
+    assert (
+        value(found[family(names.NRI_EAGER_FALLBACK_INFO)], "vgpud_nri_eager_fallback_info", reason=reason)
+        == 1
+    )
     assert value(found[family(names.PARTITION_MODE)], "vgpud_partition_mode", mode="eager") == 1
     assert family(names.NRI_SYNC_CONTAINERS) not in found
     assert family(names.NRI_CONNECTED) not in found
@@ -199,3 +205,12 @@ def test_a_failing_listener_never_reaches_the_hook(caplog: pytest.LogCaptureFixt
     recorder.remove_listener(broken)
     recorder.record(HookCall(component="nri", call="CreateContainer"))
     assert seen == [1, 2]
+
+
+async def test_containers_without_their_injection_are_a_gauge(short_tmp: Path) -> None:
+    node = make_node(short_tmp)
+    directory = PurePosixPath(short_tmp / "claims" / "c" / "p_main")
+    node.nri.not_injected.set("c9", NotInjected("p", "main", "c", "ml", "train", directory, ("env X",)))
+    found = families(node)
+    assert value(found[family(names.NRI_NOT_INJECTED)], "vgpud_nri_not_injected_containers") == 1
+    assert found[family(names.NRI_EAGER_FALLBACK_INFO)] == []  # no fallback: no sample

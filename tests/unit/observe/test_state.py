@@ -12,7 +12,7 @@ import trio
 
 from tests import objects as o
 from tests.draharness import REF, single_container_claim
-from tests.unit.nri.fakeruntime import fake_runtime
+from tests.unit.nri.fakeruntime import fake_runtime, injected
 from tests.unit.observe.node import make_node
 from vgpud._pb.nri.pkg.api.v1alpha1 import (
     Container,
@@ -50,7 +50,8 @@ async def prepared_lazy_node(root: Path):  # type: ignore[no-untyped-def]
 
 async def test_lazy_state_maps_directories_to_containers(short_tmp: Path) -> None:
     node = await prepared_lazy_node(short_tmp)
-    sync = SynchronizeRequest(pods=[POD], containers=[ctr("old"), ctr("plain", None)])
+    old = injected(node.nri.assigner, POD, ctr("old"))
+    sync = SynchronizeRequest(pods=[POD], containers=[old, ctr("plain", None)])
     await node.nri.synchronize(decode_sync(bytes(sync)))
     await node.nri.create_container(CreateContainerRequest(pod=POD, container=ctr("main")))
     state = json.loads(json.dumps(await node.state.snapshot(calls=5)))  # JSON-ready as a whole
@@ -65,10 +66,12 @@ async def test_lazy_state_maps_directories_to_containers(short_tmp: Path) -> Non
             "claim_uid": o.CLAIM_UID,
             "pod_namespace": NS,
             "pod_name": "train",
+            "container_ids": [f"id-{name}"],
         }
         for name in ("main", "old")
     }
     assert nri["cache"] == {"synced": True, "entries": 2, "directories": directories}
+    assert nri["not_injected"] == {}
     assert nri["runtime_containers"] == 2
     assert nri["stats"]["injected"] == 1 and nri["stats"]["sync_reported"] == 2
     assert state["partitions"] is None and state["register_uuids"] is None
@@ -106,14 +109,14 @@ async def test_the_runtime_view_follows_sync_and_events(short_tmp: Path) -> None
         ],
     )
     await node.nri.synchronize(decode_sync(bytes(sync)))
-    assert [key for key, _ in node.nri.runtime.items()] == sorted([(o.POD1_UID, "a"), (o.POD2_UID, "b")])
+    assert [e.key for _, e in node.nri.runtime.items()] == sorted([(o.POD1_UID, "a"), (o.POD2_UID, "b")])
     forged = PodSandbox(id="sb3", name="forger", namespace="elsewhere", uid="u3")
     await node.nri.create_container(CreateContainerRequest(pod=forged, container=ctr("c")))
-    assert node.nri.runtime.get("u3", "c") == RuntimeContainer(o.CLAIM_UID, "elsewhere", "forger")
+    assert node.nri.runtime.get("u3", "c") == RuntimeContainer("u3", "c", o.CLAIM_UID, "elsewhere", "forger")
     assert node.nri.cache.get("u3", "c") is None  # rejected: another namespace's claim
     await node.nri.remove_container(RemoveContainerRequest(pod=POD, container=ctr("a")))
     await node.nri.stop_pod_sandbox(StopPodSandboxRequest(pod=other_pod))
-    assert [key for key, _ in node.nri.runtime.items()] == [("u3", "c")]
+    assert [e.key for _, e in node.nri.runtime.items()] == [("u3", "c")]
 
 
 async def test_session_state_and_connection_closes(short_tmp: Path) -> None:

@@ -65,7 +65,7 @@ async def test_waits_for_the_first_synchronize_then_succeeds_at_the_next_poll(
 
     async def synchronize() -> None:
         await trio.sleep(0.5)
-        world.cache.replace([(uid, "main", CacheEntry(claim_uid(1), config.parent))])
+        world.cache.replace([("ctr-1", CacheEntry(uid, "main", claim_uid(1), config.parent))])
 
     async with trio.open_nursery() as nursery:
         nursery.start_soon(synchronize)

@@ -257,7 +257,7 @@ async def test_more_than_8_calls_from_one_caller_are_refused(world: World) -> No
             code, details = await aregister(server.path, pod_uid=uid, container_name="main")
             assert code is grpc.StatusCode.RESOURCE_EXHAUSTED and "limit per caller" in details
             assert admission.in_flight == 8
-            world.cache.replace([(uid, "main", CacheEntry(claim_uid(1), config.parent))])
+            world.cache.replace([("ctr-1", CacheEntry(uid, "main", claim_uid(1), config.parent))])
         assert results == [(grpc.StatusCode.OK, "")] * 8
         assert admission.in_flight == 0
 
@@ -285,7 +285,7 @@ async def test_the_node_limit_counts_every_caller(world: World) -> None:
             code, details = await aregister(server.path, pod_uid=other_uid, container_name="main")
             assert code is grpc.StatusCode.RESOURCE_EXHAUSTED and "the node's limit" in details
             world.place(ME, uid, cid)
-            world.cache.replace([(uid, "main", CacheEntry(claim_uid(1), config.parent))])
+            world.cache.replace([("ctr-1", CacheEntry(uid, "main", claim_uid(1), config.parent))])
         assert results == [(grpc.StatusCode.OK, "")] * 2
 
     await serving(server, body)

@@ -142,7 +142,7 @@ class World:
             Path(directory).mkdir(parents=True, exist_ok=True)
         reset_pids_file(Path(paths.config))
         if cached:
-            self.cache.set(uid, name, CacheEntry(claim, paths.base))
+            self.cache.set(cid, CacheEntry(uid, name, claim, paths.base))
         return uid, cid, Path(paths.config)
 
     def resolver(self, cls: type[Resolver] = Resolver, **kwargs: Any) -> Resolver:

@@ -81,6 +81,27 @@ func plainEnv() []string {
 	return []string{"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", "HOME=/root"}
 }
 
+// adjusted is ctr as the runtime keeps it once a plugin's adjustment is applied (its mounts added,
+// its env set), which is what a later Synchronize reports: vgpud checks it there.
+func adjusted(ctr *api.Container, adj *api.ContainerAdjustment) *api.Container {
+	out := proto.Clone(ctr).(*api.Container)
+	if adj == nil {
+		return out
+	}
+	out.Mounts = append(out.Mounts, adj.Mounts...)
+	for _, kv := range adj.Env {
+		prefix := kv.Key + "="
+		env := []string{}
+		for _, e := range out.Env {
+			if !strings.HasPrefix(e, prefix) {
+				env = append(env, e)
+			}
+		}
+		out.Env = append(env, prefix+kv.Value)
+	}
+	return out
+}
+
 func makeContainer(pod *api.PodSandbox, name string, env []string) *api.Container {
 	id := digest("container", pod.Id, name)
 	return &api.Container{

@@ -12,7 +12,8 @@ package main
 //	           (an unprepared claim: untouched), second (the claim: injected), then RemoveContainer
 //	           second.
 //	restarted  vgpud stopped (SIGTERM, exit 0) and started again with the runtime holding plain,
-//	           main, sidecar and forged: its Synchronize rebuilds the cache (main only).
+//	           main (with the mounts and env vgpud gave it), sidecar and forged: its Synchronize
+//	           rebuilds the cache (main only).
 //
 // Skipped without -vgpud.observe-dir.
 
@@ -53,6 +54,7 @@ func TestObserve(t *testing.T) {
 	sidecar := makeContainer(pod, "sidecar", plainEnv())
 	forged := makeContainer(pod, "forged", vgpuEnv(claimUnprepared))
 	second := makeContainer(pod, "second", vgpuEnv(ack.Claim))
+	created := main // main as the runtime keeps it, with vgpud's adjustment
 	for _, c := range []struct {
 		ctr    *api.Container
 		inject bool
@@ -61,6 +63,9 @@ func TestObserve(t *testing.T) {
 		resp, err := e.create(req)
 		if c.inject {
 			e.expectInjected(t, req, resp, err, ack.Claim)
+			if c.ctr == main {
+				created = adjusted(main, resp.GetAdjust())
+			}
 		} else {
 			e.expectUntouched(t, req, resp, err, "not a prepared claim")
 		}
@@ -78,7 +83,7 @@ func TestObserve(t *testing.T) {
 	if err := e.plugin.stop(); err != nil {
 		t.Fatalf("stopping vgpud: %v", err)
 	}
-	e.setState([]*api.PodSandbox{pod}, []*api.Container{plain, main, sidecar, forged})
+	e.setState([]*api.PodSandbox{pod}, []*api.Container{plain, created, sidecar, forged})
 	e.startPlugin(pluginCommand(t, "VGPUD_NRI_PLUGIN_CMD"))
 	e.waitConnected(2, connectTimeout)
 	observeStep(t, "restarted", map[string]string{"pod_uid": pod.Uid}, nil)

@@ -1,0 +1,256 @@
+"""Container instances and the runtime on a real node (issue 12 items 1, 5, 7).
+
+- An exited instance of a container removed through CRI (`crictl rm`, as an operator or another
+  kubelet GC setting does) while another instance of it runs: the running one keeps its directory
+  and registers (both tracks).
+- vgpud's start leaves no plugin error in containerd's log (its start-up probe is the first session).
+- Containers the NRI plugin never adjusted: vgpud stopped past the runtime's deadline while a vGPU
+  container is created, and vgpud killed while ten start. containerd 1.7.24 (NRI v0.6.1) ignores a
+  plugin's eviction requests, so afterwards every running vGPU container has its injection or is
+  reported (debug state, metric, one WARNING line each).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import signal
+import subprocess
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.e2e import workload as w
+from tests.e2e.node import LocalNode
+from tests.kubeapi import kube_env
+from tests.support import require
+from vgpud.observe.client import Endpoint, get_json
+
+CONFIG_MOUNT = "/etc/vgpu-manager/config"
+NRI_ONLY = pytest.mark.parametrize("node", ["nri"], indirect=True)
+NOT_INJECTED_LINE = "runs without its vGPU injection"
+
+
+def crictl(node: LocalNode, *args: str) -> str:
+    """`crictl <args>` against this node's containerd CRI (the binary hack/install-kube.sh builds)."""
+    binary = kube_env().get("CRICTL_BIN", "")
+    require(bool(binary) and Path(binary).exists(), "crictl", "run hack/install-kube.sh")
+    endpoint = f"unix://{node.containerd_socket}"
+    argv = [binary, "--runtime-endpoint", endpoint, "--image-endpoint", endpoint, "--timeout", "30s", *args]
+    result = subprocess.run(argv, check=False, capture_output=True, text=True, timeout=60)
+    if result.returncode != 0:
+        raise AssertionError(f"crictl {' '.join(args)} failed: {result.stdout}{result.stderr}")
+    return result.stdout
+
+
+def debug_state(node: LocalNode) -> dict[str, Any]:
+    return get_json(Endpoint(unix_path=node.debug_socket), "/debug/state?calls=0")
+
+
+def log_text(node: LocalNode, name: str) -> str:
+    return node.log(name).read_text(errors="replace")
+
+
+def injected(node: LocalNode, cid: str) -> bool:
+    """The runtime created the container with vgpud's per-container config mount (its OCI spec)."""
+    return any(dest == CONFIG_MOUNT for dest, _ in w.oci_mounts(node, cid))
+
+
+def vgpu_pod(node: LocalNode, ns: str, name: str, claim: str, init_sleep: int = 0) -> None:
+    """A pod whose container `main` uses claim `claim`; with `init_sleep`, an init container sleeps
+    first, so the claim is prepared well before `main` is created."""
+    containers = [w.container("main", [("gpu", None)])]
+    body: dict[str, Any] = {
+        "metadata": {"name": name},
+        "spec": {
+            "hostNetwork": True,
+            "terminationGracePeriodSeconds": 1,
+            "containers": containers,
+            "resourceClaims": [{"name": "gpu", "resourceClaimName": claim}],
+        },
+    }
+    if init_sleep:
+        body["spec"]["initContainers"] = [w.container("wait", command=["sleep", str(init_sleep)])]
+    node.request("POST", f"/api/v1/namespaces/{ns}/pods", body)
+
+
+def init_running(node: LocalNode, ns: str, name: str) -> bool:
+    """The pod's init container runs: its claim is prepared and `main` is created once it exits."""
+    statuses = w.get_pod(node, ns, name)["status"].get("initContainerStatuses", [])
+    return bool(statuses) and "running" in statuses[0].get("state", {})
+
+
+def check_every_vgpu_container(node: LocalNode, cids: list[str]) -> list[str]:
+    """Each container has its injection or is reported (debug state, one WARNING line, the metric);
+    the IDs of the reported ones."""
+    state = debug_state(node)
+    reported = state["nri"]["not_injected"]
+    log = log_text(node, "vgpud")
+    for cid in cids:
+        if injected(node, cid):
+            assert cid not in reported, (cid, reported[cid])
+            continue
+        assert cid in reported, f"{cid} runs without its injection and is not reported: {reported}"
+        assert reported[cid]["missing"] and CONFIG_MOUNT in " ".join(reported[cid]["missing"])
+        lines = [x for x in log.splitlines() if NOT_INJECTED_LINE in x and cid in x]
+        assert len(lines) == 1, lines
+    assert node.metric("vgpud_nri_not_injected_containers") == len(reported)
+    return [cid for cid in cids if cid in reported]
+
+
+def removals(node: LocalNode, pod_uid: str) -> list[dict[str, Any]]:
+    """vgpud's recorded RemoveContainer calls for container `main` of the pod."""
+    calls = get_json(Endpoint(unix_path=node.debug_socket), "/debug/calls?n=200&hook=RemoveContainer")[
+        "calls"
+    ]
+    return [c for c in calls if c["pod_uid"] == pod_uid and c["container"] == "main"]
+
+
+def synchronized_after(node: LocalNode, before: int) -> None:
+    w.wait_for(
+        lambda: len(re.findall(r"NRI: synchronized: ", log_text(node, "vgpud"))) > before,
+        timeout=60,
+        what="a Synchronize after vgpud came back",
+    )
+
+
+def syncs(node: LocalNode) -> int:
+    return len(re.findall(r"NRI: synchronized: ", log_text(node, "vgpud")))
+
+
+# -- item 1 ------------------------------------------------------------------------------------------
+
+
+def test_removing_an_exited_instance_keeps_the_running_ones_directory(node: LocalNode) -> None:
+    ns = w.namespace(node)
+    claim = w.create_claim(node, ns, "gpu", [w.vgpu_request("gpu", "1Gi", "5")])
+    uid = claim["metadata"]["uid"]
+    w.create_pod(node, ns, "p", [w.container("main", [("gpu", "gpu")])], {"gpu": "gpu"})
+    pod = w.wait_running(node, ns, "p")
+    pod_uid, cid = pod["metadata"]["uid"], w.container_id(pod, "main")
+    dirs_before = w.claim_subdirs(node, uid)
+
+    # Another instance of container "main" in the same pod sandbox, through CRI: it runs and exits.
+    sandbox = json.loads(crictl(node, "inspect", cid))["info"]["sandboxID"]
+    config = node.workdir / f"{ns}-stale.json"
+    config.write_text(
+        json.dumps(
+            {
+                "metadata": {"name": "main", "attempt": 9},
+                "image": {"image": w.IMAGE},
+                "command": ["true"],
+                "envs": [{"key": "MANAGER_VGPU_CLAIM_UID", "value": uid}],
+                "linux": {},
+            }
+        )
+    )
+    pod_config = node.workdir / f"{ns}-pod.json"
+    pod_config.write_text(
+        json.dumps({"metadata": {"name": "p", "uid": pod_uid, "namespace": ns, "attempt": 0}, "linux": {}})
+    )
+    stale = crictl(node, "create", sandbox, str(config), str(pod_config)).strip()
+    crictl(node, "start", stale)
+    w.wait_for(
+        lambda: json.loads(crictl(node, "inspect", stale))["status"]["state"] == "CONTAINER_EXITED",
+        what="the other instance to exit",
+    )
+    crictl(node, "rm", stale)
+
+    if node.nri:
+        w.wait_for(lambda: removals(node, pod_uid), what="vgpud to see the removal")
+        assert dirs_before == [f"{pod_uid}_main"]
+    assert w.claim_subdirs(node, uid) == dirs_before
+    reg = w.register_from_container(node, cid, hold_s=3)
+    assert reg.returncode == 0, reg.output
+    assert reg.shell_host_pid in reg.pids
+    if node.nri:
+        (entry,) = debug_state(node)["nri"]["cache"]["directories"].values()
+        assert entry["container_ids"] == [cid]
+    w.delete_pod(node, ns, "p")
+    w.wait_for(lambda: not node.claim_dir(uid).exists(), what="claim directory removed")
+    w.release_claim(node, ns, "gpu")
+
+
+# -- item 5 ------------------------------------------------------------------------------------------
+
+
+@NRI_ONLY
+def test_vgpud_start_leaves_no_plugin_error_in_containerd_log(node: LocalNode) -> None:
+    registered = len(re.findall(r"NRI: registered as", log_text(node, "vgpud")))
+    node.restart_vgpud()
+    w.wait_for(
+        lambda: len(re.findall(r"NRI: registered as", log_text(node, "vgpud"))) > registered,
+        what="vgpud's NRI plugin to register",
+    )
+    containerd = log_text(node, "containerd")
+    assert "failed to start external plugin" not in containerd
+    assert "failed to register plugin" not in containerd
+
+
+# -- item 7 ------------------------------------------------------------------------------------------
+
+
+@NRI_ONLY
+def test_vgpud_stopped_past_the_deadline_leaves_a_reported_container(node: LocalNode) -> None:
+    """containerd drops the stalled plugin and creates the container unadjusted; vgpud finishes its
+    hook later, then the Synchronize after its reconnect shows what the runtime really did."""
+    ns = w.namespace(node)
+    claim = w.create_claim(node, ns, "gpu", [w.vgpu_request("gpu", "1Gi", "5")])
+    uid = claim["metadata"]["uid"]
+    vgpu_pod(node, ns, "late", "gpu", init_sleep=4)
+    w.wait_for(lambda: init_running(node, ns, "late"), timeout=90, what="the init container to run")
+    before, dropped = syncs(node), log_text(node, "containerd").count("closing plugin")
+    vgpud = node.procs["vgpud"]
+    vgpud.send_signal(signal.SIGSTOP)
+    try:
+        w.wait_for(
+            lambda: log_text(node, "containerd").count("closing plugin") > dropped,
+            timeout=60,
+            what="containerd to drop the stalled plugin",
+        )
+    finally:
+        vgpud.send_signal(signal.SIGCONT)
+    pod = w.wait_running(node, ns, "late")
+    cid = w.container_id(pod, "main")
+    assert not injected(node, cid)  # the runtime really created it without the adjustment
+    synchronized_after(node, before)
+    w.wait_for(lambda: cid in debug_state(node)["nri"]["not_injected"], what="the container reported")
+    assert check_every_vgpu_container(node, [cid]) == [cid]
+    assert w.container_env(node, cid).get("VGPU_POD_UID") is None
+
+    w.delete_pod(node, ns, "late")
+    w.wait_for(lambda: not node.claim_dir(uid).exists(), what="claim directory removed")
+    assert cid not in debug_state(node)["nri"]["not_injected"]
+    w.release_claim(node, ns, "gpu")
+
+
+@NRI_ONLY
+def test_vgpud_killed_while_ten_pods_start(node: LocalNode) -> None:
+    ns = w.namespace(node)
+    names = [f"p{i}" for i in range(10)]
+    uids = []
+    for name in names:
+        claim = w.create_claim(node, ns, name, [w.vgpu_request("gpu", "256Mi", "1")])
+        uids.append(claim["metadata"]["uid"])
+        vgpu_pod(node, ns, name, name, init_sleep=6)
+    w.wait_for(lambda: set(uids) <= set(w.checkpoint_claims(node)), timeout=120, what="every claim prepared")
+    node.stop_vgpud(signal.SIGKILL)
+    started = time.monotonic()
+    pods = [w.wait_running(node, ns, name, timeout=120) for name in names]
+    print(f"10 pods running {time.monotonic() - started:.1f} s after SIGKILL")
+    before = syncs(node)
+    node.start_vgpud()
+    node.wait_vgpud(time.monotonic() + 60)
+    synchronized_after(node, before)
+    cids = [w.container_id(pod, "main") for pod in pods]
+    reported = check_every_vgpu_container(node, cids)
+    print(f"{len(reported)} of 10 containers created while vgpud was down, all reported")
+    assert reported  # the init containers held every main container past the kill
+
+    for name in names:
+        w.delete_pod(node, ns, name)
+    assert debug_state(node)["nri"]["not_injected"] == {}
+    for name in names:
+        w.release_claim(node, ns, name)
