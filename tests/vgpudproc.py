@@ -1,4 +1,4 @@
-"""`vgpud run` as a child process, the way the DaemonSet runs it: mock GPUs, every host path under one
+"""`vgpud run` as a child process, as a node daemon runs it: mock GPUs, every host path under one
 temp root, a real API server. Shared by the conformance and e2e tests and by `make demo`."""
 
 from __future__ import annotations

@@ -1,8 +1,8 @@
 """gRPC health service (`grpc.health.v1.Health`) for the kubelet's startup and liveness probes.
 
-Services `""` and `liveness` are known (the chart probes `liveness`); any other name is NOT_FOUND,
-as in the reference drivers. SERVING requires every supervised component that counts for health to
-be HEALTHY and every probe to pass: the DRA issue adds probes that call GetInfo and an empty
+Services `""` and `liveness` are known (a kubelet gRPC probe names `liveness`); any other name is
+NOT_FOUND, as in the reference drivers. SERVING requires every supervised component that counts for
+health to be HEALTHY and every probe to pass: the probes call GetInfo and an empty
 NodePrepareResources on our own sockets, so a wedged server is caught even when its task is alive.
 The handlers run on the asyncio side of trio-asyncio, so probes are asyncio coroutines.
 """

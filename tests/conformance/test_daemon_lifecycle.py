@@ -1,4 +1,4 @@
-"""`vgpud run` as the DaemonSet runs it, against a real kube-apiserver, probed by grpcio.
+"""`vgpud run` as a node daemon runs it, against a real kube-apiserver, probed by grpcio.
 
 Mock GPUs, every path under a short temp root, unprivileged-safe flags: health goes SERVING on ''
 and 'liveness' once the kubelet sockets answer and the ResourceSlice is published, an unknown
@@ -63,7 +63,7 @@ def test_health_serving_then_sigterm_exits_zero_without_sockets(vgpud: Vgpud, ap
 
 
 def test_runs_unprivileged(short_tmp: Path, api: ApiServer) -> None:
-    """As the DaemonSet's dev mode promises: no root needed with mock GPUs and a temp root."""
+    """No root needed with mock GPUs and a temp root."""
     prefix: tuple[str, ...] = ()
     kubeconfig = short_tmp / "kubeconfig"
     shutil.copy(api.kubeconfig, kubeconfig)

@@ -4,7 +4,7 @@
 etcd + kube-apiserver (tests/kubeapi.py), kube-scheduler, containerd 1.7 (CDI on, NRI on or off by
 track, restrict_oom_score_adj, cgroupfs, its sockets under the temp dir, the local images imported),
 kubelet (DRA, cgroupfs, failCgroupV1: false) and vgpud as a host process with the mock GPU backend and
-the environment the DaemonSet sets. `start()` returns once the node is Ready, vgpud's health service
+the reference DaemonSet's environment. `start()` returns once the node is Ready, vgpud's health service
 says SERVING and its ResourceSlice is published; `stop()` tears everything down by PID in reverse order
 and leaves no process, mount or cgroup behind. The binaries come from hack/install-kube.sh (kube.env)
 and hack/install-node.sh (node.env).
@@ -519,7 +519,7 @@ state = "{w}/c/state"
 
     # -- vgpud -------------------------------------------------------------------------------------
     def vgpud_env(self) -> dict[str, str]:
-        """The DaemonSet's environment, with this node's paths."""
+        """The environment the reference's DaemonSet sets, with this node's paths."""
         assert self.api is not None
         gates = f"NRISupport={str(self.nri).lower()},DevicePluginClientMode={str(self.client_mode).lower()}"
         return {
@@ -544,7 +544,7 @@ state = "{w}/c/state"
 
     def start_vgpud(self) -> None:
         # The register client lives next to the registry socket (contract "Registry": the registry
-        # dir holds "socket + register client"); the DaemonSet image puts it there.
+        # dir holds "socket + register client"); a node install puts it there.
         registry = self.manager_dir / "registry"
         registry.mkdir(parents=True, exist_ok=True)
         shutil.copy2(BUILD / "libvgpu/vgpu-register", registry / "vgpu-register")
@@ -641,7 +641,7 @@ state = "{w}/c/state"
         return api_request(self.api, method, path, body, **kw)
 
     def install_device_class(self) -> None:
-        """The chart's DeviceClass (contract "Identity")."""
+        """The vGPU DeviceClass (contract "Identity")."""
         expression = f"device.driver == '{DRIVER}' && device.attributes['{DRIVER}'].type == 'vgpu'"
         body = {
             "metadata": {"name": DEVICE_CLASS},
