@@ -265,7 +265,7 @@ def build_registry(
         layout=startup.layout,
         assigner=assigner,
         nri_cache=nri.cache if nri is not None else None,
-        claims=driver,
+        claims=driver.index,
         kube=startup.kube,
         recorder=recorder,
         driver_name=settings.driver_name,
@@ -285,7 +285,7 @@ async def _main(startup: Startup) -> None:
             nri = None
             if isinstance(assigner, LazyAssigner):
                 nri = NriHooks(
-                    assigner=assigner, is_prepared=driver.is_vgpu_claim_prepared, recorder=recorder
+                    assigner=assigner, is_prepared=driver.index.is_vgpu_claim_prepared, recorder=recorder
                 )
             registry = build_registry(startup, assigner, driver, nri, recorder)
             health = HealthRegistry()

@@ -31,7 +31,9 @@ from vgpud._pb.pluginregistration import (
 )
 from vgpud._pb.v1alpha1 import DraResourceHealthBase, NodeWatchResourcesRequest, NodeWatchResourcesResponse
 from vgpud.dra.checkpoint import PreparedDevice
-from vgpud.dra.driver import ClaimRef, DraDriver, PrepareOutcome
+from vgpud.dra.claimindex import ClaimRef
+from vgpud.dra.context import PrepareOutcome
+from vgpud.dra.driver import DraDriver
 
 log = logging.getLogger("vgpud.dra")
 

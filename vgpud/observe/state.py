@@ -42,7 +42,9 @@ from vgpud.partition.layout import Layout
 from vgpud.recorder import Recorder
 
 if TYPE_CHECKING:
-    from vgpud.dra.driver import ClaimPartitions, ClaimRef, DraDriver
+    from vgpud.dra.claimindex import ClaimRef
+    from vgpud.dra.driver import DraDriver
+    from vgpud.dra.partitions import ClaimPartitions
     from vgpud.nri.hooks import NriHooks
     from vgpud.observe.drift import DriftChecker
     from vgpud.registry.server import RegistryServer
@@ -203,7 +205,7 @@ class DebugState:
         }
         if parts.registry is not None:
             state["register_uuids"] = register_uuids_json(
-                parts.driver.register_uuids(), parts.registry.consumed_register_uuids()
+                parts.driver.index.register_uuids(), parts.registry.consumed_register_uuids()
             )
         if parts.nri is None:
             state.update(await self._eager_partitions())

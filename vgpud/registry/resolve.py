@@ -169,7 +169,7 @@ def parse_query(pod_uid: str, container: str, register_uuid: str) -> RegisterQue
 
 
 class ClaimKey(Protocol):
-    """A claim by name and UID (`vgpud.dra.driver.ClaimRef` is one)."""
+    """A claim by name and UID (`vgpud.dra.claimindex.ClaimRef` is one)."""
 
     @property
     def namespace(self) -> str: ...
@@ -180,7 +180,7 @@ class ClaimKey(Protocol):
 
 
 class ClaimIndex(Protocol):
-    """What the registry asks the DRA driver's checkpoint (`DraDriver` implements it)."""
+    """What the registry asks the DRA driver's checkpoint (`vgpud.dra.claimindex.ClaimIndex` is one)."""
 
     def claim_for_register_uuid(self, register_uuid: str) -> ClaimKey | None:
         """The prepared claim whose partition got this register UUID (eager client mode)."""

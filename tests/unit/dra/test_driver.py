@@ -11,7 +11,7 @@ from tests import objects as o
 from tests.draharness import BOOT, GPUS, NODE, REF, Harness, single_container_claim
 from vgpud.dra.cdi import spec_path
 from vgpud.dra.checkpoint import CheckpointStore, ClaimEntry, PrepareState
-from vgpud.dra.driver import ClaimRef
+from vgpud.dra.claimindex import ClaimRef
 
 
 @pytest.fixture
@@ -58,8 +58,8 @@ async def test_prepare_writes_spec_dirs_and_checkpoint(h: Harness) -> None:
     assert pids.is_file() and pids.read_bytes() == b""
     assert pids.is_relative_to(h.claim_dir())
     assert h.checkpoint()[o.CLAIM_UID]["checkpointState"] == "PrepareCompleted"
-    assert h.driver.is_vgpu_claim_prepared(o.CLAIM_UID, o.NAMESPACE)
-    assert not h.driver.is_vgpu_claim_prepared(o.CLAIM_UID, "another-namespace")
+    assert h.driver.index.is_vgpu_claim_prepared(o.CLAIM_UID, o.NAMESPACE)
+    assert not h.driver.index.is_vgpu_claim_prepared(o.CLAIM_UID, "another-namespace")
 
 
 async def test_repeated_prepare_returns_the_same_devices_without_redoing_work(h: Harness) -> None:
@@ -83,7 +83,7 @@ async def test_unprepare_removes_dir_spec_and_entry(h: Harness) -> None:
     assert not h.claim_dir().exists()
     assert not spec_path(h.cdi_root, o.DRIVER, o.CLAIM_UID).exists()
     assert o.CLAIM_UID not in h.checkpoint()
-    assert not h.driver.is_vgpu_claim_prepared(o.CLAIM_UID, o.NAMESPACE)
+    assert not h.driver.index.is_vgpu_claim_prepared(o.CLAIM_UID, o.NAMESPACE)
 
 
 async def test_unprepare_of_unknown_or_deleted_claim_succeeds(h: Harness) -> None:
@@ -106,7 +106,7 @@ async def test_crash_between_started_and_completed_is_rolled_back(h: Harness) ->
 
     restarted = h.new_driver()
     await restarted.load()
-    assert not restarted.is_vgpu_claim_prepared(o.CLAIM_UID, o.NAMESPACE)
+    assert not restarted.index.is_vgpu_claim_prepared(o.CLAIM_UID, o.NAMESPACE)
     out = await restarted.prepare([REF])
     assert out[o.CLAIM_UID].error == ""
     assert not (h.claim_dir() / "half-made").exists()
@@ -142,7 +142,7 @@ async def test_boot_id_change_discards_the_checkpoint(h: Harness) -> None:
     await h.driver.prepare([REF])
     rebooted = h.new_driver(boot="boot-2")
     await rebooted.load()
-    assert not rebooted.is_vgpu_claim_prepared(o.CLAIM_UID, o.NAMESPACE)
+    assert not rebooted.index.is_vgpu_claim_prepared(o.CLAIM_UID, o.NAMESPACE)
 
 
 async def test_corrupt_checkpoint_is_a_clear_error_and_a_safe_start(

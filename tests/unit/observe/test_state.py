@@ -22,7 +22,7 @@ from vgpud._pb.nri.pkg.api.v1alpha1 import (
     StopPodSandboxRequest,
     SynchronizeRequest,
 )
-from vgpud.dra.driver import ClaimRef
+from vgpud.dra.claimindex import ClaimRef
 from vgpud.nri.cache import RuntimeContainer
 from vgpud.nri.conn import Identity, SessionEnded, run_session
 from vgpud.nri.sync import decode_sync

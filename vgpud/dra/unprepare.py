@@ -1,0 +1,63 @@
+"""Unprepare of claims: strip the register annotations, remove the claim's directory and CDI spec,
+and drop its checkpoint entry, all under the node lock. Unknown or deleted claims succeed (the goal
+is their absence)."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+
+from vgpud.dra.checkpoint import CheckpointError
+from vgpud.dra.claimedits import PrepareError
+from vgpud.dra.claimindex import ClaimRef
+from vgpud.dra.context import DraContext, state_error
+from vgpud.dra.nodelock import NodeLockTimeout
+from vgpud.kube import KubeError
+from vgpud.partition.assigner import Mode
+
+log = logging.getLogger("vgpud.dra")
+
+
+async def unprepare(ctx: DraContext, claims: Sequence[ClaimRef]) -> dict[str, str]:
+    """Claim UID -> "" or the error of that claim."""
+    annotations = {ref.uid: await _current_annotations(ctx, ref) for ref in claims}
+    errors: dict[str, str] = {}
+    try:
+        async with ctx.node_lock():
+            checkpoint = await ctx.load()
+            for ref in claims:
+                with ctx.timed("Unprepare", ref):
+                    await _strip_annotations(ctx, ref, annotations[ref.uid])
+                    await ctx.remove_artifacts(ref.uid)
+                    checkpoint = checkpoint.without_claim(ref.uid)
+                    errors[ref.uid] = ""
+                    log.info("claim %s/%s (%s) unprepared", ref.namespace, ref.name, ref.uid)
+            await ctx.save(checkpoint)
+    except (NodeLockTimeout, CheckpointError) as err:
+        for ref in claims:
+            errors[ref.uid] = ctx.failed("Unprepare", ref, PrepareError(state_error(err))).error
+    return errors
+
+
+async def _current_annotations(ctx: DraContext, ref: ClaimRef) -> dict[str, str]:
+    """The claim's annotations if it still exists with this UID and this mode writes any."""
+    if ctx.assigner.mode is not Mode.EAGER or not ctx.facts.client_mode:
+        return {}
+    try:
+        obj = await ctx.kube.get_resource_claim(ref.namespace, ref.name)
+    except KubeError:
+        return {}  # gone (or unreachable): nothing to strip that anyone will read
+    meta = obj.get("metadata", {})
+    return dict(meta.get("annotations") or {}) if meta.get("uid") == ref.uid else {}
+
+
+async def _strip_annotations(ctx: DraContext, ref: ClaimRef, annotations: dict[str, str]) -> None:
+    cleanup = ctx.assigner.unprepare(ref.uid, annotations)
+    if not cleanup.annotations_to_remove:
+        return
+    try:
+        await ctx.kube.patch_resource_claim_annotations(
+            ref.namespace, ref.name, dict.fromkeys(cleanup.annotations_to_remove), uid=ref.uid
+        )
+    except KubeError as err:  # the claim is going away; its annotations go with it
+        log.info("claim %s/%s: register annotations not removed: %s", ref.namespace, ref.name, err)
