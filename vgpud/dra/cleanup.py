@@ -12,6 +12,7 @@ from vgpud.dra.checkpoint import PrepareState
 from vgpud.dra.claimindex import ClaimRef
 from vgpud.dra.context import DraContext
 from vgpud.kube import NotFound
+from vgpud.recorder import Outcome
 
 log = logging.getLogger("vgpud.dra")
 
@@ -39,8 +40,11 @@ async def cleanup_stale(ctx: DraContext) -> int:
         for ref in stale:
             entry = checkpoint.claims.get(ref.uid)
             if entry is not None and entry.state is PrepareState.STARTED:  # re-check under the lock
-                with ctx.timed("Cleanup", ref):
-                    await ctx.remove_artifacts(ref.uid)
+                with ctx.timed("Cleanup", ref) as call:
+                    problem = await ctx.try_remove_artifacts(ref)
+                    if problem:  # kept for the next pass
+                        call.outcome, call.detail = Outcome.ERROR, problem
+                        continue
                     checkpoint = checkpoint.without_claim(ref.uid)
         await ctx.save(checkpoint)
     log.info("cleanup: rolled back %d interrupted Prepare(s)", len(stale))

@@ -79,6 +79,16 @@ class DraContext:
             await trio.to_thread.run_sync(remove_tree, Path(path))
         await trio.to_thread.run_sync(remove_spec, self.cdi_root, self.driver, claim_uid)
 
+    async def try_remove_artifacts(self, ref: ClaimRef) -> str:
+        """A rollback that cannot fail the batch: "" when everything went, else what could not be
+        removed and why (the caller keeps the claim's checkpoint entry so a later pass retries)."""
+        try:
+            await self.remove_artifacts(ref.uid)
+        except OSError as err:
+            log.error("claim %s/%s (%s): rollback failed: %s", ref.namespace, ref.name, ref.uid, err)
+            return f"rollback failed: {err}"
+        return ""
+
     async def load(self) -> Checkpoint:
         return await trio.to_thread.run_sync(self.store.load)
 

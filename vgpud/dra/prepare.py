@@ -34,6 +34,8 @@ from vgpud.recorder import Outcome
 log = logging.getLogger("vgpud.dra")
 
 Fetched = tuple[ClaimRef, ClaimView, list[PodView]]
+#: the failures a Prepare expects; anything else is logged with its traceback, and still only fails its claim
+EXPECTED = (PrepareError, PartitionError, PidsFileError, OSError, KubeError, ValueError)
 
 
 async def prepare(ctx: DraContext, claims: Sequence[ClaimRef]) -> dict[str, PrepareOutcome]:
@@ -75,7 +77,12 @@ async def _prepare_locked(
             continue
         if entry is not None:
             log.warning("claim %s/%s: rolling back an interrupted Prepare", ref.namespace, ref.name)
-            await ctx.remove_artifacts(ref.uid)
+            problem = await ctx.try_remove_artifacts(ref)
+            if problem:  # the PrepareStarted entry stays: the next Prepare or the cleanup tries again
+                outcomes[ref.uid] = ctx.failed(
+                    "Prepare", ref, PrepareError(f"claim {ref.namespace}/{ref.name}: {problem}")
+                )
+                continue
         started = ClaimEntry(
             state=PrepareState.STARTED,
             name=claim.name,
@@ -93,17 +100,29 @@ async def _prepare_locked(
         with ctx.timed("Prepare", ref) as call:
             try:
                 completed = await _materialize(ctx, claim, pods)
-            except (PrepareError, PartitionError, PidsFileError, OSError, KubeError, ValueError) as err:
-                await ctx.remove_artifacts(ref.uid)
-                checkpoint = checkpoint.without_claim(ref.uid)
+            except Exception as err:  # whatever it is, it is this claim's error
+                if not isinstance(err, EXPECTED):
+                    log.exception("claim %s/%s: unexpected Prepare failure", ref.namespace, ref.name)
                 message = f"claim {ref.namespace}/{ref.name}: {err}"
+                problem = await ctx.try_remove_artifacts(ref)
+                if problem:  # PrepareStarted stays, so the next Prepare or the cleanup rolls back
+                    message = f"{message}; {problem}"
+                else:
+                    checkpoint = checkpoint.without_claim(ref.uid)
                 call.outcome, call.detail = Outcome.ERROR, message
                 log.warning("%s", message)
                 outcomes[ref.uid] = PrepareOutcome(error=message)
                 continue
             checkpoint = checkpoint.with_claim(ref.uid, completed)
             outcomes[ref.uid] = PrepareOutcome(devices=completed.prepared_devices)
-    await ctx.save(checkpoint)
+    try:
+        await ctx.save(checkpoint)
+    except CheckpointError as err:  # done but not recorded: PrepareStarted stays, so it is redone
+        for ref, _, _ in todo:
+            if not outcomes[ref.uid].error:
+                outcomes[ref.uid] = ctx.failed(
+                    "Prepare", ref, PrepareError(f"claim {ref.namespace}/{ref.name}: {state_error(err)}")
+                )
 
 
 async def _materialize(ctx: DraContext, claim: ClaimView, pods: list[PodView]) -> ClaimEntry:

@@ -14,6 +14,7 @@ from vgpud.dra.context import DraContext, state_error
 from vgpud.dra.nodelock import NodeLockTimeout
 from vgpud.kube import KubeError
 from vgpud.partition.assigner import Mode
+from vgpud.recorder import Outcome
 
 log = logging.getLogger("vgpud.dra")
 
@@ -26,15 +27,21 @@ async def unprepare(ctx: DraContext, claims: Sequence[ClaimRef]) -> dict[str, st
         async with ctx.node_lock():
             checkpoint = await ctx.load()
             for ref in claims:
-                with ctx.timed("Unprepare", ref):
+                with ctx.timed("Unprepare", ref) as call:
                     await _strip_annotations(ctx, ref, annotations[ref.uid])
-                    await ctx.remove_artifacts(ref.uid)
+                    problem = await ctx.try_remove_artifacts(ref)
+                    if problem:  # the entry stays: the kubelet retries the Unprepare
+                        errors[ref.uid] = call.detail = f"claim {ref.namespace}/{ref.name}: {problem}"
+                        call.outcome = Outcome.ERROR
+                        continue
                     checkpoint = checkpoint.without_claim(ref.uid)
                     errors[ref.uid] = ""
                     log.info("claim %s/%s (%s) unprepared", ref.namespace, ref.name, ref.uid)
             await ctx.save(checkpoint)
     except (NodeLockTimeout, CheckpointError) as err:
         for ref in claims:
+            if errors.get(ref.uid):
+                continue
             errors[ref.uid] = ctx.failed("Unprepare", ref, PrepareError(state_error(err))).error
     return errors
 
