@@ -23,6 +23,7 @@ from vgpud import __version__
 from vgpud.config import Settings
 from vgpud.dra.checkpoint import CheckpointStore, read_boot_id
 from vgpud.dra.claimedits import NodeFacts
+from vgpud.dra.claimwatch import ClaimWatch
 from vgpud.dra.driver import DraDriver
 from vgpud.dra.service import RegistrationService, node_services, probes
 from vgpud.dra.slices import SliceKeeper
@@ -284,9 +285,7 @@ async def _main(startup: Startup) -> None:
             await driver.load()
             nri = None
             if isinstance(assigner, LazyAssigner):
-                nri = NriHooks(
-                    assigner=assigner, is_prepared=driver.index.is_vgpu_claim_prepared, recorder=recorder
-                )
+                nri = NriHooks(assigner=assigner, admission=driver.index, recorder=recorder)
             registry = build_registry(startup, assigner, driver, nri, recorder)
             health = HealthRegistry()
             observe = build_observability(
@@ -322,6 +321,9 @@ def _start_components(node: Node) -> None:
     supervise("resource-slices", slices.run, *policies)
     supervise("dra-cleanup", node.driver.run_cleanup, *policies)
     if node.nri is not None:
+        # who may join a claim after Prepare; without it only the pods Prepare saw are injected
+        claims = ClaimWatch(node.startup.kube, node.driver.index)
+        supervise("claim-watch", claims.run, *policies, counts_for_health=False)
         identity = Identity(settings.driver_name, settings.nri_plugin_idx)
         supervise("nri-plugin", partial(run_session, str(settings.nri_socket), node.nri, identity), *policies)
     if node.registry is not None:

@@ -46,7 +46,10 @@ class DraContext:
     lock_path: Path
     recorder: Recorder
     lock_timeout: float = NODE_LOCK_TIMEOUT
-    index: ClaimIndex = field(default_factory=ClaimIndex)
+    index: ClaimIndex = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.index = ClaimIndex(self.assigner.mode)
 
     @property
     def driver(self) -> str:

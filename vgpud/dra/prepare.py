@@ -88,6 +88,7 @@ async def _prepare_locked(
             name=claim.name,
             namespace=claim.namespace,
             vgpu=bool(claim.devices),
+            mode=ctx.assigner.mode.value,
         )
         checkpoint = checkpoint.with_claim(ref.uid, started)
         todo.append((ref, claim, pods))
@@ -149,6 +150,10 @@ async def _materialize(ctx: DraContext, claim: ClaimView, pods: list[PodView]) -
         prepared_devices=devices,
         partition=result.record.to_dict(),
         vgpu=bool(devices),
+        status={
+            "reservedFor": [{"resource": "pods", "name": r.name, "uid": r.uid} for r in claim.reserved_for]
+        },
+        mode=ctx.assigner.mode.value,
     )
 
 

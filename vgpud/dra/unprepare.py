@@ -29,7 +29,11 @@ async def unprepare(ctx: DraContext, claims: Sequence[ClaimRef]) -> dict[str, st
             for ref in claims:
                 with ctx.timed("Unprepare", ref) as call:
                     await _strip_annotations(ctx, ref, annotations[ref.uid])
-                    problem = await ctx.try_remove_artifacts(ref)
+                    # gone for the NRI plugin first, then its files: a CreateContainer that holds the
+                    # guard finishes its directory before, one that comes after sees no claim
+                    async with ctx.index.guard(ref.uid):
+                        ctx.index.forget(ref.uid)
+                        problem = await ctx.try_remove_artifacts(ref)
                     if problem:  # the entry stays: the kubelet retries the Unprepare
                         errors[ref.uid] = call.detail = f"claim {ref.namespace}/{ref.name}: {problem}"
                         call.outcome = Outcome.ERROR
@@ -48,7 +52,7 @@ async def unprepare(ctx: DraContext, claims: Sequence[ClaimRef]) -> dict[str, st
 
 async def _current_annotations(ctx: DraContext, ref: ClaimRef) -> dict[str, str]:
     """The claim's annotations if it still exists with this UID and this mode writes any."""
-    if ctx.assigner.mode is not Mode.EAGER or not ctx.facts.client_mode:
+    if (ctx.index.mode_of(ref.uid) or ctx.assigner.mode) is not Mode.EAGER or not ctx.facts.client_mode:
         return {}
     try:
         obj = await ctx.kube.get_resource_claim(ref.namespace, ref.name)

@@ -5,10 +5,13 @@ raises `HookError`, which becomes a ttrpc error status). One `NriHooks` lives as
 cache survives reconnects, while the split-Synchronize buffer is per session (`begin_session`).
 
 - CreateContainer: a container whose env carries `MANAGER_VGPU_CLAIM_UID` of a vGPU claim this node
-  prepared gets its own directory (created, pids.config reset) and the mounts and identity env of the
-  lazy assigner. No claim UID: not ours, no change. A claim UID this node did not prepare: nothing
-  injected, recorded as rejected (a pod may set that env itself; seed §12.12.1). A directory that
-  cannot be made: an error, so the container is not created (fail-closed).
+  prepared, reserved for the container's pod, gets its own directory (created, pids.config reset) and
+  the mounts and identity env of the lazy assigner. No claim UID: not ours, no change. A claim UID
+  this node did not prepare, or one not reserved for the pod: nothing injected, recorded as rejected
+  (a pod may set that env itself; seed §12.12.1). A claim prepared in eager mode: left to its CDI
+  spec, recorded as skipped and counted. Admission and directory creation run under the claim's
+  guard, so an Unprepare cannot fall between them. A directory that cannot be made: an error, so the
+  container is not created (fail-closed).
 - Synchronize: the cache is rebuilt from the containers' env with the same validation; a container
   that does not validate is skipped and counted, and the sync itself still succeeds.
 - RemoveContainer / StopPodSandbox / RemovePodSandbox, as dedicated RPCs (NRI v0.12) or as
@@ -72,6 +75,7 @@ from vgpud.nri.events import WANTED_EVENTS, event_mask, known_events_mask
 from vgpud.nri.session import NriSessionState, NriStats, SessionState
 from vgpud.nri.sync import SyncBatch, SyncContainer, SyncPod, decode_sync
 from vgpud.nri.ttrpc import Code
+from vgpud.partition.admission import Admission, ClaimAdmission, Verdict
 from vgpud.partition.assigner import ContainerContext
 from vgpud.partition.layout import ENV_CLAIM_UID, LayoutError
 from vgpud.partition.lazy import LazyAssigner
@@ -107,7 +111,7 @@ class NriHooks:
         self,
         *,
         assigner: LazyAssigner,
-        is_prepared: Callable[[str, str], bool],
+        admission: ClaimAdmission,
         recorder: Recorder,
         cache: NriCache | None = None,
     ) -> None:
@@ -120,7 +124,7 @@ class NriHooks:
         self._connected = False
         self._last_close = ""
         self._last_sync_time: float | None = None
-        self._is_prepared = is_prepared
+        self._admission = admission
         self._recorder = recorder
         self._session = SessionState()
         #: bare method name -> (decoder of the request bytes, handler)
@@ -215,8 +219,8 @@ class NriHooks:
             reason = ""
             if pod is None:
                 reason = f"its pod sandbox {container.pod_sandbox_id} was not reported"
-            elif not self._is_prepared(claim_uid, pod.namespace):
-                reason = f"claim {claim_uid} is not a vGPU claim of namespace {pod.namespace} prepared here"
+            elif not (verdict := self._admission.check(claim_uid, pod.namespace, pod.uid)).inject:
+                reason = verdict.reason
             else:
                 try:
                     paths = self.assigner.paths(claim_uid, pod.uid, container.name)
@@ -244,17 +248,6 @@ class NriHooks:
                 self.stats.skipped += 1
                 return CreateContainerResponse()
             self.runtime.set(pod.uid, container.name, RuntimeContainer(claim_uid, pod.namespace, pod.name))
-            if not self._is_prepared(claim_uid, pod.namespace):
-                call.outcome = Outcome.REJECTED
-                call.detail = (
-                    f"claim {claim_uid} is not a vGPU claim of namespace {pod.namespace} prepared on this "
-                    "node: nothing injected"
-                )
-                self.stats.rejected_unprepared += 1
-                log.warning(
-                    "NRI: %s/%s container %s: %s", pod.namespace, pod.name, container.name, call.detail
-                )
-                return CreateContainerResponse()
             context = ContainerContext(
                 claim_uid=claim_uid,
                 pod_uid=pod.uid,
@@ -263,8 +256,13 @@ class NriHooks:
                 container=container.name,
             )
             try:
-                plan = self.assigner.inject(context)
-                await trio.to_thread.run_sync(make_directories, plan)
+                async with self._admission.guard(claim_uid):
+                    verdict = await self._admission.admit(claim_uid, pod.namespace, pod.uid)
+                    if not verdict.inject:
+                        self._refuse(call, verdict, pod, container.name)
+                        return CreateContainerResponse()
+                    plan = self.assigner.inject(context)
+                    await trio.to_thread.run_sync(make_directories, plan)
             except (OSError, PidsFileError, ValueError) as err:
                 message = (
                     f"vgpud: cannot set up the vGPU directory of container {container.name} in pod "
@@ -277,6 +275,19 @@ class NriHooks:
             self.stats.injected += 1
             call.detail = str(plan.paths.base)
             return CreateContainerResponse(adjust=adjustment(plan))
+
+    def _refuse(self, call: TimedCall, verdict: Admission, pod: PodSandbox, container: str) -> None:
+        """Record and count a container that gets no injection, and say why."""
+        if verdict.verdict is Verdict.OTHER_MODE:
+            call.outcome, call.detail = Outcome.SKIPPED, f"{verdict.reason}: nothing injected"
+            self.stats.other_mode += 1
+        else:
+            call.outcome, call.detail = Outcome.REJECTED, f"{verdict.reason}: nothing injected"
+            if verdict.verdict is Verdict.NOT_RESERVED:
+                self.stats.rejected_not_reserved += 1
+            else:
+                self.stats.rejected_unprepared += 1
+        log.warning("NRI: %s/%s container %s: %s", pod.namespace, pod.name, container, call.detail)
 
     async def update_container(self, request: UpdateContainerRequest) -> UpdateContainerResponse:
         return UpdateContainerResponse()
@@ -322,7 +333,9 @@ class NriHooks:
         self.runtime.pop(pod.uid, container.name)
         entry = self.cache.pop(pod.uid, container.name)
         claim_uid = entry.claim_uid if entry else env_value(container.env, ENV_CLAIM_UID)
-        if not claim_uid or (entry is None and not self._is_prepared(claim_uid, pod.namespace)):
+        if not claim_uid or (
+            entry is None and not self._admission.check(claim_uid, pod.namespace, pod.uid).inject
+        ):
             return  # not a container vgpud injected (or one that never ran: its removal is harmless)
         with self._timed("RemoveContainer", pod, container.name, claim_uid):
             await self._remove_directory(claim_uid, pod.uid, container.name)

@@ -58,9 +58,7 @@ def make_node(
     nri = None
     if lazy:
         assigner = LazyAssigner(h.layout, driver=h.driver.driver)
-        nri = NriHooks(
-            assigner=assigner, is_prepared=h.driver.index.is_vgpu_claim_prepared, recorder=h.recorder
-        )
+        nri = NriHooks(assigner=assigner, admission=h.driver.index, recorder=h.recorder)
     registry = None
     if client_mode:
         registry = RegistryServer(
