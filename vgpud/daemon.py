@@ -23,6 +23,7 @@ from vgpud import __version__
 from vgpud.config import Settings
 from vgpud.dra.checkpoint import CheckpointStore, read_boot_id
 from vgpud.dra.claimedits import NodeFacts
+from vgpud.dra.claimindex import describe_mismatches
 from vgpud.dra.claimwatch import ClaimWatch
 from vgpud.dra.driver import DraDriver
 from vgpud.dra.service import RegistrationService, node_services, probes
@@ -47,13 +48,15 @@ from vgpud.ready import Ready
 from vgpud.recorder import Recorder
 from vgpud.registry.identity import default_cgroup_root
 from vgpud.registry.server import RegistryServer
-from vgpud.supervisor import HealthAfter, HealthRegistry, Restart, Supervisor
+from vgpud.supervisor import HealthAfter, HealthRegistry, HealthState, Restart, Supervisor
 
 log = logging.getLogger("vgpud")
 
 EXIT_OK, EXIT_FAILURE = 0, 1
 CHECKPOINT_FILE = "checkpoint.json"
 NODE_LOCK_FILE = "pu.lock"
+#: the health entry that reports prepared claims served in another partition mode
+CLAIM_MODES = "claim-modes"
 #: the control library is installed as `libvgpu-control.so.<version>` so an upgrade never swaps a live file
 LIBRARY_VERSION = __version__
 
@@ -288,6 +291,7 @@ async def _main(startup: Startup) -> None:
                 nri = NriHooks(assigner=assigner, admission=driver.index, recorder=recorder)
             registry = build_registry(startup, assigner, driver, nri, recorder)
             health = HealthRegistry()
+            watch_claim_modes(health, driver)
             observe = build_observability(
                 startup, recorder=recorder, health=health, driver=driver, nri=nri, registry=registry
             )
@@ -300,6 +304,19 @@ async def _main(startup: Startup) -> None:
                     supervisor.cancel()
                     break
             recorder.close()
+
+
+def watch_claim_modes(health: HealthRegistry, driver: DraDriver) -> None:
+    """Health detail `claim-modes`: failing (with the claims and what it means for them) while a
+    prepared claim's recorded mode is not this process's; it never makes the node NOT_SERVING."""
+    health.register(CLAIM_MODES, counts_for_health=False)
+
+    def update() -> None:
+        detail = describe_mismatches(driver.index.mismatches())
+        health.set(CLAIM_MODES, HealthState.FAILING if detail else HealthState.HEALTHY, detail)
+
+    driver.index.listeners.append(update)
+    update()
 
 
 def _start_components(node: Node) -> None:

@@ -13,7 +13,7 @@ NRI plugin's "is it prepared?" and "make the directory" one step with respect to
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncIterator, Iterable, Mapping
+from collections.abc import AsyncIterator, Callable, Iterable, Mapping
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 
@@ -75,6 +75,13 @@ def mismatch_consequence(prepared: Mode, current: Mode) -> str:
     )
 
 
+def describe_mismatches(mismatches: list[ModeMismatch]) -> str:
+    """One line for logs and the health detail; "" when there is none."""
+    return "; ".join(
+        f"claim {m.claim.namespace}/{m.claim.name} ({m.claim.uid}) {m.consequence}" for m in mismatches
+    )
+
+
 class ClaimIndex:
     """The prepared claims by UID, by register UUID, their partition records, modes and reservations."""
 
@@ -91,6 +98,8 @@ class ClaimIndex:
         self._changed = trio.Event()
         self._guards: dict[str, trio.Lock] = {}
         self._guard_users: dict[str, int] = {}
+        #: called (on the Trio thread) after every change of the prepared claims
+        self.listeners: list[Callable[[], None]] = []
 
     # -- the NRI plugin ---------------------------------------------------------------------------
 
@@ -222,6 +231,11 @@ class ClaimIndex:
         self._prepared.pop(claim_uid, None)
         self._watched.pop(claim_uid, None)
         self._vgpu_claims = self._vgpu_claims - {claim_uid}
+        self._notify()
+
+    def _notify(self) -> None:
+        for listener in self.listeners:
+            listener()
 
     def update(self, checkpoint: Checkpoint) -> None:
         """Re-index from a checkpoint just loaded or saved."""
@@ -247,3 +261,4 @@ class ClaimIndex:
         self._records = records
         self._changed.set()
         self._changed = trio.Event()
+        self._notify()

@@ -65,11 +65,28 @@ class DraDriver:
         """Read the checkpoint at start (a corrupt one is quarantined by the store) and index it."""
         checkpoint = await self.ctx.load()
         self.ctx.index.update(checkpoint)
+        index = self.ctx.index
         log.info(
             "checkpoint: %d claims (%d prepared vGPU claims)",
             len(checkpoint.claims),
-            len(self.ctx.index.vgpu_claim_namespaces()),
+            len(index.vgpu_claim_namespaces()),
         )
+        unrecorded = index.unrecorded_modes()
+        if unrecorded:
+            log.info(
+                "checkpoint: %d claims have no recorded partition mode (an older vgpud's): treated as "
+                "prepared in the current mode, %s",
+                len(unrecorded),
+                index.mode,
+            )
+        for mismatch in index.mismatches():
+            log.warning(
+                "mode mismatch: claim %s/%s (%s) %s",
+                mismatch.claim.namespace,
+                mismatch.claim.name,
+                mismatch.claim.uid,
+                mismatch.consequence,
+            )
         return checkpoint
 
     async def prepare(self, claims: Sequence[ClaimRef]) -> dict[str, PrepareOutcome]:

@@ -4,6 +4,8 @@ written. Each section is built by a function of plain values, so its JSON shape 
 Shape (every key always present; a section that does not apply to this node is null):
 
     node, version, mode ("lazy" | "eager"), nri_fallback, time (epoch seconds), healthy
+    claim_modes: {current, mismatches: [{claim_uid, namespace, name, prepared, current, consequence}],
+                  unrecorded: [claim UIDs whose entry has no mode: treated as the current mode]}
     components:  {name: {state, reason, for_seconds, counts_for_health}}
     nri:         {session: {connected, runtime, nri_version, synchronized, sessions, last_close,
                             last_sync_time},
@@ -42,7 +44,7 @@ from vgpud.partition.layout import Layout
 from vgpud.recorder import Recorder
 
 if TYPE_CHECKING:
-    from vgpud.dra.claimindex import ClaimRef
+    from vgpud.dra.claimindex import ClaimIndex, ClaimRef
     from vgpud.dra.driver import DraDriver
     from vgpud.dra.partitions import ClaimPartitions
     from vgpud.nri.hooks import NriHooks
@@ -165,6 +167,25 @@ def register_uuids_json(issued: Mapping[str, ClaimRef], consumed: frozenset[str]
     }
 
 
+def claim_modes_json(index: ClaimIndex) -> JsonObject:
+    """The prepared claims served in a mode other than the one they were prepared in."""
+    return {
+        "current": index.mode.value,
+        "mismatches": [
+            {
+                "claim_uid": m.claim.uid,
+                "namespace": m.claim.namespace,
+                "name": m.claim.name,
+                "prepared": m.prepared.value,
+                "current": m.current.value,
+                "consequence": m.consequence,
+            }
+            for m in index.mismatches()
+        ],
+        "unrecorded": [ref.uid for ref in index.unrecorded_modes()],
+    }
+
+
 class DebugState:
     """Builds the `/debug/state` document from the node's parts."""
 
@@ -190,6 +211,7 @@ class DebugState:
             "nri_fallback": parts.nri_fallback,
             "time": time.time(),
             "healthy": parts.health.all_healthy(),
+            "claim_modes": claim_modes_json(parts.driver.index),
             "components": health_json(parts.health.snapshot(), trio.current_time()),
             "nri": nri_json(parts.nri) if parts.nri is not None else None,
             "partitions": None,
