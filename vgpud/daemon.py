@@ -265,9 +265,16 @@ def build_registry(
     settings = startup.settings
     if not settings.feature_gates.enabled("DevicePluginClientMode"):
         return None
+    # claims prepared in the other mode before a restart are resolved in the mode they were prepared in
+    other: EagerAssigner | LazyAssigner = (
+        EagerAssigner(startup.layout, driver=settings.driver_name, client_mode=True)
+        if assigner.mode is Mode.LAZY
+        else LazyAssigner(startup.layout, driver=settings.driver_name)
+    )
     return RegistryServer(
         layout=startup.layout,
         assigner=assigner,
+        other_assigner=other,
         nri_cache=nri.cache if nri is not None else None,
         claims=driver.index,
         kube=startup.kube,

@@ -221,11 +221,13 @@ class RegistryServer:
         cgroup_root: Path,
         guard_interval: float = GUARD_INTERVAL,
         admission: Admission | None = None,
+        other_assigner: PartitionAssigner | None = None,
     ) -> None:
         self.path = Path(layout.registry_socket)
         self.guard_interval = guard_interval
         self.resolver = Resolver(
             assigner=assigner,
+            other_assigner=other_assigner,
             kube=kube,
             claims=claims,
             nri_cache=nri_cache,

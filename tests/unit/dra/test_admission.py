@@ -175,20 +175,20 @@ async def test_the_mode_is_recorded_and_an_eager_claim_is_not_injected_lazily(tm
     eager.kube.add_claim(claim)
     eager.kube.add_pod(pod)
     assert (await eager.driver.prepare([REF]))[o.CLAIM_UID].error == ""
-    assert eager.checkpoint()[o.CLAIM_UID]["mode"] == "eager"
-    partition = [p for p in eager.claim_dir().iterdir()]
+    partition = sorted(eager.claim_dir().iterdir())
     lazy = Harness(tmp_path, lazy=True)  # restarted with NRI: same dirs
     await lazy.driver.load()
-    assert [(m.claim.uid, m.prepared.value, m.current.value) for m in lazy.driver.index.mismatches()] == [
-        (o.CLAIM_UID, "eager", "lazy")
-    ]
     hooks = nri(lazy)
     reply = await hooks.create_container(request(o.POD1_UID))
     assert reply.adjust is None, "the CDI spec already carries the eager mounts"
-    assert sorted(eager.claim_dir().iterdir()) == sorted(partition), "no lazy directory"
-    assert hooks.stats.other_mode == 1
+    assert sorted(eager.claim_dir().iterdir()) == partition, "no lazy directory"
     (call,) = [c for c in lazy.recorder.recent(5) if c.call == "CreateContainer"]
     assert call.outcome is Outcome.SKIPPED and "prepared in eager mode" in call.detail
+    assert hooks.stats.other_mode == 1
+    assert eager.checkpoint()[o.CLAIM_UID]["mode"] == "eager"
+    assert [(m.claim.uid, m.prepared.value, m.current.value) for m in lazy.driver.index.mismatches()] == [
+        (o.CLAIM_UID, "eager", "lazy")
+    ]
 
 
 async def test_a_lazy_claim_in_an_eager_vgpud_is_reported(tmp_path: Path) -> None:
