@@ -87,7 +87,7 @@ class DraContext:
         removed and why (the caller keeps the claim's checkpoint entry so a later pass retries)."""
         try:
             await self.remove_artifacts(ref.uid)
-        except OSError as err:
+        except (OSError, ValueError) as err:  # ValueError: a claim UID that names no directory
             log.error("claim %s/%s (%s): rollback failed: %s", ref.namespace, ref.name, ref.uid, err)
             return f"rollback failed: {err}"
         return ""

@@ -14,6 +14,7 @@ from vgpud.dra.context import DraContext, state_error
 from vgpud.dra.nodelock import NodeLockTimeout
 from vgpud.kube import KubeError
 from vgpud.partition.assigner import Mode
+from vgpud.partition.layout import LayoutError
 from vgpud.recorder import Outcome
 
 log = logging.getLogger("vgpud.dra")
@@ -21,8 +22,16 @@ log = logging.getLogger("vgpud.dra")
 
 async def unprepare(ctx: DraContext, claims: Sequence[ClaimRef]) -> dict[str, str]:
     """Claim UID -> "" or the error of that claim."""
-    annotations = {ref.uid: await _current_annotations(ctx, ref) for ref in claims}
     errors: dict[str, str] = {}
+    for ref in claims:
+        try:
+            ctx.assigner.layout.claim_dir(ref.uid)
+        except LayoutError as err:  # bad input: its own error, nothing touched
+            errors[ref.uid] = ctx.failed(
+                "Unprepare", ref, PrepareError(f"claim {ref.namespace}/{ref.name}: {err}")
+            ).error
+    claims = [ref for ref in claims if ref.uid not in errors]
+    annotations = {ref.uid: await _current_annotations(ctx, ref) for ref in claims}
     try:
         async with ctx.node_lock():
             checkpoint = await ctx.load()

@@ -407,3 +407,15 @@ async def test_an_unprepare_whose_removal_fails_is_a_per_claim_error(h: Harness)
     h.cdi_root.unlink()
     assert await h.driver.unprepare(refs) == {r.uid: "" for r in refs}
     assert h.checkpoint() == {}
+
+
+async def test_an_unprepare_of_a_claim_uid_that_names_no_directory_fails_only_that_claim(h: Harness) -> None:
+    claim, pod = single_container_claim()
+    h.kube.add_claim(claim)
+    h.kube.add_pod(pod)
+    await h.driver.prepare([REF])
+    bad = ClaimRef(o.NAMESPACE, "../escape", "bad")
+    errors = await h.driver.unprepare([bad, REF])
+    assert errors[REF.uid] == ""
+    assert errors[bad.uid].startswith("claim default/bad: ") and "claim UID" in errors[bad.uid], errors
+    assert not h.claim_dir().exists() and h.checkpoint() == {}
