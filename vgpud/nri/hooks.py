@@ -219,16 +219,20 @@ class NriHooks:
             reason = ""
             if pod is None:
                 reason = f"its pod sandbox {container.pod_sandbox_id} was not reported"
-            elif not (verdict := self._admission.check(claim_uid, pod.namespace, pod.uid)).inject:
-                reason = verdict.reason
             else:
+                verdict = self._admission.check(claim_uid, pod.namespace, pod.uid)
                 try:
                     paths = self.assigner.paths(claim_uid, pod.uid, container.name)
                 except LayoutError as err:
                     reason = str(err)
                 else:
-                    yield pod.uid, container.name, CacheEntry(claim_uid, paths.base)
-                    continue
+                    # a pod that joined the claim after Prepare, before the claim watch of this run has
+                    # listed: its directory proves an earlier admission (a refused pod never gets one)
+                    joined = verdict.verdict is Verdict.NOT_RESERVED and Path(paths.base).is_dir()
+                    if verdict.inject or joined:
+                        yield pod.uid, container.name, CacheEntry(claim_uid, paths.base)
+                        continue
+                    reason = verdict.reason
             self.stats.sync_invalid += 1
             if self.stats.sync_invalid - invalid_before <= SYNC_WARNINGS_SHOWN:  # a node may have thousands
                 log.warning(

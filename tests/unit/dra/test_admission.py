@@ -12,11 +12,12 @@ import trio.testing
 
 from tests import objects as o
 from tests.draharness import REF, Harness, single_container_claim
-from vgpud._pb.nri.pkg.api.v1alpha1 import Container, CreateContainerRequest, PodSandbox
+from vgpud._pb.nri.pkg.api.v1alpha1 import Container, CreateContainerRequest, PodSandbox, SynchronizeRequest
 from vgpud.dra.checkpoint import CheckpointStore
 from vgpud.dra.claimwatch import ClaimWatch
 from vgpud.nri import hooks as hooks_module
 from vgpud.nri.hooks import NriHooks
+from vgpud.nri.sync import SyncBatch, decode_sync
 from vgpud.partition.lazy import LazyAssigner
 from vgpud.recorder import Outcome
 
@@ -32,16 +33,22 @@ def nri(h: Harness) -> NriHooks:
     )
 
 
+def pod_of(pod_uid: str, namespace: str = o.NAMESPACE) -> PodSandbox:
+    return PodSandbox(id=f"sb-{pod_uid}", name="p", namespace=namespace, uid=pod_uid)
+
+
+def container_of(pod_uid: str, claim: str = o.CLAIM_UID) -> Container:
+    env = [f"MANAGER_VGPU_CLAIM_UID={claim}"]
+    return Container(id=f"ctr-{pod_uid}", pod_sandbox_id=f"sb-{pod_uid}", name="main", env=env)
+
+
+def sync(**fields: object) -> SyncBatch:
+    """A Synchronize as the session hands it to the hook: decoded from its wire bytes."""
+    return decode_sync(bytes(SynchronizeRequest(**fields)))
+
+
 def request(pod_uid: str, namespace: str = o.NAMESPACE, claim: str = o.CLAIM_UID) -> CreateContainerRequest:
-    return CreateContainerRequest(
-        pod=PodSandbox(id=f"sb-{pod_uid}", name="p", namespace=namespace, uid=pod_uid),
-        container=Container(
-            id=f"ctr-{pod_uid}",
-            pod_sandbox_id=f"sb-{pod_uid}",
-            name="main",
-            env=[f"MANAGER_VGPU_CLAIM_UID={claim}"],
-        ),
-    )
+    return CreateContainerRequest(pod=pod_of(pod_uid, namespace), container=container_of(pod_uid, claim))
 
 
 async def prepared(h: Harness) -> dict:
@@ -238,3 +245,27 @@ async def test_an_entry_without_a_mode_loads_as_the_current_mode(h: Harness) -> 
     assert restarted.index.mismatches() == []
     assert [r.uid for r in restarted.index.unrecorded_modes()] == [o.CLAIM_UID]
     assert restarted.index.check(o.CLAIM_UID, o.NAMESPACE, o.POD1_UID).inject
+
+
+async def test_synchronize_keeps_a_joined_pod_before_the_watch_has_listed(h: Harness) -> None:
+    """After a restart, Synchronize may come before the claim watch's first list: a container of a pod
+    that joined after Prepare keeps its cache entry (its directory proves it was admitted); a pod that
+    never was admitted (no directory) is still not cached."""
+    await prepared(h)
+    joined = nri(h)
+    h.driver.index.set_reserved(o.CLAIM_UID, {o.POD1_UID, o.POD2_UID})  # what the watch saw
+    assert (await joined.create_container(request(o.POD2_UID))).adjust is not None
+    restarted = h.new_driver()
+    await restarted.load()
+    hooks = NriHooks(
+        assigner=LazyAssigner(h.layout, driver=o.DRIVER), admission=restarted.index, recorder=h.recorder
+    )
+    forger = "0d9c8b7a-6f5e-4d3c-8b2a-1f0e9d8c7b6a"
+    await hooks.synchronize(
+        sync(
+            pods=[pod_of(uid) for uid in (o.POD2_UID, forger)],
+            containers=[container_of(uid) for uid in (o.POD2_UID, forger)],
+        )
+    )
+    assert hooks.cache.get(o.POD2_UID, "main") is not None
+    assert hooks.cache.get(forger, "main") is None
