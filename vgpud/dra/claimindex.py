@@ -51,9 +51,10 @@ class ModeMismatch:
     consequence: str
 
 
-def reserved_pod_uids(entry: ClaimEntry) -> frozenset[str]:
-    """The pod UIDs of the `reservedFor` that Prepare saw (kept in the entry's `status`)."""
-    reserved = entry.status.get("reservedFor")
+def reserved_pod_uids(status: Mapping[str, object]) -> frozenset[str]:
+    """The pod UIDs of a claim status's `reservedFor` (a claim object's, or the one Prepare kept in
+    the checkpoint entry); anything malformed in it is ignored, so it names no pod."""
+    reserved = status.get("reservedFor")
     if not isinstance(reserved, list):
         return frozenset()
     return frozenset(
@@ -145,7 +146,7 @@ class ClaimIndex:
                 del self._guard_users[claim_uid], self._guards[claim_uid]
 
     def guard_waiters(self, claim_uid: str) -> int:
-        """Tasks waiting for the claim's guard (for tests and the debug state)."""
+        """Tasks waiting for the claim's guard (tests widen the race window with it)."""
         lock = self._guards.get(claim_uid)
         return lock.statistics().tasks_waiting if lock is not None else 0
 
@@ -161,7 +162,7 @@ class ClaimIndex:
         if watched is not None:
             return watched
         entry = self._entries.get(claim_uid)
-        return reserved_pod_uids(entry) if entry is not None else frozenset()
+        return reserved_pod_uids(entry.status) if entry is not None else frozenset()
 
     def set_reserved(self, claim_uid: str, pod_uids: Iterable[str]) -> None:
         """The claim watch saw the claim's reservedFor (an empty set: the claim is gone)."""

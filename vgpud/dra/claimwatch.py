@@ -16,7 +16,7 @@ from typing import Any
 
 import trio
 
-from vgpud.dra.claimindex import ClaimIndex
+from vgpud.dra.claimindex import ClaimIndex, reserved_pod_uids
 from vgpud.kube import KubeApi
 from vgpud.kube.api import WatchEventType
 
@@ -24,16 +24,6 @@ log = logging.getLogger("vgpud.dra")
 
 #: at least this long between two watch starts, so a watch that ends at once cannot spin
 WATCH_MIN_INTERVAL = 1.0
-
-
-def reserved_pods(obj: dict[str, Any]) -> frozenset[str]:
-    """The pod UIDs in a claim object's status.reservedFor."""
-    reserved = (obj.get("status") or {}).get("reservedFor") or []
-    return frozenset(
-        r["uid"]
-        for r in reserved
-        if isinstance(r, dict) and r.get("resource", "pods") == "pods" and isinstance(r.get("uid"), str)
-    )
 
 
 class ClaimWatch:
@@ -73,5 +63,5 @@ class ClaimWatch:
         uid = (obj.get("metadata") or {}).get("uid")
         if not isinstance(uid, str):
             return ""
-        self._index.set_reserved(uid, reserved_pods(obj))
+        self._index.set_reserved(uid, reserved_pod_uids(obj.get("status") or {}))
         return uid
