@@ -10,7 +10,8 @@ from tests import objects as o
 from vgpud.dra.cdi import spec_path
 from vgpud.dra.checkpoint import CheckpointStore
 from vgpud.dra.claimedits import NodeFacts
-from vgpud.dra.driver import ClaimRef, DraDriver
+from vgpud.dra.claimindex import ClaimRef
+from vgpud.dra.driver import DraDriver
 from vgpud.gpu import open_inventory
 from vgpud.gpu.mock import shipped_profiles
 from vgpud.kube.fake import FakeKube

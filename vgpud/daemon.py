@@ -23,6 +23,8 @@ from vgpud import __version__
 from vgpud.config import Settings
 from vgpud.dra.checkpoint import CheckpointStore, read_boot_id
 from vgpud.dra.claimedits import NodeFacts
+from vgpud.dra.claimindex import describe_mismatches
+from vgpud.dra.claimwatch import ClaimWatch
 from vgpud.dra.driver import DraDriver
 from vgpud.dra.service import RegistrationService, node_services, probes
 from vgpud.dra.slices import SliceKeeper
@@ -55,6 +57,8 @@ log = logging.getLogger("vgpud")
 EXIT_OK, EXIT_FAILURE = 0, 1
 CHECKPOINT_FILE = "checkpoint.json"
 NODE_LOCK_FILE = "pu.lock"
+#: the health entry that reports prepared claims served in another partition mode
+CLAIM_MODES = "claim-modes"
 #: the control library is installed as `libvgpu-control.so.<version>` so an upgrade never swaps a live file
 LIBRARY_VERSION = __version__
 NRI_COMPONENT = "nri-plugin"
@@ -263,11 +267,18 @@ def build_registry(
     settings = startup.settings
     if not settings.feature_gates.enabled("DevicePluginClientMode"):
         return None
+    # claims prepared in the other mode before a restart are resolved in the mode they were prepared in
+    other: EagerAssigner | LazyAssigner = (
+        EagerAssigner(startup.layout, driver=settings.driver_name, client_mode=True)
+        if assigner.mode is Mode.LAZY
+        else LazyAssigner(startup.layout, driver=settings.driver_name)
+    )
     return RegistryServer(
         layout=startup.layout,
         assigner=assigner,
+        other_assigner=other,
         nri_cache=nri.cache if nri is not None else None,
-        claims=driver,
+        claims=driver.index,
         kube=startup.kube,
         recorder=recorder,
         driver_name=settings.driver_name,
@@ -287,14 +298,13 @@ async def _main(startup: Startup) -> None:
             await driver.load()
             nri = None
             if isinstance(assigner, LazyAssigner):
-                nri = NriHooks(
-                    assigner=assigner, is_prepared=driver.is_vgpu_claim_prepared, recorder=recorder
-                )
+                nri = NriHooks(assigner=assigner, admission=driver.index, recorder=recorder)
             registry = build_registry(startup, assigner, driver, nri, recorder)
             health = HealthRegistry()
             if startup.nri_fallback:
                 health.register(NRI_COMPONENT, counts_for_health=False)
                 health.set(NRI_COMPONENT, HealthState.STOPPED, f"eager-mode fallback: {startup.nri_fallback}")
+            watch_claim_modes(health, driver)
             observe = build_observability(
                 startup, recorder=recorder, health=health, driver=driver, nri=nri, registry=registry
             )
@@ -307,6 +317,19 @@ async def _main(startup: Startup) -> None:
                     supervisor.cancel()
                     break
             recorder.close()
+
+
+def watch_claim_modes(health: HealthRegistry, driver: DraDriver) -> None:
+    """Health detail `claim-modes`: failing (with the claims and what it means for them) while a
+    prepared claim's recorded mode is not this process's; it never makes the node NOT_SERVING."""
+    health.register(CLAIM_MODES, counts_for_health=False)
+
+    def update() -> None:
+        detail = describe_mismatches(driver.index.mismatches())
+        health.set(CLAIM_MODES, HealthState.FAILING if detail else HealthState.HEALTHY, detail)
+
+    driver.index.listeners.append(update)
+    update()
 
 
 def _start_components(node: Node) -> None:
@@ -328,6 +351,9 @@ def _start_components(node: Node) -> None:
     supervise("resource-slices", slices.run, *policies)
     supervise("dra-cleanup", node.driver.run_cleanup, *policies)
     if node.nri is not None:
+        # who may join a claim after Prepare; without it only the pods Prepare saw are injected
+        claims = ClaimWatch(node.startup.kube, node.driver.index)
+        supervise("claim-watch", claims.run, *policies, counts_for_health=False)
         identity = Identity(settings.driver_name, settings.nri_plugin_idx)
         dialer = Dialer(str(settings.nri_socket), node.startup.nri_connection)
         supervise(NRI_COMPONENT, partial(run_session, dialer, node.nri, identity), *policies)

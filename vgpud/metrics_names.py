@@ -143,6 +143,29 @@ PARTITION_MODE = MetricName(
     ("mode",),
 )
 
+#: prepared vGPU claims whose recorded partition mode (prepared_mode: lazy, eager) is not the mode this
+#: process runs in: a lazy claim under eager mode has no NRI to give its new containers a directory;
+#: an eager claim under lazy mode is left to its CDI spec. 0 in a node that kept its mode
+CLAIM_MODE_MISMATCHES = MetricName(
+    "vgpud_claim_mode_mismatches",
+    "Prepared vGPU claims recorded in a partition mode other than the one vgpud runs in.",
+    ("prepared_mode",),
+)
+
+#: containers the NRI plugin refused to inject, by reason: unprepared (no vGPU claim of the pod's
+#: namespace prepared here) or not-reserved (the claim is not reserved for the pod)
+NRI_REJECTED_CONTAINERS = MetricName(
+    "vgpud_nri_rejected_containers_total",
+    "vGPU containers the NRI plugin did not inject because their claim is not theirs to use, by reason.",
+    ("reason",),
+)
+
+#: containers of claims prepared in eager mode, left to their CDI spec by the lazy NRI plugin
+NRI_OTHER_MODE_CONTAINERS = MetricName(
+    "vgpud_nri_other_mode_containers_total",
+    "Containers of claims prepared in eager mode that the NRI plugin left to their CDI spec.",
+)
+
 #: containers whose devices come from more than one partition (bug-2, eager mode), as found by the
 #: last self-check; 0 in a healthy system
 PARTITION_CONFLICTS = MetricName(
@@ -215,6 +238,9 @@ ALL: tuple[MetricName, ...] = (
     NRI_EAGER_FALLBACK_INFO,
     NRI_NOT_INJECTED,
     PARTITION_MODE,
+    CLAIM_MODE_MISMATCHES,
+    NRI_REJECTED_CONTAINERS,
+    NRI_OTHER_MODE_CONTAINERS,
     PARTITION_CONFLICTS,
     COMPONENT_HEALTH,
     DRIFT_CHECKS,

@@ -7,7 +7,11 @@ v1 and v1beta1 node services (v1 carries share_id, v1beta1 must not).
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Callable
+import os
+import shutil
+import subprocess
+from collections.abc import AsyncIterator, Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -20,6 +24,7 @@ import trio_asyncio
 from tests import objects as o
 from tests.draharness import REF, Harness, single_container_claim
 from tests.stdproto import message_class
+from tests.support import require
 from vgpud.dra.service import RegistrationService, node_services
 from vgpud.grpcserve import serve
 
@@ -215,3 +220,39 @@ async def test_device_health_stream_is_a_well_formed_unimplemented(plugin: Plugi
         await trio.to_thread.run_sync(watch)
     assert info.value.code() == grpc.StatusCode.UNIMPLEMENTED
     assert info.value.details() == "vgpud does not report device health"
+
+
+@contextmanager
+def read_only(path: Path) -> Iterator[None]:
+    """`path` as a read-only bind mount of itself for the body (needs root: mount(2))."""
+    path.mkdir(parents=True, exist_ok=True)
+    require(os.geteuid() == 0 and shutil.which("mount") is not None, "root and mount(8)", "run as root")
+    subprocess.run(["mount", "--bind", str(path), str(path)], check=True)
+    try:
+        subprocess.run(["mount", "-o", "remount,bind,ro", str(path)], check=True)
+        yield
+    finally:
+        subprocess.run(["umount", str(path)], check=True)
+
+
+async def test_a_read_only_cdi_root_fails_each_claim_by_name(plugin: Plugin) -> None:
+    """Bug 6: writing the spec fails (EROFS) and so does the rollback's unlink of it (EROFS even for a
+    missing file): every claim of the call still gets its own error naming it, not a transport error."""
+    h = plugin.harness
+    claim, pod = single_container_claim()
+    h.kube.add_claim(claim)
+    h.kube.add_pod(pod)
+    missing = type(REF)(o.NAMESPACE, "dddddddd-0000-4000-8000-000000000000", "missing")
+    with read_only(h.cdi_root):
+        reply = await _prepare(plugin, DRA_V1, REF, missing)
+        assert set(reply.claims) == {o.CLAIM_UID, missing.uid}
+        error = reply.claims[o.CLAIM_UID].error
+        assert error.startswith(f"claim {REF.namespace}/{REF.name}: "), error
+        assert "Read-only file system" in error and "rollback failed" in error, error
+        assert reply.claims[missing.uid].error == "claim default/missing not found"
+        unprepared = await _unprepare(plugin, DRA_V1, REF)
+        assert unprepared.claims[o.CLAIM_UID].error.startswith(
+            f"claim {REF.namespace}/{REF.name}: rollback failed"
+        )
+    reply = await _prepare(plugin, DRA_V1, REF)
+    assert reply.claims[o.CLAIM_UID].error == ""

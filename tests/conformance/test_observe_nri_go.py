@@ -184,7 +184,7 @@ async def test_debug_endpoints_and_tail_of_vgpud_run_under_the_go_nri_runtime(
     daemon = Daemon(debug_sock, dra_socket, metrics_port)
     try:
         with trio.fail_after(RUN_TIMEOUT):
-            await _observe(harness, daemon, claim)
+            await _observe(harness, daemon, claim, api)
             await proc.wait()
         assert proc.returncode == 0, harness.output()
         assert "--- PASS: TestObserve" in harness.output()
@@ -197,6 +197,18 @@ async def test_debug_endpoints_and_tail_of_vgpud_run_under_the_go_nri_runtime(
             await proc.wait()
 
 
+def reserve_for(api: ApiServer, claim: dict[str, Any], pod_name: str, pod_uid: str) -> None:
+    """Add a pod to the claim's reservedFor, as the scheduler would."""
+    meta = claim["metadata"]
+    path = f"/apis/resource.k8s.io/v1/namespaces/{meta['namespace']}/resourceclaims/{meta['name']}"
+    current = api_request(api, "GET", path)
+    current["status"]["reservedFor"] = [
+        *current["status"].get("reservedFor", []),
+        {"resource": "pods", "name": pod_name, "uid": pod_uid},
+    ]
+    api_request(api, "PUT", f"{path}/status", current)
+
+
 @dataclass(frozen=True)
 class Daemon:
     """Where the `vgpud run` the harness starts can be reached."""
@@ -206,9 +218,11 @@ class Daemon:
     metrics_port: int
 
 
-async def _observe(harness: Harness, daemon: Daemon, claim: dict[str, Any]) -> None:
+async def _observe(harness: Harness, daemon: Daemon, claim: dict[str, Any], api: ApiServer) -> None:
     claim_uid = claim["metadata"]["uid"]
     connected = await harness.step("connected")
+    # the harness's pod is the one the claim is reserved for (vgpud injects no other pod)
+    reserve_for(api, claim, "observe-1", connected["pod_uid"])
     # prepare the claim as the kubelet would, then attach a tail
     await wait_state(daemon.debug_sock, lambda s: s["components"]["dra-plugin"]["state"] == "healthy", "DRA")
     response = await trio.to_thread.run_sync(dra_call, daemon.dra_socket, "Prepare", [claim])
@@ -284,6 +298,8 @@ async def _check_created(daemon: Daemon, tail: Tail, pod_uid: str, claim_uid: st
         "injected": 2,
         "skipped": 1,
         "rejected_unprepared": 1,
+        "rejected_not_reserved": 0,
+        "other_mode": 0,
         "sync_reported": 1,
         "sync_rebuilt": 0,
         "sync_invalid": 0,

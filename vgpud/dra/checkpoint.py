@@ -8,10 +8,14 @@ layout is the reference system's (vgpu-manager-contracts.md "Prepare"):
      "v2": {"preparedClaims": {<claimUID>: {"checkpointState": "PrepareStarted" | "PrepareCompleted",
                                             "status": {...}, "preparedDevices": [...],
                                             "name": ..., "namespace": ...,
-                                            "partition": {...}, "vgpu": true}},
+                                            "partition": {...}, "vgpu": true,
+                                            "mode": "lazy" | "eager"}},
             "nodeBootID": "..."}}
 
-`partition` and `vgpu` are ours. The checksum is NOT the Go one (kubelet's FNV over a `spew` dump,
+`partition`, `vgpu` and `mode` are ours (`mode` is absent in entries written before it existed).
+`status` is the claim's status as Prepare saw it, as in the reference; vgpud keeps its `reservedFor`.
+
+The checksum is NOT the Go one (kubelet's FNV over a `spew` dump,
 not reproducible): it is `zlib.crc32` (IEEE polynomial, unsigned 32-bit) of the canonical JSON of
 the "v2" object, `json.dumps(v2, sort_keys=True, separators=(",", ":"), ensure_ascii=True)`
 encoded as ASCII. It covers content, not formatting: re-indenting the file keeps it valid, changing
@@ -47,6 +51,8 @@ CHECKPOINT_MODE = 0o600
 #: a checkpoint this large is not ours (a few hundred bytes per claim); refuse to read it into memory
 MAX_CHECKPOINT_BYTES = 64 << 20
 BOOT_ID_PATH = Path("/proc/sys/kernel/random/boot_id")
+#: the values of an entry's "mode" (vgpud.partition.assigner.Mode)
+PARTITION_MODES = ("eager", "lazy")
 
 
 class CheckpointError(Exception):
@@ -143,6 +149,8 @@ class ClaimEntry:
     #: the claim holds at least one vGPU device (the NRI plugin injects only for these)
     vgpu: bool = True
     status: dict[str, Any] = field(default_factory=dict, hash=False)
+    #: the partition mode Prepare ran in ("lazy" | "eager"); None in entries of older versions
+    mode: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -153,6 +161,7 @@ class ClaimEntry:
             "namespace": self.namespace,
             "partition": self.partition,
             "vgpu": self.vgpu,
+            **({"mode": self.mode} if self.mode is not None else {}),
         }
 
     @classmethod
@@ -166,6 +175,9 @@ class ClaimEntry:
             known = ", ".join(s.value for s in PrepareState)
             raise ValueError(f"{where}: unknown checkpointState {state!r} (known: {known})") from None
         devices = _get(obj, "preparedDevices", list, [], where)
+        mode = _get(obj, "mode", str, None, where)
+        if mode is not None and mode not in PARTITION_MODES:
+            raise ValueError(f"{where}: unknown mode {mode!r} (known: {', '.join(PARTITION_MODES)})")
         return cls(
             state=state,
             name=_get(obj, "name", str, "", where),
@@ -174,6 +186,7 @@ class ClaimEntry:
             partition=dict(_get(obj, "partition", dict, {}, where)),
             vgpu=_get(obj, "vgpu", bool, True, where),
             status=dict(_get(obj, "status", dict, {}, where)),
+            mode=mode,
         )
 
 

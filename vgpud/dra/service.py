@@ -31,7 +31,9 @@ from vgpud._pb.pluginregistration import (
 )
 from vgpud._pb.v1alpha1 import DraResourceHealthBase, NodeWatchResourcesRequest, NodeWatchResourcesResponse
 from vgpud.dra.checkpoint import PreparedDevice
-from vgpud.dra.driver import ClaimRef, DraDriver, PrepareOutcome
+from vgpud.dra.claimindex import ClaimRef
+from vgpud.dra.context import PrepareOutcome
+from vgpud.dra.driver import DraDriver
 
 log = logging.getLogger("vgpud.dra")
 
@@ -70,6 +72,10 @@ def _claim_refs(message: Any) -> list[ClaimRef]:
     return [ClaimRef(c.namespace, c.uid, c.name) for c in message.claims]
 
 
+def _unexpected(ref: ClaimRef, err: Exception) -> str:
+    return f"claim {ref.namespace}/{ref.name}: unexpected error: {type(err).__name__}: {err}"
+
+
 def _node_service(pb: ModuleType, with_share_id: bool) -> type:
     """The DraPluginBase implementation for one wire version (`pb` is its generated module)."""
 
@@ -95,14 +101,22 @@ def _node_service(pb: ModuleType, with_share_id: bool) -> type:
 
         async def node_prepare_resources(self, message: Any) -> Any:
             refs = _claim_refs(message)
-            outcomes = await trio_asyncio.trio_as_aio(self._driver.prepare)(refs) if refs else {}
+            try:
+                outcomes = await trio_asyncio.trio_as_aio(self._driver.prepare)(refs) if refs else {}
+            except Exception as err:  # a driver bug must still name every claim, never "Unknown"
+                log.exception("NodePrepareResources failed")
+                outcomes = {ref.uid: PrepareOutcome(error=_unexpected(ref, err)) for ref in refs}
             return pb.NodePrepareResourcesResponse(
                 claims={ref.uid: prepare_entry(outcomes[ref.uid]) for ref in refs}
             )
 
         async def node_unprepare_resources(self, message: Any) -> Any:
             refs = _claim_refs(message)
-            errors = await trio_asyncio.trio_as_aio(self._driver.unprepare)(refs) if refs else {}
+            try:
+                errors = await trio_asyncio.trio_as_aio(self._driver.unprepare)(refs) if refs else {}
+            except Exception as err:  # as above
+                log.exception("NodeUnprepareResources failed")
+                errors = {ref.uid: _unexpected(ref, err) for ref in refs}
             return pb.NodeUnprepareResourcesResponse(
                 claims={ref.uid: pb.NodeUnprepareResourceResponse(error=errors[ref.uid]) for ref in refs}
             )

@@ -88,3 +88,11 @@ class KubeApi(Protocol):
         """Changes to this driver's slices on this node from now on; ends (or raises KubeError) when
         the watch breaks, and the caller lists again and re-watches."""
         ...
+
+    async def list_resource_claims(self) -> list[JsonObject]:
+        """Every ResourceClaim of the cluster (all namespaces)."""
+        ...
+
+    def watch_resource_claims(self) -> AbstractAsyncContextManager[AsyncIterator[WatchEvent]]:
+        """Changes to every ResourceClaim from now on; ends or raises KubeError like the slice watch."""
+        ...

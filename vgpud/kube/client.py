@@ -14,7 +14,7 @@ import json
 import os
 import threading
 from collections.abc import AsyncIterator, Callable, Iterator, Mapping
-from contextlib import asynccontextmanager, closing, contextmanager, suppress
+from contextlib import AbstractAsyncContextManager, asynccontextmanager, closing, contextmanager, suppress
 from pathlib import Path
 from typing import Any
 
@@ -123,16 +123,28 @@ class KubeClient:
         with suppress(NotFound):
             await self._call(self._resource.delete_resource_slice, name)
 
-    @asynccontextmanager
-    async def watch_resource_slices(
+    def watch_resource_slices(
         self, *, driver: str, node_name: str
-    ) -> AsyncIterator[AsyncIterator[WatchEvent]]:
+    ) -> AbstractAsyncContextManager[AsyncIterator[WatchEvent]]:
         """Events after the moment of entry: it lists to learn the current resourceVersion and watches
         from there (a watch without one would first replay every slice as ADDED), and returns only once
         the server has accepted the watch, so a change made after entry is always seen."""
-        selector = _slice_selector(driver, node_name)
-        listed = await self._call(self._resource.list_resource_slice, field_selector=selector, limit=1)
-        stream = _SliceWatch(self._resource, selector, listed["metadata"]["resourceVersion"])
+        return self._watch(self._resource.list_resource_slice, _slice_selector(driver, node_name))
+
+    async def list_resource_claims(self) -> list[JsonObject]:
+        listed = await self._call(self._resource.list_resource_claim_for_all_namespaces)
+        return [{"apiVersion": RESOURCE_API, "kind": "ResourceClaim", **i} for i in listed.get("items") or []]
+
+    def watch_resource_claims(self) -> AbstractAsyncContextManager[AsyncIterator[WatchEvent]]:
+        """Changes to every ResourceClaim of the cluster after the moment of entry (as slices)."""
+        return self._watch(self._resource.list_resource_claim_for_all_namespaces, "")
+
+    @asynccontextmanager
+    async def _watch(
+        self, lister: Callable[..., Any], selector: str
+    ) -> AsyncIterator[AsyncIterator[WatchEvent]]:
+        listed = await self._call(lister, field_selector=selector, limit=1)
+        stream = _Watch(lister, selector, listed["metadata"]["resourceVersion"])
         send, receive = trio.open_memory_channel[WatchItem](0)
         error: BaseException | None = None
         async with trio.open_nursery() as nursery:
@@ -173,11 +185,11 @@ class KubeClient:
         return await trio.to_thread.run_sync(blocking, limiter=self._limiter, abandon_on_cancel=True)
 
 
-class _SliceWatch:
+class _Watch:
     """One watch stream in one thread, feeding a Trio channel until stopped, ended or broken."""
 
-    def __init__(self, api: client.ResourceV1Api, selector: str, resource_version: str) -> None:
-        self._api = api
+    def __init__(self, lister: Callable[..., Any], selector: str, resource_version: str) -> None:
+        self._lister = lister
         self._selector = selector
         self._resource_version = resource_version
         self._watch = watch.Watch()
@@ -228,7 +240,7 @@ class _SliceWatch:
     def _open(self, started: Callable[[], None], **kwargs: Any) -> urllib3.HTTPResponse:
         """The list call Watch.stream makes; with headers back, the server has accepted the watch.
         Watch finds no model type to convert to in this function, so event objects stay dicts."""
-        response: urllib3.HTTPResponse = self._api.list_resource_slice(**kwargs)
+        response: urllib3.HTTPResponse = self._lister(**kwargs)
         with self._lock:
             self._response = response
             stopped = self._stopped
@@ -239,7 +251,7 @@ class _SliceWatch:
         return response
 
     def _pump(self, send: trio.MemorySendChannel[WatchItem], started: Callable[[], None]) -> None:
-        with _translated_errors("watch resourceslices"), closing(self._stream(started)) as stream:
+        with _translated_errors(f"watch ({self._lister.__name__})"), closing(self._stream(started)) as stream:
             for raw in stream:
                 if raw["type"] not in WatchEventType.__members__:
                     continue  # BOOKMARK (not requested) and whatever a newer server adds

@@ -35,6 +35,7 @@ _SYSTEM_METADATA = ("uid", "resourceVersion", "creationTimestamp", "generation",
 
 @dataclass
 class _Watcher:
+    kind: str
     matches: Callable[[JsonObject], bool]
     send: trio.MemorySendChannel[WatchItem]
 
@@ -57,7 +58,9 @@ class FakeKube:
     def add_claim(self, obj: JsonObject) -> JsonObject:
         """Store (or replace) a ResourceClaim as the API server would; returns the stored copy."""
         stored = self._admit(obj, RESOURCE_API, "ResourceClaim")
+        old = self._claims.get(_namespaced_key(stored))
         self._claims[_namespaced_key(stored)] = stored
+        self._notify(old, stored, "ResourceClaim")
         return copy.deepcopy(stored)
 
     def add_pod(self, obj: JsonObject) -> JsonObject:
@@ -71,7 +74,10 @@ class FakeKube:
         return copy.deepcopy(stored)
 
     def remove_claim(self, namespace: str, name: str) -> None:
-        self._claims.pop((namespace, name), None)
+        old = self._claims.pop((namespace, name), None)
+        if old is not None:
+            self._bump(old)
+            self._notify(old, None, "ResourceClaim")
 
     def slices(self) -> list[JsonObject]:
         """Every stored slice, whatever its driver or node (what an admin would see)."""
@@ -110,10 +116,12 @@ class FakeKube:
             else:
                 current[key] = value
         if current != meta.get("annotations", {}):  # a patch that changes nothing is no new version
+            old = copy.deepcopy(claim)
             meta["annotations"] = current
             if not current:
                 del meta["annotations"]
             self._bump(claim)
+            self._notify(old, claim, "ResourceClaim")
         return copy.deepcopy(claim)
 
     async def get_pod(self, namespace: str, name: str) -> JsonObject:
@@ -154,7 +162,7 @@ class FakeKube:
         if old is not None:
             self._bump(new)
         self._slices[name] = new
-        self._notify(old, new)
+        self._notify(old, new, "ResourceSlice")
         return copy.deepcopy(new)
 
     async def delete_resource_slice(self, name: str) -> None:
@@ -163,13 +171,31 @@ class FakeKube:
         old = self._slices.pop(name, None)
         if old is not None:
             self._bump(old)
-            self._notify(old, None)
+            self._notify(old, None, "ResourceSlice")
 
     @asynccontextmanager
     async def watch_resource_slices(self, *, driver: str, node_name: str) -> AsyncIterator[ChannelEvents]:
         await self._enter("watch_resource_slices")
         send, receive = trio.open_memory_channel[WatchItem](math.inf)
-        watcher = _Watcher(_slice_filter(driver, node_name), send)
+        watcher = _Watcher("ResourceSlice", _slice_filter(driver, node_name), send)
+        self._watchers.append(watcher)
+        try:
+            with receive:
+                yield ChannelEvents(receive)
+        finally:
+            if watcher in self._watchers:
+                self._watchers.remove(watcher)
+            send.close()
+
+    async def list_resource_claims(self) -> list[JsonObject]:
+        await self._enter("list_resource_claims")
+        return [copy.deepcopy(c) for _, c in sorted(self._claims.items())]
+
+    @asynccontextmanager
+    async def watch_resource_claims(self) -> AsyncIterator[ChannelEvents]:
+        await self._enter("watch_resource_claims")
+        send, receive = trio.open_memory_channel[WatchItem](math.inf)
+        watcher = _Watcher("ResourceClaim", lambda _obj: True, send)
         self._watchers.append(watcher)
         try:
             with receive:
@@ -205,9 +231,11 @@ class FakeKube:
         self._version += 1
         obj["metadata"]["resourceVersion"] = str(self._version)
 
-    def _notify(self, old: JsonObject | None, new: JsonObject | None) -> None:
+    def _notify(self, old: JsonObject | None, new: JsonObject | None, kind: str) -> None:
         """Tell each watcher what it sees: an object entering its selector is ADDED, leaving it DELETED."""
         for watcher in self._watchers:
+            if watcher.kind != kind:
+                continue
             was = old is not None and watcher.matches(old)
             now = new is not None and watcher.matches(new)
             if was and now:

@@ -5,10 +5,13 @@ raises `HookError`, which becomes a ttrpc error status). One `NriHooks` lives as
 cache survives reconnects, while the split-Synchronize buffer is per session (`begin_session`).
 
 - CreateContainer: a container whose env carries `MANAGER_VGPU_CLAIM_UID` of a vGPU claim this node
-  prepared gets its own directory (created, pids.config reset) and the mounts and identity env of the
-  lazy assigner. No claim UID: not ours, no change. A claim UID this node did not prepare: nothing
-  injected, recorded as rejected (a pod may set that env itself; seed §12.12.1). A directory that
-  cannot be made: an error, so the container is not created (fail-closed).
+  prepared, reserved for the container's pod, gets its own directory (created, pids.config reset) and
+  the mounts and identity env of the lazy assigner. No claim UID: not ours, no change. A claim UID
+  this node did not prepare, or one not reserved for the pod: nothing injected, recorded as rejected
+  (a pod may set that env itself; seed §12.12.1). A claim prepared in eager mode: left to its CDI
+  spec, recorded as skipped and counted. Admission and directory creation run under the claim's
+  guard, so an Unprepare cannot fall between them. A directory that cannot be made: an error, so the
+  container is not created (fail-closed).
 - Synchronize: the cache is rebuilt from the containers' env with the same validation; a container
   that does not validate is skipped and counted, and the sync itself still succeeds. A valid live
   one whose mounts and env lack the injection (created while vgpud was down, or after the runtime
@@ -85,6 +88,7 @@ from vgpud.nri.session import NriSessionState, NriStats, SessionState
 from vgpud.nri.sync import SyncBatch, SyncContainer, SyncPod, decode_sync
 from vgpud.nri.ttrpc import Code
 from vgpud.nri.verify import missing_injection
+from vgpud.partition.admission import Admission, ClaimAdmission, Verdict
 from vgpud.partition.assigner import ContainerContext
 from vgpud.partition.layout import ENV_CLAIM_UID, LayoutError
 from vgpud.partition.lazy import LazyAssigner
@@ -120,7 +124,7 @@ class NriHooks:
         self,
         *,
         assigner: LazyAssigner,
-        is_prepared: Callable[[str, str], bool],
+        admission: ClaimAdmission,
         recorder: Recorder,
         cache: NriCache | None = None,
     ) -> None:
@@ -136,7 +140,7 @@ class NriHooks:
         self._connected = False
         self._last_close = ""
         self._last_sync_time: float | None = None
-        self._is_prepared = is_prepared
+        self._admission = admission
         self._recorder = recorder
         self._session = SessionState()
         #: bare method name -> (decoder of the request bytes, handler)
@@ -238,9 +242,8 @@ class NriHooks:
             reason = ""
             if pod is None:
                 reason = f"its pod sandbox {container.pod_sandbox_id} was not reported"
-            elif not self._is_prepared(claim_uid, pod.namespace):
-                reason = f"claim {claim_uid} is not a vGPU claim of namespace {pod.namespace} prepared here"
             else:
+                verdict = self._admission.check(claim_uid, pod.namespace, pod.uid)
                 context = ContainerContext(claim_uid, pod.uid, pod.name, pod.namespace, container.name)
                 try:
                     plan = self.assigner.inject(context)
@@ -248,6 +251,13 @@ class NriHooks:
                     reason = str(err)
                 else:
                     base = plan.paths.base
+                    # a pod that joined the claim after Prepare, before the claim watch of this run has
+                    # listed: its directory proves an earlier admission (a refused pod never gets one)
+                    joined = verdict.verdict is Verdict.NOT_RESERVED and Path(base).is_dir()
+                    if not (verdict.inject or joined):
+                        reason = verdict.reason
+                        self._count_invalid(container, reason, invalid_before)
+                        continue
                     # an exited container runs nothing that could register: only live ones are checked
                     missing = (
                         () if container.stopped else missing_injection(plan, container.mounts, container.env)
@@ -260,12 +270,16 @@ class NriHooks:
                     else:
                         entries.append((container.id, CacheEntry(pod.uid, container.name, claim_uid, base)))
                     continue
-            self.stats.sync_invalid += 1
-            if self.stats.sync_invalid - invalid_before <= SYNC_WARNINGS_SHOWN:  # a node may have thousands
-                log.warning(
-                    "NRI: Synchronize: container %s (%s) not cached: %s", container.name, container.id, reason
-                )
+            self._count_invalid(container, reason, invalid_before)
         return entries, not_injected
+
+    def _count_invalid(self, container: SyncContainer, reason: str, invalid_before: int) -> None:
+        """A Synchronize container that is not cached: counted, and logged up to a limit."""
+        self.stats.sync_invalid += 1
+        if self.stats.sync_invalid - invalid_before <= SYNC_WARNINGS_SHOWN:  # a node may have thousands
+            log.warning(
+                "NRI: Synchronize: container %s (%s) not cached: %s", container.name, container.id, reason
+            )
 
     def _warn_not_injected(self) -> None:
         """One WARNING line per container found without its injection (once, not per Synchronize)."""
@@ -298,17 +312,6 @@ class NriHooks:
             self.runtime.set(
                 container.id, RuntimeContainer(pod.uid, container.name, claim_uid, pod.namespace, pod.name)
             )
-            if not self._is_prepared(claim_uid, pod.namespace):
-                call.outcome = Outcome.REJECTED
-                call.detail = (
-                    f"claim {claim_uid} is not a vGPU claim of namespace {pod.namespace} prepared on this "
-                    "node: nothing injected"
-                )
-                self.stats.rejected_unprepared += 1
-                log.warning(
-                    "NRI: %s/%s container %s: %s", pod.namespace, pod.name, container.name, call.detail
-                )
-                return CreateContainerResponse()
             context = ContainerContext(
                 claim_uid=claim_uid,
                 pod_uid=pod.uid,
@@ -317,8 +320,13 @@ class NriHooks:
                 container=container.name,
             )
             try:
-                plan = self.assigner.inject(context)
-                await trio.to_thread.run_sync(make_directories, plan)
+                async with self._admission.guard(claim_uid):
+                    verdict = await self._admission.admit(claim_uid, pod.namespace, pod.uid)
+                    if not verdict.inject:
+                        self._refuse(call, verdict, pod, container.name)
+                        return CreateContainerResponse()
+                    plan = self.assigner.inject(context)
+                    await trio.to_thread.run_sync(make_directories, plan)
             except (OSError, PidsFileError, ValueError) as err:
                 message = (
                     f"vgpud: cannot set up the vGPU directory of container {container.name} in pod "
@@ -331,6 +339,19 @@ class NriHooks:
             self.stats.injected += 1
             call.detail = str(plan.paths.base)
             return CreateContainerResponse(adjust=adjustment(plan))
+
+    def _refuse(self, call: TimedCall, verdict: Admission, pod: PodSandbox, container: str) -> None:
+        """Record and count a container that gets no injection, and say why."""
+        if verdict.verdict is Verdict.OTHER_MODE:
+            call.outcome, call.detail = Outcome.SKIPPED, f"{verdict.reason}: nothing injected"
+            self.stats.other_mode += 1
+        else:
+            call.outcome, call.detail = Outcome.REJECTED, f"{verdict.reason}: nothing injected"
+            if verdict.verdict is Verdict.NOT_RESERVED:
+                self.stats.rejected_not_reserved += 1
+            else:
+                self.stats.rejected_unprepared += 1
+        log.warning("NRI: %s/%s container %s: %s", pod.namespace, pod.name, container, call.detail)
 
     async def update_container(self, request: UpdateContainerRequest) -> UpdateContainerResponse:
         return UpdateContainerResponse()
@@ -378,7 +399,9 @@ class NriHooks:
         self.not_injected.pop(container.id)
         entry = self.cache.pop(container.id)
         claim_uid = entry.claim_uid if entry else env_value(container.env, ENV_CLAIM_UID)
-        if not claim_uid or (entry is None and not self._is_prepared(claim_uid, pod.namespace)):
+        if not claim_uid or (
+            entry is None and not self._admission.check(claim_uid, pod.namespace, pod.uid).inject
+        ):
             return  # not a container vgpud injected (or one that never ran: its removal is harmless)
         with self._timed("RemoveContainer", pod, container.name, claim_uid) as call:
             users = self._directory_users(claim_uid, pod.uid, container.name)

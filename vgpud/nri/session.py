@@ -16,6 +16,10 @@ class NriStats:
     injected: int = 0
     skipped: int = 0
     rejected_unprepared: int = 0
+    #: a claim prepared here whose reservedFor does not name the pod (another pod's claim)
+    rejected_not_reserved: int = 0
+    #: containers of claims prepared in eager mode, left to their CDI spec (a mode mismatch)
+    other_mode: int = 0
     sync_reported: int = 0
     sync_rebuilt: int = 0
     sync_invalid: int = 0

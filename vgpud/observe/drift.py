@@ -260,8 +260,8 @@ class DriftChecker:
         current = compare(
             nri=nri,
             disk=disk,
-            prepared=parts.driver.prepared_claim_uids(),
-            vgpu_claims=parts.driver.vgpu_claim_namespaces(),
+            prepared=parts.driver.index.prepared_claim_uids(),
+            vgpu_claims=parts.driver.index.vgpu_claim_namespaces(),
         )
         found = confirmed(self._previous, current)
         self._previous = current

@@ -10,6 +10,7 @@ A registry per `NodeMetrics` rather than the global one, so tests build several 
 
 from __future__ import annotations
 
+from collections import Counter as Tally
 from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
@@ -143,6 +144,11 @@ class StateCollector(Collector):
         if parts.nri_fallback:
             fallback.add_metric([parts.nri_fallback], 1)
         yield fallback
+        mismatches = _gauge(names.CLAIM_MODE_MISMATCHES)
+        by_mode = Tally(m.prepared.value for m in parts.driver.index.mismatches())
+        for prepared in ("eager", "lazy"):
+            mismatches.add_metric([prepared], by_mode[prepared])
+        yield mismatches
         health = _gauge(names.COMPONENT_HEALTH)
         for component, entry in sorted(parts.health.snapshot().items()):
             for state in type(entry.state):  # every state of the enum, 1 for the current one
@@ -171,6 +177,11 @@ class StateCollector(Collector):
         yield _counter(names.NRI_CONNECTION_CLOSES, stats.connection_closes)
         yield _gauge(names.NRI_CONNECTED, 1 if nri.session_state().connected else 0)
         yield _counter(names.NRI_REMOVED_DIRECTORIES, stats.removed_dirs)
+        rejected = _counter(names.NRI_REJECTED_CONTAINERS)
+        rejected.add_metric(["unprepared"], stats.rejected_unprepared)
+        rejected.add_metric(["not-reserved"], stats.rejected_not_reserved)
+        yield rejected
+        yield _counter(names.NRI_OTHER_MODE_CONTAINERS, stats.other_mode)
 
     def _drift_metrics(self) -> Iterator[Metric]:
         if self._drift is None:

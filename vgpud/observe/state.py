@@ -5,6 +5,8 @@ Shape (every key always present; a section that does not apply to this node is n
 
     node, version, mode ("lazy" | "eager"), time (epoch seconds), healthy
     nri_fallback: {reason}: NRISupport on but the NRI socket did not answer at start (else null)
+    claim_modes: {current, mismatches: [{claim_uid, namespace, name, prepared, current, consequence}],
+                  unrecorded: [claim UIDs whose entry has no mode: treated as the current mode]}
     components:  {name: {state, reason, for_seconds, counts_for_health}}
     nri:         {session: {connected, runtime, nri_version, synchronized, sessions, last_close,
                             last_sync_time},
@@ -46,7 +48,9 @@ from vgpud.partition.layout import Layout
 from vgpud.recorder import Recorder
 
 if TYPE_CHECKING:
-    from vgpud.dra.driver import ClaimPartitions, ClaimRef, DraDriver
+    from vgpud.dra.claimindex import ClaimIndex, ClaimRef
+    from vgpud.dra.driver import DraDriver
+    from vgpud.dra.partitions import ClaimPartitions
     from vgpud.nri.hooks import NriHooks
     from vgpud.observe.drift import DriftChecker
     from vgpud.registry.server import RegistryServer
@@ -177,6 +181,25 @@ def register_uuids_json(issued: Mapping[str, ClaimRef], consumed: frozenset[str]
     }
 
 
+def claim_modes_json(index: ClaimIndex) -> JsonObject:
+    """The prepared claims served in a mode other than the one they were prepared in."""
+    return {
+        "current": index.mode.value,
+        "mismatches": [
+            {
+                "claim_uid": m.claim.uid,
+                "namespace": m.claim.namespace,
+                "name": m.claim.name,
+                "prepared": m.prepared.value,
+                "current": m.current.value,
+                "consequence": m.consequence,
+            }
+            for m in index.mismatches()
+        ],
+        "unrecorded": [ref.uid for ref in index.unrecorded_modes()],
+    }
+
+
 class DebugState:
     """Builds the `/debug/state` document from the node's parts."""
 
@@ -202,6 +225,7 @@ class DebugState:
             "nri_fallback": {"reason": parts.nri_fallback} if parts.nri_fallback else None,
             "time": time.time(),
             "healthy": parts.health.all_healthy(),
+            "claim_modes": claim_modes_json(parts.driver.index),
             "components": health_json(parts.health.snapshot(), trio.current_time()),
             "nri": nri_json(parts.nri) if parts.nri is not None else None,
             "partitions": None,
@@ -217,7 +241,7 @@ class DebugState:
         }
         if parts.registry is not None:
             state["register_uuids"] = register_uuids_json(
-                parts.driver.register_uuids(), parts.registry.consumed_register_uuids()
+                parts.driver.index.register_uuids(), parts.registry.consumed_register_uuids()
             )
         if parts.nri is None:
             state.update(await self._eager_partitions())

@@ -169,7 +169,7 @@ def parse_query(pod_uid: str, container: str, register_uuid: str) -> RegisterQue
 
 
 class ClaimKey(Protocol):
-    """A claim by name and UID (`vgpud.dra.driver.ClaimRef` is one)."""
+    """A claim by name and UID (`vgpud.dra.claimindex.ClaimRef` is one)."""
 
     @property
     def namespace(self) -> str: ...
@@ -180,7 +180,7 @@ class ClaimKey(Protocol):
 
 
 class ClaimIndex(Protocol):
-    """What the registry asks the DRA driver's checkpoint (`DraDriver` implements it)."""
+    """What the registry asks the DRA driver's checkpoint (`vgpud.dra.claimindex.ClaimIndex` is one)."""
 
     def claim_for_register_uuid(self, register_uuid: str) -> ClaimKey | None:
         """The prepared claim whose partition got this register UUID (eager client mode)."""
@@ -188,6 +188,14 @@ class ClaimIndex(Protocol):
 
     def prepared_claim(self, claim_uid: str) -> ClaimKey | None:
         """The claim with this UID if this node has prepared it."""
+        ...
+
+    def prepared_claim_uids(self) -> frozenset[str]:
+        """Every claim this node has prepared."""
+        ...
+
+    def mode_of(self, claim_uid: str) -> Mode | None:
+        """The partition mode the claim was prepared in (None: not prepared here)."""
         ...
 
 
@@ -218,8 +226,11 @@ class Resolver:
         driver_name: str,
         interval: float = POLL_INTERVAL,
         timeout: float = RESOLVE_TIMEOUT,
+        other_assigner: PartitionAssigner | None = None,
     ) -> None:
         self.assigner = assigner
+        #: the other mode's assigner, for claims prepared in it before a restart changed the mode
+        self.other_assigner = other_assigner
         self.kube = kube
         self.claims = claims
         self.nri_cache = nri_cache
@@ -255,8 +266,8 @@ class Resolver:
 
     async def attempt(self, query: RegisterQuery, caller: Caller) -> Resolved:
         """One resolution; ResolveError (retry), TargetNotFound or CallerRefused (final)."""
-        gathered = await self._gather(query)
-        target = self.assigner.resolve(query, gathered.facts)
+        assigner, gathered = await self._gather(query)
+        target = assigner.resolve(query, gathered.facts)
         assert caller.membership is not None
         mine = [c for c in target.candidates if c.pod_uid == caller.membership.pod_uid]
         if not mine:
@@ -265,7 +276,7 @@ class Resolver:
                 "it belongs to another pod"
             )
         pods = gathered.pods
-        if self.assigner.mode is Mode.LAZY and target.claim_uid is not None:
+        if assigner.mode is Mode.LAZY and target.claim_uid is not None:
             pods = await self._pods_of_claim(target.claim_uid, caller.membership.pod_uid)
         last: ResolveError | None = None
         for candidate in mine:
@@ -291,14 +302,43 @@ class Resolver:
     # ---------------------------------------------------------------------------------------------
     # Facts
 
-    async def _gather(self, query: RegisterQuery) -> _Gathered:
+    async def _gather(self, query: RegisterQuery) -> tuple[PartitionAssigner, _Gathered]:
+        """The assigner that decides (the claim's recorded mode where it is known) and its facts."""
+        other = self.other_assigner
+        if other is not None and other.mode is Mode.EAGER:
+            ref = self.claims.claim_for_register_uuid(query.register_uuid) if query.register_uuid else None
+            if ref is not None and self.claims.mode_of(ref.uid) is Mode.EAGER:
+                return other, await self._gather_eager(query)
+        if other is not None and other.mode is Mode.LAZY and query.pod_uid:
+            claim_uid = self._lazy_claim_of(query)
+            if claim_uid is not None:
+                return other, _Gathered(ResolveFacts(cached_claim_uid=claim_uid, cache_synced=True))
         if self.assigner.mode is Mode.LAZY:
             cache = self.nri_cache
             entry = cache.get(query.pod_uid, query.container) if cache is not None else None
             synced = cache.synced if cache is not None else True
-            return _Gathered(
+            return self.assigner, _Gathered(
                 ResolveFacts(cached_claim_uid=entry.claim_uid if entry else None, cache_synced=synced)
             )
+        return self.assigner, await self._gather_eager(query)
+
+    def _lazy_claim_of(self, query: RegisterQuery) -> str | None:
+        """Eager mode, after a restart from lazy: the claim, prepared lazily, under which the NRI plugin
+        of the previous run made this container's directory (no NRI cache to ask now: the disk says)."""
+        for claim_uid in sorted(self.claims.prepared_claim_uids()):
+            if self.claims.mode_of(claim_uid) is not Mode.LAZY:
+                continue
+            try:
+                base = self.assigner.layout.container_partition(
+                    claim_uid, query.pod_uid, query.container
+                ).base
+            except LayoutError:
+                return None
+            if _is_dir(base):
+                return claim_uid
+        return None
+
+    async def _gather_eager(self, query: RegisterQuery) -> _Gathered:
         ref = self.claims.claim_for_register_uuid(query.register_uuid) if query.register_uuid else None
         if ref is None:
             return _Gathered(ResolveFacts())

@@ -229,11 +229,13 @@ class RegistryServer:
         guard_interval: float = GUARD_INTERVAL,
         admission: Admission | None = None,
         systemd_cgroups: bool | None = None,
+        other_assigner: PartitionAssigner | None = None,
     ) -> None:
         self.path = Path(layout.registry_socket)
         self.guard_interval = guard_interval
         self.resolver = Resolver(
             assigner=assigner,
+            other_assigner=other_assigner,
             kube=kube,
             claims=claims,
             nri_cache=nri_cache,

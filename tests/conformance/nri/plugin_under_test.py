@@ -22,6 +22,7 @@ import trio
 REPO = Path(__file__).resolve().parents[3]
 sys.path.insert(0, str(REPO))
 
+from tests.admission import StaticAdmission  # noqa: E402
 from vgpud._pb.nri.pkg.api.v1alpha1 import (  # noqa: E402
     CreateContainerRequest,
     CreateContainerResponse,
@@ -103,7 +104,7 @@ async def main(args: argparse.Namespace) -> None:
     prepared = frozenset(args.prepared_claim)
     hooks = NriHooks(
         assigner=LazyAssigner(Layout(args.manager_root.resolve()), driver=DRIVER),
-        is_prepared=lambda uid, _namespace: uid in prepared,
+        admission=StaticAdmission(lambda uid, _namespace: uid in prepared),
         recorder=Recorder(),
     )
     with_delays(

@@ -11,7 +11,7 @@ from tests import objects as o
 from tests.draharness import BOOT, GPUS, NODE, REF, Harness, single_container_claim
 from vgpud.dra.cdi import spec_path
 from vgpud.dra.checkpoint import CheckpointStore, ClaimEntry, PrepareState
-from vgpud.dra.driver import ClaimRef
+from vgpud.dra.claimindex import ClaimRef
 
 
 @pytest.fixture
@@ -58,8 +58,8 @@ async def test_prepare_writes_spec_dirs_and_checkpoint(h: Harness) -> None:
     assert pids.is_file() and pids.read_bytes() == b""
     assert pids.is_relative_to(h.claim_dir())
     assert h.checkpoint()[o.CLAIM_UID]["checkpointState"] == "PrepareCompleted"
-    assert h.driver.is_vgpu_claim_prepared(o.CLAIM_UID, o.NAMESPACE)
-    assert not h.driver.is_vgpu_claim_prepared(o.CLAIM_UID, "another-namespace")
+    assert h.driver.index.is_vgpu_claim_prepared(o.CLAIM_UID, o.NAMESPACE)
+    assert not h.driver.index.is_vgpu_claim_prepared(o.CLAIM_UID, "another-namespace")
 
 
 async def test_repeated_prepare_returns_the_same_devices_without_redoing_work(h: Harness) -> None:
@@ -83,7 +83,7 @@ async def test_unprepare_removes_dir_spec_and_entry(h: Harness) -> None:
     assert not h.claim_dir().exists()
     assert not spec_path(h.cdi_root, o.DRIVER, o.CLAIM_UID).exists()
     assert o.CLAIM_UID not in h.checkpoint()
-    assert not h.driver.is_vgpu_claim_prepared(o.CLAIM_UID, o.NAMESPACE)
+    assert not h.driver.index.is_vgpu_claim_prepared(o.CLAIM_UID, o.NAMESPACE)
 
 
 async def test_unprepare_of_unknown_or_deleted_claim_succeeds(h: Harness) -> None:
@@ -106,7 +106,7 @@ async def test_crash_between_started_and_completed_is_rolled_back(h: Harness) ->
 
     restarted = h.new_driver()
     await restarted.load()
-    assert not restarted.is_vgpu_claim_prepared(o.CLAIM_UID, o.NAMESPACE)
+    assert not restarted.index.is_vgpu_claim_prepared(o.CLAIM_UID, o.NAMESPACE)
     out = await restarted.prepare([REF])
     assert out[o.CLAIM_UID].error == ""
     assert not (h.claim_dir() / "half-made").exists()
@@ -142,7 +142,7 @@ async def test_boot_id_change_discards_the_checkpoint(h: Harness) -> None:
     await h.driver.prepare([REF])
     rebooted = h.new_driver(boot="boot-2")
     await rebooted.load()
-    assert not rebooted.is_vgpu_claim_prepared(o.CLAIM_UID, o.NAMESPACE)
+    assert not rebooted.index.is_vgpu_claim_prepared(o.CLAIM_UID, o.NAMESPACE)
 
 
 async def test_corrupt_checkpoint_is_a_clear_error_and_a_safe_start(
@@ -349,3 +349,73 @@ async def test_a_claim_reference_without_a_name_is_refused_before_any_api_call(h
     out = await h.driver.prepare([ClaimRef("", o.CLAIM_UID, "")])
     assert "lacks a namespace, name or UID" in out[o.CLAIM_UID].error
     assert h.kube.calls.get("get_resource_claim", 0) == 0
+
+
+def two_claims(h: Harness) -> tuple[ClaimRef, ClaimRef]:
+    """Two single-container claims of two pods, on two GPUs, in the fake API."""
+    first, pod = single_container_claim()
+    h.kube.add_claim(first)
+    h.kube.add_pod(pod)
+    uid2 = "6c1f8d2b-4e3a-4d9f-8b82-1e7f2c3d4e5f"
+    pod2 = o.pod(
+        "infer", o.POD2_UID, containers=[o.container("main", o.ref("gpu"))], claims={"gpu": "second"}
+    )
+    h.kube.add_claim(
+        o.claim(
+            requests=[o.exactly("r1")],
+            results=[o.result("r1", "vgpu-1")],
+            reserved_for=o.reserved(pod2),
+            name="second",
+            uid=uid2,
+        )
+    )
+    h.kube.add_pod(pod2)
+    return REF, ClaimRef(o.NAMESPACE, uid2, "second")
+
+
+async def test_a_failed_rollback_is_a_per_claim_error_naming_the_claim(h: Harness) -> None:
+    """Bug 6: the CDI root is a file where a directory belongs: writing the spec fails, and so does the
+    rollback's removal of it. Each claim gets its own error (claim and cause), nothing escapes, and the
+    PrepareStarted entries stay for the next Prepare or the cleanup to roll back."""
+    refs = two_claims(h)
+    h.cdi_root.write_text("not a directory")
+    out = await h.driver.prepare(refs)
+    assert set(out) == {r.uid for r in refs}
+    for ref in refs:
+        error = out[ref.uid].error
+        assert error.startswith(f"claim {ref.namespace}/{ref.name}: "), error
+        assert "rollback failed" in error and "Not a directory" in error, error
+        assert out[ref.uid].devices == ()
+        assert h.checkpoint()[ref.uid]["checkpointState"] == "PrepareStarted"
+        assert not h.driver.index.is_vgpu_claim_prepared(ref.uid, ref.namespace)
+    # the root repaired: the next Prepare rolls back and succeeds
+    h.cdi_root.unlink()
+    again = await h.driver.prepare(refs)
+    assert {uid: x.error for uid, x in again.items()} == {r.uid: "" for r in refs}
+
+
+async def test_an_unprepare_whose_removal_fails_is_a_per_claim_error(h: Harness) -> None:
+    refs = two_claims(h)
+    out = await h.driver.prepare(refs)
+    assert all(not x.error for x in out.values())
+    h.cdi_root.rename(h.root / "cdi-away")
+    h.cdi_root.write_text("not a directory")
+    errors = await h.driver.unprepare(refs)
+    for ref in refs:
+        assert errors[ref.uid].startswith(f"claim {ref.namespace}/{ref.name}: rollback failed"), errors
+        assert h.checkpoint()[ref.uid]["checkpointState"] == "PrepareCompleted"  # the kubelet retries
+    h.cdi_root.unlink()
+    assert await h.driver.unprepare(refs) == {r.uid: "" for r in refs}
+    assert h.checkpoint() == {}
+
+
+async def test_an_unprepare_of_a_claim_uid_that_names_no_directory_fails_only_that_claim(h: Harness) -> None:
+    claim, pod = single_container_claim()
+    h.kube.add_claim(claim)
+    h.kube.add_pod(pod)
+    await h.driver.prepare([REF])
+    bad = ClaimRef(o.NAMESPACE, "../escape", "bad")
+    errors = await h.driver.unprepare([bad, REF])
+    assert errors[REF.uid] == ""
+    assert errors[bad.uid].startswith("claim default/bad: ") and "claim UID" in errors[bad.uid], errors
+    assert not h.claim_dir().exists() and h.checkpoint() == {}

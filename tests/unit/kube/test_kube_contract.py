@@ -196,7 +196,7 @@ async def next_events(events: AsyncIterator[WatchEvent], count: int) -> list[tup
 
 def watch_threads() -> list[Any]:
     """Stacks of threads still inside a watch stream (the real client's; the fake has none)."""
-    return [f for f in sys._current_frames().values() if "_SliceWatch" in qualnames(f)]
+    return [f for f in sys._current_frames().values() if "_Watch." in qualnames(f)]
 
 
 def qualnames(frame: Any) -> str:
@@ -277,4 +277,31 @@ async def test_watch_lets_the_callers_error_through(world: World) -> None:
     with trio.fail_after(DEADLINE_S), pytest.raises(KubeError, match="caller's own"):
         async with world.kube.watch_resource_slices(driver=world.driver, node_name=world.node_name):
             raise KubeError("the caller's own")
+    assert watch_threads() == []
+
+
+async def test_claims_are_listed_and_watched_in_every_namespace(world: World) -> None:
+    """What the NRI admission's reservations come from (vgpud.dra.claimwatch)."""
+    before = await world.seed.claim(claim_body(world, "before"))
+    with trio.fail_after(DEADLINE_S):
+        async with world.kube.watch_resource_claims() as events:
+            listed = await world.kube.list_resource_claims()
+            mine = [c for c in listed if c["metadata"]["namespace"] == world.namespace]
+            assert [(c["metadata"]["uid"], c["kind"]) for c in mine] == [
+                (before["metadata"]["uid"], "ResourceClaim")
+            ]
+            await world.kube.patch_resource_claim_annotations(
+                world.namespace, "before", {"seen": "yes"}, uid=before["metadata"]["uid"]
+            )
+            later = await world.seed.claim(claim_body(world, "later"))
+            got = []
+            async for event in events:  # other tests' claims may pass by: only ours count
+                if event.object["metadata"]["namespace"] == world.namespace:
+                    got.append((event.type, event.object["metadata"]["uid"]))
+                if len(got) == 2:
+                    break
+            assert got == [
+                (WatchEventType.MODIFIED, before["metadata"]["uid"]),
+                (WatchEventType.ADDED, later["metadata"]["uid"]),
+            ]
     assert watch_threads() == []

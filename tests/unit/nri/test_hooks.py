@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.admission import StaticAdmission
 from tests.unit.nri.fakeruntime import injected
 from vgpud._pb.nri.pkg.api.v1alpha1 import (
     ConfigureRequest,
@@ -36,7 +37,7 @@ def hooks(tmp_path: Path) -> NriHooks:
     prepared = {CLAIM}
     return NriHooks(
         assigner=LazyAssigner(Layout(tmp_path), driver=DRIVER),
-        is_prepared=lambda uid, namespace: uid in prepared and namespace == "ml",
+        admission=StaticAdmission(lambda uid, namespace: uid in prepared and namespace == "ml"),
         recorder=Recorder(),
     )
 

@@ -9,6 +9,7 @@ import pytest
 import trio
 import trio.testing
 
+from tests.admission import StaticAdmission
 from tests.unit.nri.fakeruntime import fake_runtime, injected
 from tests.unit.nri.test_hooks import CLAIM, POD_UID, container, pod
 from vgpud._pb.nri.pkg.api.v1alpha1 import (
@@ -34,7 +35,7 @@ IDENTITY = Identity("manager.nvidia.com", "00")
 def make_hooks(root: Path) -> NriHooks:
     return NriHooks(
         assigner=LazyAssigner(Layout(root), driver=IDENTITY.name),
-        is_prepared=lambda uid, _namespace: uid == CLAIM,
+        admission=StaticAdmission(lambda uid, _namespace: uid == CLAIM),
         recorder=Recorder(),
     )
 

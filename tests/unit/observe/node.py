@@ -60,14 +60,14 @@ def make_node(
     nri = None
     if lazy:
         assigner = LazyAssigner(h.layout, driver=h.driver.driver)
-        nri = NriHooks(assigner=assigner, is_prepared=h.driver.is_vgpu_claim_prepared, recorder=h.recorder)
+        nri = NriHooks(assigner=assigner, admission=h.driver.index, recorder=h.recorder)
     registry = None
     if client_mode:
         registry = RegistryServer(
             layout=h.layout,
-            assigner=h.driver._assigner,
+            assigner=h.driver.ctx.assigner,
             nri_cache=None,
-            claims=h.driver,
+            claims=h.driver.index,
             kube=h.kube,
             recorder=h.recorder,
             driver_name=h.driver.driver,

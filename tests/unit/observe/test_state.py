@@ -22,7 +22,7 @@ from vgpud._pb.nri.pkg.api.v1alpha1 import (
     StopPodSandboxRequest,
     SynchronizeRequest,
 )
-from vgpud.dra.driver import ClaimRef
+from vgpud.dra.claimindex import ClaimRef
 from vgpud.nri.cache import RuntimeContainer
 from vgpud.nri.conn import Identity, SessionEnded, run_session
 from vgpud.nri.sync import decode_sync
@@ -75,6 +75,7 @@ async def test_lazy_state_maps_directories_to_containers(short_tmp: Path) -> Non
     assert nri["runtime_containers"] == 2
     assert nri["stats"]["injected"] == 1 and nri["stats"]["sync_reported"] == 2
     assert state["partitions"] is None and state["register_uuids"] is None
+    assert state["claim_modes"] == {"current": "lazy", "mismatches": [], "unrecorded": []}
     assert [c["call"] for c in state["calls"]["recent"]] == ["Prepare", "Synchronize", "CreateContainer"]
     assert state["calls"]["last_seq"] == 3
     assert set(state) == {
@@ -85,6 +86,7 @@ async def test_lazy_state_maps_directories_to_containers(short_tmp: Path) -> Non
         "nri_fallback",
         "time",
         "healthy",
+        "claim_modes",
         "components",
         "nri",
         "partitions",

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
+from types import SimpleNamespace
 
 import grpc
 import pytest
@@ -72,9 +73,13 @@ def test_the_daemon_hands_the_setting_to_the_registry(
     settings = settings_from(parser.parse_args(["--node-name", "n", *gates]), {"CGROUP_DRIVER": value or ""})
     assert settings.cgroup_driver == value
     layout = Layout(settings.manager_dir)
-    startup = Startup(settings, [], FakeKube(), layout, "boot", Mode.LAZY, nri_fallback=False)
+    startup = Startup(settings, [], FakeKube(), layout, "boot", Mode.LAZY, nri_fallback="")
     registry = build_registry(
-        startup, LazyAssigner(layout, driver=settings.driver_name), Claims(), None, Recorder()
+        startup,
+        LazyAssigner(layout, driver=settings.driver_name),
+        SimpleNamespace(index=Claims()),
+        None,
+        Recorder(),
     )
     assert registry is not None
     assert registry.service.systemd_cgroups is systemd

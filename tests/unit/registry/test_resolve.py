@@ -201,14 +201,14 @@ async def test_eager_register_uuid_resolves_through_the_checkpoint(tmp_path: Pat
     assert not (await h.driver.prepare([REF]))[o.CLAIM_UID].error
     annotations = (await h.kube.get_resource_claim(o.NAMESPACE, "gpu-claim"))["metadata"]["annotations"]
     ((register_uuid, key),) = register_annotations(annotations, o.DRIVER).items()
-    assert h.driver.claim_for_register_uuid(register_uuid) == REF
-    assert h.driver.prepared_claim(o.CLAIM_UID) == REF
+    assert h.driver.index.claim_for_register_uuid(register_uuid) == REF
+    assert h.driver.index.prepared_claim(o.CLAIM_UID) == REF
     world = World(tmp_path)
     caller = caller_in(world, o.POD1_UID, cid)
     resolver = Resolver(
         assigner=EagerAssigner(h.layout, driver=o.DRIVER, client_mode=True),
         kube=h.kube,
-        claims=h.driver,
+        claims=h.driver.index,
         nri_cache=None,
         cgroup_root=world.cgroup,
         driver_name=o.DRIVER,
@@ -230,7 +230,7 @@ async def test_eager_register_uuid_resolves_through_the_checkpoint(tmp_path: Pat
 
     # Unprepare drops the UUID from the index
     await h.driver.unprepare([REF])
-    assert h.driver.claim_for_register_uuid(register_uuid) is None
+    assert h.driver.index.claim_for_register_uuid(register_uuid) is None
     with pytest.raises(TargetGone):
         await resolver.resolve(RegisterQuery(register_uuid=register_uuid), caller)
 

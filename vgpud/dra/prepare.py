@@ -1,0 +1,233 @@
+"""Prepare of vGPU claims (vgpu-manager-contracts.md "Prepare").
+
+Per claim: read the claim from the API (its UID must match and it must be allocated), then under the
+node-wide lock: PrepareCompleted -> the recorded devices; refuse devices already prepared for another
+claim; PrepareStarted -> roll back first; record PrepareStarted; create the claim's directories,
+annotations and CDI spec; record PrepareCompleted. A failure after PrepareStarted rolls back at once,
+so a refused claim leaves nothing behind; a crash leaves PrepareStarted, which the next Prepare or the
+periodic cleanup rolls back.
+
+Every per-claim failure is a message in that claim's reply entry, never a whole-call error.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from pathlib import Path
+
+import trio
+
+from vgpud.dra.cdi import write_spec
+from vgpud.dra.checkpoint import Checkpoint, CheckpointError, ClaimEntry, PrepareState
+from vgpud.dra.claimedits import PrepareError, build_claim_spec, gpu_for
+from vgpud.dra.claimindex import ClaimRef
+from vgpud.dra.context import DraContext, PrepareOutcome, state_error
+from vgpud.dra.nodelock import NodeLockTimeout
+from vgpud.fsutil import remove_tree
+from vgpud.kube import KubeError, NotFound
+from vgpud.partition.assigner import Mode, PartitionError, PrepareResult
+from vgpud.partition.model import ClaimView, ModelError, PodView, parse_claim, parse_pod
+from vgpud.partition.pidsfile import PidsFileError, reset_pids_file
+from vgpud.recorder import Outcome
+
+log = logging.getLogger("vgpud.dra")
+
+Fetched = tuple[ClaimRef, ClaimView, list[PodView]]
+#: the failures a Prepare expects; anything else is logged with its traceback, and still only fails its claim
+EXPECTED = (PrepareError, PartitionError, PidsFileError, OSError, KubeError, ValueError)
+
+
+async def prepare(ctx: DraContext, claims: Sequence[ClaimRef]) -> dict[str, PrepareOutcome]:
+    outcomes: dict[str, PrepareOutcome] = {}
+    fetched: list[Fetched] = []
+    for ref in claims:  # API reads before the lock, as the Go helper does
+        try:
+            fetched.append((ref, *await read_claim(ctx, ref)))
+        except PrepareError as err:
+            outcomes[ref.uid] = ctx.failed("Prepare", ref, err)
+    if fetched:
+        try:
+            async with ctx.node_lock():
+                await _prepare_locked(ctx, fetched, outcomes)
+        except (NodeLockTimeout, CheckpointError) as err:
+            for ref, _, _ in fetched:
+                if ref.uid not in outcomes:
+                    outcomes[ref.uid] = ctx.failed("Prepare", ref, PrepareError(state_error(err)))
+    return outcomes
+
+
+async def _prepare_locked(
+    ctx: DraContext, fetched: list[Fetched], outcomes: dict[str, PrepareOutcome]
+) -> None:
+    """Two checkpoint writes per call, not per claim: every claim to prepare is marked
+    PrepareStarted before any side effect, and the results are recorded together at the end."""
+    checkpoint = await ctx.load()
+    todo = []
+    for ref, claim, pods in fetched:
+        entry = checkpoint.claims.get(ref.uid)
+        if entry is not None and entry.state is PrepareState.COMPLETED:
+            with ctx.timed("Prepare", ref):
+                outcomes[ref.uid] = PrepareOutcome(devices=entry.prepared_devices)
+            continue
+        try:
+            _check_devices(ctx, claim, checkpoint)
+        except PrepareError as err:
+            outcomes[ref.uid] = ctx.failed("Prepare", ref, err)
+            continue
+        if entry is not None:
+            log.warning("claim %s/%s: rolling back an interrupted Prepare", ref.namespace, ref.name)
+            problem = await ctx.try_remove_artifacts(ref)
+            if problem:  # the PrepareStarted entry stays: the next Prepare or the cleanup tries again
+                outcomes[ref.uid] = ctx.failed(
+                    "Prepare", ref, PrepareError(f"claim {ref.namespace}/{ref.name}: {problem}")
+                )
+                continue
+        started = ClaimEntry(
+            state=PrepareState.STARTED,
+            name=claim.name,
+            namespace=claim.namespace,
+            vgpu=bool(claim.devices),
+            mode=ctx.assigner.mode.value,
+        )
+        checkpoint = checkpoint.with_claim(ref.uid, started)
+        todo.append((ref, claim, pods))
+    if not todo:
+        return
+    # A cancellation (the kubelet's deadline) from here on leaves PrepareStarted entries: the next
+    # Prepare or the periodic cleanup rolls them back.
+    checkpoint = await ctx.save(checkpoint)
+    for ref, claim, pods in todo:
+        with ctx.timed("Prepare", ref) as call:
+            try:
+                completed = await _materialize(ctx, claim, pods)
+            except Exception as err:  # whatever it is, it is this claim's error
+                if not isinstance(err, EXPECTED):
+                    log.exception("claim %s/%s: unexpected Prepare failure", ref.namespace, ref.name)
+                message = f"claim {ref.namespace}/{ref.name}: {err}"
+                problem = await ctx.try_remove_artifacts(ref)
+                if problem:  # PrepareStarted stays, so the next Prepare or the cleanup rolls back
+                    message = f"{message}; {problem}"
+                else:
+                    checkpoint = checkpoint.without_claim(ref.uid)
+                call.outcome, call.detail = Outcome.ERROR, message
+                log.warning("%s", message)
+                outcomes[ref.uid] = PrepareOutcome(error=message)
+                continue
+            checkpoint = checkpoint.with_claim(ref.uid, completed)
+            outcomes[ref.uid] = PrepareOutcome(devices=completed.prepared_devices)
+    try:
+        await ctx.save(checkpoint)
+    except CheckpointError as err:  # done but not recorded: PrepareStarted stays, so it is redone
+        for ref, _, _ in todo:
+            if not outcomes[ref.uid].error:
+                outcomes[ref.uid] = ctx.failed(
+                    "Prepare", ref, PrepareError(f"claim {ref.namespace}/{ref.name}: {state_error(err)}")
+                )
+
+
+async def _materialize(ctx: DraContext, claim: ClaimView, pods: list[PodView]) -> ClaimEntry:
+    """The side effects of one Prepare: directories, claim annotations, the CDI spec."""
+    result = ctx.assigner.prepare(claim, pods)
+    spec, devices = build_claim_spec(ctx.facts, claim, result)
+    await trio.to_thread.run_sync(_create_directories, result)
+    if result.annotations:
+        await ctx.kube.patch_resource_claim_annotations(
+            claim.namespace, claim.name, dict(result.annotations), uid=claim.uid
+        )
+    await trio.to_thread.run_sync(write_spec, ctx.cdi_root, ctx.driver, claim.uid, spec)
+    log.info(
+        "claim %s/%s (%s) prepared: %s",
+        claim.namespace,
+        claim.name,
+        claim.uid,
+        ", ".join(f"{d.device}/{d.share_id or '-'}" for d in devices) or "no vGPU devices",
+    )
+    return ClaimEntry(
+        state=PrepareState.COMPLETED,
+        name=claim.name,
+        namespace=claim.namespace,
+        prepared_devices=devices,
+        partition=result.record.to_dict(),
+        vgpu=bool(devices),
+        status={
+            "reservedFor": [{"resource": "pods", "name": r.name, "uid": r.uid} for r in claim.reserved_for]
+        },
+        mode=ctx.assigner.mode.value,
+    )
+
+
+async def read_claim(ctx: DraContext, ref: ClaimRef) -> tuple[ClaimView, list[PodView]]:
+    """The claim with the kubelet's UID, allocated, and (eager) its reserved pods; PrepareError."""
+    if not (ref.namespace and ref.name and ref.uid):
+        raise PrepareError(f"claim reference {ref} lacks a namespace, name or UID")
+    try:
+        obj = await ctx.kube.get_resource_claim(ref.namespace, ref.name)
+    except NotFound:
+        raise PrepareError(f"claim {ref.namespace}/{ref.name} not found") from None
+    except KubeError as err:
+        raise PrepareError(f"claim {ref.namespace}/{ref.name}: API error: {err}") from None
+    uid = obj.get("metadata", {}).get("uid")
+    if uid != ref.uid:
+        raise PrepareError(
+            f"claim {ref.namespace}/{ref.name} has UID {uid}, not {ref.uid} (it was deleted and re-created)"
+        )
+    try:
+        claim = parse_claim(obj, ctx.driver)
+    except ModelError as err:
+        raise PrepareError(str(err)) from None
+    if not claim.allocated:
+        raise PrepareError(f"claim {ref.namespace}/{ref.name} is not allocated")
+    pods = await _reserved_pods(ctx, claim) if ctx.assigner.mode is Mode.EAGER else []
+    return claim, pods
+
+
+async def _reserved_pods(ctx: DraContext, claim: ClaimView) -> list[PodView]:
+    """The pods the claim is reserved for that still exist with the reserved UID (eager only)."""
+    pods = []
+    for reserved in claim.reserved_for:
+        try:
+            obj = await ctx.kube.get_pod(claim.namespace, reserved.name)
+        except NotFound:
+            continue
+        except KubeError as err:
+            raise PrepareError(f"pod {claim.namespace}/{reserved.name}: API error: {err}") from None
+        try:
+            pod = parse_pod(obj)
+        except ModelError as err:
+            raise PrepareError(str(err)) from None
+        if pod.uid == reserved.uid:
+            pods.append(pod)
+    return pods
+
+
+def _check_devices(ctx: DraContext, claim: ClaimView, checkpoint: Checkpoint) -> None:
+    """Every result is a GPU of this node and not already prepared for another claim."""
+    for device in claim.devices:
+        if device.admin_access:
+            raise PrepareError(
+                f"claim {claim.namespace}/{claim.name}: adminAccess is not supported "
+                f"for vGPU device {device.device}"
+            )
+        gpu_for(ctx.facts, device)
+        for uid, other in checkpoint.claims.items():
+            if uid == claim.uid:
+                continue
+            for prepared in other.prepared_devices:
+                same_share = prepared.share_id == device.share_id
+                if prepared.device == device.device and prepared.pool == device.pool and same_share:
+                    raise PrepareError(
+                        f"device {device.device} (share {device.share_id or '-'}) is already prepared "
+                        f"for claim {other.namespace}/{other.name} ({uid})"
+                    )
+
+
+def _create_directories(result: PrepareResult) -> None:
+    """A fresh claim dir, then each partition dir with an empty pids.config (blocking)."""
+    claim_dir = Path(result.claim_dir)
+    remove_tree(claim_dir)
+    claim_dir.mkdir(parents=True, mode=0o755)
+    for paths in result.partition_dirs:
+        for directory in paths.directories:
+            Path(directory).mkdir(parents=True, exist_ok=True, mode=0o755)
+        reset_pids_file(Path(paths.config))
