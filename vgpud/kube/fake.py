@@ -176,16 +176,8 @@ class FakeKube:
     @asynccontextmanager
     async def watch_resource_slices(self, *, driver: str, node_name: str) -> AsyncIterator[ChannelEvents]:
         await self._enter("watch_resource_slices")
-        send, receive = trio.open_memory_channel[WatchItem](math.inf)
-        watcher = _Watcher("ResourceSlice", _slice_filter(driver, node_name), send)
-        self._watchers.append(watcher)
-        try:
-            with receive:
-                yield ChannelEvents(receive)
-        finally:
-            if watcher in self._watchers:
-                self._watchers.remove(watcher)
-            send.close()
+        async with self._watch("ResourceSlice", _slice_filter(driver, node_name)) as events:
+            yield events
 
     async def list_resource_claims(self) -> list[JsonObject]:
         await self._enter("list_resource_claims")
@@ -194,8 +186,16 @@ class FakeKube:
     @asynccontextmanager
     async def watch_resource_claims(self) -> AsyncIterator[ChannelEvents]:
         await self._enter("watch_resource_claims")
+        async with self._watch("ResourceClaim", lambda _obj: True) as events:
+            yield events
+
+    # -- internals ---------------------------------------------------------------------------------
+
+    @asynccontextmanager
+    async def _watch(self, kind: str, wanted: Callable[[JsonObject], bool]) -> AsyncIterator[ChannelEvents]:
+        """Events of `kind` objects that `wanted` accepts, from now until the caller leaves."""
         send, receive = trio.open_memory_channel[WatchItem](math.inf)
-        watcher = _Watcher("ResourceClaim", lambda _obj: True, send)
+        watcher = _Watcher(kind, wanted, send)
         self._watchers.append(watcher)
         try:
             with receive:
@@ -204,8 +204,6 @@ class FakeKube:
             if watcher in self._watchers:
                 self._watchers.remove(watcher)
             send.close()
-
-    # -- internals ---------------------------------------------------------------------------------
 
     async def _enter(self, method: str) -> None:
         """Count the call, yield to the scheduler as real I/O would, and raise an injected failure."""
