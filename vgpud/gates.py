@@ -45,7 +45,7 @@ GATES: tuple[Gate, ...] = (
         False,
         help="watch NVML for device health",
         accepts=(False,),
-        refusal="device health checking through NVML is not implemented yet",
+        refusal="device health checking through NVML is not implemented",
     ),
     Gate("DevicePluginClientMode", False, ("VGPUSupport",), "the library registers with vgpud (bit 200)"),
     Gate("NRISupport", False, ("VGPUSupport",), "per-container directories through containerd NRI"),
