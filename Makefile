@@ -24,7 +24,9 @@ node: build kube node-deps  ## a local node (etcd, apiserver, scheduler, contain
 test: build kube node-deps  ## every test tier that runs on this machine (as root: the e2e runs a node)
 	@$(VENV)/bin/ruff check
 	@$(VENV)/bin/ruff format --check --quiet
-	@$(PY) -m pytest -q tests
+	@$(PY) -m pytest -q tests --ignore=tests/launcher
+	@# the launcher tests start nodes of their own: never beside the e2e suite's node
+	@$(PY) -m pytest -q tests/launcher
 
 unit: build
 	@$(PY) -m pytest -q tests/unit

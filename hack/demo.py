@@ -25,6 +25,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from tests.e2e import workload as w  # noqa: E402
+from tests.e2e.leftovers import stop_on_signals  # noqa: E402
 from tests.e2e.node import DEVICE_CLASS, GPU_PROFILE, INSTALL_HINT, LocalNode, node_available  # noqa: E402
 
 VGPUD = [sys.executable, "-m", "vgpud"]
@@ -123,6 +124,11 @@ def main() -> int:
     if not node_available():
         sys.exit(f"the local node is not installed: {INSTALL_HINT}")
     node = LocalNode(nri=True, client_mode=True)
+    with stop_on_signals():  # SIGTERM and SIGHUP tear the node down like Ctrl-C
+        return run_demo(node)
+
+
+def run_demo(node: LocalNode) -> int:
     try:
         section(f"Starting a local node (NRI on, client registration on) in {node.workdir}")
         started = time.monotonic()

@@ -9,6 +9,7 @@ from collections.abc import Iterator
 
 import pytest
 
+from tests.e2e.leftovers import stop_on_signals
 from tests.e2e.node import INSTALL_HINT, LocalNode, node_available
 from tests.support import require
 
@@ -22,11 +23,11 @@ def node(request: pytest.FixtureRequest) -> Iterator[LocalNode]:
     require(node_available(), "the local node (containerd, runc, kubelet, images)", INSTALL_HINT)
     started = time.monotonic()
     local = LocalNode(nri=TRACKS[request.param], keep=bool(os.environ.get("VGPUD_KEEP_NODE")))
-    local.start()
-    print(
-        f"\nlocal node ({request.param} track) ready in {time.monotonic() - started:.1f} s: {local.workdir}"
-    )
-    try:
-        yield local
-    finally:
-        local.stop()
+    with stop_on_signals():  # a SIGTERM'd or SIGHUP'd test run still tears its node down
+        local.start()
+        took = time.monotonic() - started
+        print(f"\nlocal node ({request.param} track) ready in {took:.1f} s: {local.workdir}")
+        try:
+            yield local
+        finally:
+            local.stop()

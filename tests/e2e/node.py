@@ -34,6 +34,16 @@ from typing import Any
 
 import yaml
 
+from tests.e2e.leftovers import (
+    cgroup_dirs,
+    kill_pids,
+    mark_owner,
+    mounts_under,
+    pids_naming,
+    reap_dead_nodes,
+    remove_cgroups,
+    stop_on_signals,
+)
 from tests.kubeapi import ApiServer, api_request, binary, cache_dir, free_port, log_tail, start_apiserver
 from tests.support import BUILD, REPO
 
@@ -93,59 +103,6 @@ def _stop(
     except subprocess.TimeoutExpired:
         proc.kill()
         proc.wait()
-
-
-def _kill_pid(pid: int) -> None:
-    with contextlib.suppress(ProcessLookupError):
-        os.kill(pid, signal.SIGKILL)
-
-
-def _cmdline(pid: int) -> list[str]:
-    try:
-        return Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace").split("\0")
-    except OSError:
-        return []
-
-
-def pids_with_arg(value: str) -> list[int]:
-    """PIDs whose argv holds `value` (our shims carry `-address <our containerd socket>`)."""
-    found = []
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit() and value in _cmdline(int(entry.name)):
-            found.append(int(entry.name))
-    return found
-
-
-def mounts_under(prefix: Path) -> list[str]:
-    """Mount points at or under `prefix` (from /proc/self/mountinfo), deepest first."""
-    points = []
-    for line in Path("/proc/self/mountinfo").read_text().splitlines():
-        point = line.split()[4].encode().decode("unicode_escape")
-        if point == str(prefix) or point.startswith(f"{prefix}/"):
-            points.append(point)
-    return sorted(set(points), key=lambda p: (-p.count("/"), p))
-
-
-def cgroup_mounts() -> list[Path]:
-    """Every cgroup (v1 and v2) hierarchy's mount point."""
-    roots = []
-    for line in Path("/proc/self/mountinfo").read_text().splitlines():
-        pre, _, post = line.partition(" - ")
-        if post.split()[0] in ("cgroup", "cgroup2"):
-            roots.append(Path(pre.split()[4]))
-    return roots
-
-
-def cgroup_dirs(names: Sequence[str] = ("kubepods",)) -> set[Path]:
-    """Every directory of the `names` subtrees in every cgroup hierarchy."""
-    found: set[Path] = set()
-    for root in cgroup_mounts():
-        for name in names:
-            top = root / name
-            if top.is_dir():
-                found.add(top)
-                found.update(p for p in top.rglob("*") if p.is_dir())
-    return found
 
 
 #: containerd 1.7 keeps shim sockets, runc state and client FIFOs here whatever `state` says
@@ -257,6 +214,9 @@ class LocalNode:
         if not node_available():
             raise FileNotFoundError(f"the local node is not installed: {INSTALL_HINT}")
         self.env = env
+        for line in reap_dead_nodes(own=self.workdir):
+            print(f"local node: {line}", file=sys.stderr, flush=True)
+        mark_owner(self.workdir)
         deadline = time.monotonic() + timeout_s
         self._cgroups_before = cgroup_dirs()
         self._netns_before = set(os.listdir("/run/netns")) if os.path.isdir("/run/netns") else set()
@@ -284,9 +244,8 @@ class LocalNode:
         _stop(self.procs.pop("kubelet", None))
         self._remove_all_containers()
         _stop(self.procs.pop("containerd", None))
-        for pid in pids_with_arg(str(self.containerd_socket)):  # shims whose containerd is gone
-            _kill_pid(pid)
-        self._kill_cgroup_procs()
+        kill_pids(pids_naming(self.containerd_socket))  # shims whose containerd is gone
+        remove_cgroups(cgroup_dirs() - self._cgroups_before)
         _stop(self.procs.pop("kube-scheduler", None))
         if self.api is not None:
             self.api.stop()
@@ -294,7 +253,6 @@ class LocalNode:
         for point in mounts_under(self.workdir):
             subprocess.run(["umount", "-l", point], check=False, capture_output=True)
         self._remove_netns()
-        self._remove_cgroups()
         for path in _shared_run_entries() - self._shared_before:  # what ctr/shims/runc left there
             shutil.rmtree(path, ignore_errors=True)
         if self.keep:
@@ -401,27 +359,6 @@ state = "{w}/c/state"
         containers = self.ctr("containers", "ls", "-q", check=False).stdout.split()
         if containers:
             self.ctr("containers", "delete", *containers, check=False)
-
-    def _kill_cgroup_procs(self) -> None:
-        for cgroup in cgroup_dirs() - self._cgroups_before:
-            try:
-                pids = (cgroup / "cgroup.procs").read_text().split()
-            except OSError:
-                continue
-            for pid in pids:
-                _kill_pid(int(pid))
-
-    def _remove_cgroups(self) -> None:
-        leftover = sorted(cgroup_dirs() - self._cgroups_before, key=lambda p: -len(p.parts))
-        for cgroup in leftover:
-            for _ in range(50):
-                try:
-                    cgroup.rmdir()
-                    break
-                except FileNotFoundError:
-                    break
-                except OSError:  # EBUSY while the last killed task exits
-                    time.sleep(0.1)
 
     def _remove_netns(self) -> None:
         if not os.path.isdir("/run/netns"):
@@ -694,14 +631,15 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     started = time.monotonic()
     node = LocalNode(nri=args.nri == "on", keep=args.keep)
-    try:
-        node.start()
-        print(f"ready in {time.monotonic() - started:.1f} s\n{node.describe()}", flush=True)
-        signal.pause()
-    except KeyboardInterrupt:
-        print()
-    finally:
-        node.stop()
+    with stop_on_signals():  # SIGTERM and SIGHUP tear the node down like Ctrl-C
+        try:
+            node.start()
+            print(f"ready in {time.monotonic() - started:.1f} s\n{node.describe()}", flush=True)
+            signal.pause()
+        except KeyboardInterrupt:
+            print()
+        finally:
+            node.stop()
     return 0
 
 

@@ -1,0 +1,92 @@
+"""The local node's launcher tears its node down on SIGTERM and SIGHUP as on Ctrl-C, and the next
+start clears what a SIGKILLed launcher left running.
+
+These start nodes of their own, so they must not run beside the e2e suite's session node (containerd
+and the kubelet share host-wide state): `make test` runs this directory in a pytest run of its own.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.e2e.leftovers import cgroup_dirs, mounts_under, pids_naming
+from tests.e2e.node import INSTALL_HINT, LocalNode, node_available
+from tests.support import REPO, require
+
+READY_TIMEOUT_S = 150.0
+EXIT_TIMEOUT_S = 90.0
+
+
+@pytest.fixture(autouse=True)
+def _needs_a_node() -> None:
+    require(os.geteuid() == 0, "root (containerd, runc and the kubelet need it)", "run the tests as root")
+    require(node_available(), "the local node (containerd, runc, kubelet, images)", INSTALL_HINT)
+
+
+def start_launcher(log: Path) -> tuple[subprocess.Popen[str], Path]:
+    """`python -m tests.e2e.node --nri off` until it says ready; (the launcher, its node's work dir)."""
+    launcher = subprocess.Popen(
+        [sys.executable, "-m", "tests.e2e.node", "--nri", "off"],
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=log.open("w"),
+        text=True,
+    )
+    assert launcher.stdout is not None
+    workdir = None
+    deadline = time.monotonic() + READY_TIMEOUT_S
+    for line in launcher.stdout:
+        found = re.match(r"local node \S+ \(NRI \w+\) in (\S+)", line)
+        if found:
+            workdir = Path(found[1])
+            break
+        assert time.monotonic() < deadline, "the launcher did not get ready"
+    assert workdir is not None, f"the launcher ended without a node:\n{log.read_text()[-3000:]}"
+    return launcher, workdir
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP], ids=["SIGTERM", "SIGHUP"])
+def test_a_signal_tears_the_node_down_like_ctrl_c(sig: signal.Signals, tmp_path: Path) -> None:
+    launcher_log = tmp_path / "launcher.log"
+    cgroups_before = cgroup_dirs()
+    launcher, workdir = start_launcher(launcher_log)
+    assert pids_naming(workdir), "the node's processes name its work dir"
+    launcher.send_signal(sig)
+    assert launcher.wait(EXIT_TIMEOUT_S) == 0, launcher_log.read_text()[-3000:]
+    assert f"{sig.name} received" in launcher_log.read_text()
+    assert pids_naming(workdir) == []
+    assert mounts_under(workdir) == []
+    assert not workdir.exists()
+    assert cgroup_dirs() - cgroups_before == set()
+
+
+def test_after_sigkill_the_next_start_clears_the_dead_node(
+    tmp_path: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
+    launcher_log = tmp_path / "launcher.log"
+    launcher, workdir = start_launcher(launcher_log)
+    launcher.kill()
+    launcher.wait()
+    orphans = pids_naming(workdir)
+    assert orphans, "a SIGKILLed launcher leaves its node running (what the next start must clear)"
+    commands = [Path(f"/proc/{pid}/cmdline").read_bytes() for pid in orphans]
+    assert any(b"vgpud" in c for c in commands) and any(b"kubelet" in c for c in commands)
+    node = LocalNode(nri=False)
+    try:
+        node.start()
+        said = capfd.readouterr().err
+        assert f"removed {workdir}" in said
+        assert f"processes of the dead node {workdir}" in said
+        assert pids_naming(workdir) == []
+        assert mounts_under(workdir) == []
+        assert not workdir.exists()
+    finally:
+        node.stop()
