@@ -33,7 +33,7 @@ from vgpud.grpcserve import serve
 from vgpud.health import HealthService
 from vgpud.kube import KubeApi, KubeError
 from vgpud.kube.client import KubeClient
-from vgpud.nodesetup import cgroup_v2, prepare_manager_root
+from vgpud.nodesetup import NodeSetupError, cgroup_v2, prepare_manager_root
 from vgpud.nri.conn import Dialer, Identity, probe, run_session
 from vgpud.nri.hooks import NriHooks
 from vgpud.observe.app import ObserveApp
@@ -189,6 +189,9 @@ def check_node(settings: Settings) -> Startup | None:
             layout, LIBRARY_VERSION, settings.library_source, settings.register_client_source
         )
         boot_id = read_boot_id()
+    except NodeSetupError as err:
+        log.error("%s", err)
+        return None
     except OSError as err:
         log.error("cannot set up the manager root %s: %s", settings.manager_dir, err)
         return None
