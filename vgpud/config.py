@@ -293,6 +293,16 @@ OPTIONS: tuple[Option, ...] = (
         "SECONDS",
     ),
     Option(
+        "usage_interval",
+        "--usage-interval",
+        "USAGE_INTERVAL",
+        int_in(0, 86400),
+        "10",
+        "seconds between reads of each vGPU container's library files (limits, ledger, shared bucket) "
+        "for the metrics and the debug state; 0 = off",
+        "SECONDS",
+    ),
+    Option(
         "log_level",
         "--log-level",
         "LOG_LEVEL",
@@ -347,6 +357,7 @@ class Settings:
     debug_socket: Path | str | None
     debug_address: tuple[str, int] | None
     drift_interval: int
+    usage_interval: int
     log_level: str
     root_prefix: Path | None = field(default=None)
 

@@ -42,6 +42,7 @@ from vgpud.observe.hub import StreamHub
 from vgpud.observe.metrics import NodeMetrics
 from vgpud.observe.serve import run_debug_server, run_metrics_server
 from vgpud.observe.state import DebugState, NodeParts, StreamStats
+from vgpud.observe.usage import UsageReader
 from vgpud.partition.assigner import Mode
 from vgpud.partition.eager import EagerAssigner
 from vgpud.partition.layout import Layout
@@ -102,13 +103,15 @@ class Node:
 
 @dataclass
 class Observability:
-    """The readers of the node's state: metrics, the debug endpoint with its stream, the drift check."""
+    """The readers of the node's state: metrics, the debug endpoint with its stream, the drift check,
+    the reader of each container's library files."""
 
     parts: NodeParts
     metrics: NodeMetrics
     hub: StreamHub
     state: DebugState
     drift: DriftChecker | None
+    usage: UsageReader | None
 
 
 def build_observability(
@@ -134,12 +137,14 @@ def build_observability(
     )
     stream = StreamStats()
     drift = DriftChecker(parts, settings.drift_interval) if settings.drift_interval > 0 else None
+    usage = UsageReader(parts, settings.usage_interval) if settings.usage_interval > 0 else None
     return Observability(
         parts=parts,
-        metrics=NodeMetrics(parts, stream=stream, drift=drift),
+        metrics=NodeMetrics(parts, stream=stream, drift=drift, usage=usage),
         hub=StreamHub(recorder, stream),
-        state=DebugState(parts, stream=stream, drift=drift),
+        state=DebugState(parts, stream=stream, drift=drift, usage=usage),
         drift=drift,
+        usage=usage,
     )
 
 
@@ -388,6 +393,8 @@ def _start_observability(node: Node, policies: tuple[Restart, HealthAfter]) -> N
         supervise("debug-http", serve, *policies)
     if observe.drift is not None:
         supervise("drift", observe.drift.run, *policies)
+    if observe.usage is not None:
+        supervise("usage", observe.usage.run, *policies)
 
 
 async def _serve_dra(node: Node, ready: Ready) -> None:
