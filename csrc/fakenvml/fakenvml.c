@@ -3,13 +3,17 @@
  *
  * It serves the GPUs of a vgpud GPU profile, the same YAML file the mock backend reads, so that
  * vgpud's NVML backend runs its real code path (nvidia-ml-py -> ctypes -> this library) in CI and
- * must produce the same inventory as the mock backend.
+ * must produce the same inventory as the mock backend. What the fake libcuda (csrc/fakecuda) does
+ * shows here through their shared state (csrc/fakestate): used memory, the compute and graphics
+ * process lists, and process / device utilization from simulated kernel time.
  *
  *   FAKE_NVML_PROFILE=/path/to/profile.yaml   read at nvmlInit* when not already initialized
+ *   FAKE_GPU_STATE=/path                      the state shared with the fake libcuda (unset: none,
+ *                                             no process uses the GPUs)
  *
- * The profile is a flat YAML subset, defined in vgpud/gpu/profile.py; this parser implements exactly
- * that grammar (the Python side additionally checks that PyYAML agrees). A missing or unparsable
- * profile makes nvmlInit* fail with NVML_ERROR_UNKNOWN, print one "fakenvml: ..." line to stderr, and
+ * The profile is a flat YAML subset, defined in vgpud/gpu/profile.py and parsed by
+ * csrc/fakestate/profile.c. A missing or unparsable profile (or state file) makes nvmlInit* fail
+ * with NVML_ERROR_UNKNOWN, print one "fakenvml: ..." line to stderr, and
  * nvmlErrorString(NVML_ERROR_UNKNOWN) then says why.
  *
  * Struct layouts follow nvml.h (and nvidia-ml-py's ctypes mirrors of it). Not thread-safe: callers
@@ -133,7 +137,7 @@ EXPORT nvmlReturn_t nvmlInit(void) { return nvmlInitWithFlags(0); }
 
 EXPORT nvmlReturn_t nvmlShutdown(void) {
     REQUIRE_INIT();
-    init_count--;
+    if (--init_count == 0) fs_detach();
     return NVML_SUCCESS;
 }
 

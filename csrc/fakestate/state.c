@@ -186,6 +186,15 @@ out:
     return rc;
 }
 
+void fs_detach(void) {
+    pthread_mutex_lock(&mutex);
+    if (state) munmap(state, sizeof *state);
+    if (state_fd >= 0) close(state_fd);
+    state = NULL;
+    state_fd = -1;
+    pthread_mutex_unlock(&mutex);
+}
+
 static fs_slot *find_slot(unsigned int dev, int pid, int create) {
     fs_slot *free_slot = NULL;
     for (int i = 0; i < FS_MAX_SLOTS; i++) {

@@ -34,6 +34,10 @@ typedef struct {
 /* Map the state for `profile` (idempotent). 0, or -1 with *why set. */
 int fs_attach(const fake_profile *profile, char *why, unsigned long why_size);
 
+/* Unmap the state (the NVML fake's last nvmlShutdown), so the next fs_attach maps the state of
+ * the then current FAKE_GPU_STATE and profile. Callers make sure no other thread is using it. */
+void fs_detach(void);
+
 /* CLOCK_REALTIME in ns: NVML's timestamps are wall-clock microseconds. */
 uint64_t fs_now_ns(void);
 
