@@ -19,6 +19,7 @@ from typing import Any
 CUDA_LIB = "fakecuda/libcuda.so.1"
 NVML_LIB = "fakenvml/libnvidia-ml.so.1"
 GIB = 1 << 30
+MIB = 1 << 20
 
 # Two GPUs in PCI order opposite to their NVML index, so a CUDA ordinal and an NVML index differ.
 UUID_A = "GPU-11111111-2222-4333-8444-555555555555"  # NVML index 0, PCI bus 0x87
@@ -270,6 +271,7 @@ PRELUDE = """
 import ctypes, os, sys, time
 from tests.unit.fakes.gpu import *
 cuda = Cuda(os.environ["FAKE_CUDA_LIB"])
+ref, sz, u64, vp = ctypes.byref, ctypes.c_size_t, ctypes.c_ulonglong, ctypes.c_void_p
 """
 
 

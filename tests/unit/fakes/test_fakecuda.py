@@ -11,9 +11,7 @@ from tests.unit.fakes.gpu import GIB, UUID_A, UUID_B, run, start
 def test_init_without_profile_fails_and_says_why(gpu_env: Env) -> None:
     env = gpu_env()
     del env["FAKE_NVML_PROFILE"]
-    child = start(
-        "emit(init=cuda('cuInit', 0), count=cuda('cuDeviceGetCount', ctypes.byref(ctypes.c_int())))", env
-    )
+    child = start("emit(init=cuda('cuInit', 0), count=cuda('cuDeviceGetCount', ref(ctypes.c_int())))", env)
     assert child.read() == {"init": 999, "count": 3}  # CUDA_ERROR_UNKNOWN, then NOT_INITIALIZED
     assert "fakecuda: FAKE_NVML_PROFILE is not set" in child.finish()
 
@@ -21,9 +19,9 @@ def test_init_without_profile_fails_and_says_why(gpu_env: Env) -> None:
 def test_calls_before_init_and_bad_flags(gpu_env: Env) -> None:
     report = run(
         "n = ctypes.c_int()\n"
-        "before = cuda('cuDeviceGetCount', ctypes.byref(n))\n"
+        "before = cuda('cuDeviceGetCount', ref(n))\n"
         "v = ctypes.c_int()\n"
-        "version = cuda('cuDriverGetVersion', ctypes.byref(v))\n"
+        "version = cuda('cuDriverGetVersion', ref(v))\n"
         "emit(before=before, version=[version, v.value], flags=cuda('cuInit', 1), init=cuda('cuInit', 0))",
         gpu_env(cuda="12.4"),
     )
@@ -35,15 +33,15 @@ def test_devices_follow_the_profile_in_pci_order(gpu_env: Env) -> None:
         "cuda.init()\n"
         "name = ctypes.create_string_buffer(64)\n"
         "cuda.ok('cuDeviceGetName', name, 64, 0)\n"
-        "total = ctypes.c_size_t()\n"
-        "cuda.ok('cuDeviceTotalMem_v2', ctypes.byref(total), 0)\n"
+        "total = sz()\n"
+        "cuda.ok('cuDeviceTotalMem_v2', ref(total), 0)\n"
         "small = ctypes.c_uint()\n"
-        "cuda.ok('cuDeviceTotalMem', ctypes.byref(small), 0)\n"
+        "cuda.ok('cuDeviceTotalMem', ref(small), 0)\n"
         "emit(count=cuda.count(), uuids=[cuda.uuid(0), cuda.uuid(1), cuda.uuid(0, 'cuDeviceGetUuid')],\n"
         "     name=name.value.decode(), total=total.value, small=small.value,\n"
         "     attrs=[cuda.attribute(a, 0) for a in (16, 39, 89, 75, 76)],\n"
-        "     bad_ordinal=cuda('cuDeviceGet', ctypes.byref(ctypes.c_int()), 2),\n"
-        "     bad_attr=cuda('cuDeviceGetAttribute', ctypes.byref(ctypes.c_int()), 0, 0))",
+        "     bad_ordinal=cuda('cuDeviceGet', ref(ctypes.c_int()), 2),\n"
+        "     bad_attr=cuda('cuDeviceGetAttribute', ref(ctypes.c_int()), 0, 0))",
         gpu_env(memory_gib=40),
     )
     assert report == {
@@ -77,7 +75,7 @@ def test_cuda_visible_devices_reorders_ordinals(
     report = run(
         "rc = cuda('cuInit', 0)\n"
         "n = ctypes.c_int()\n"
-        "cuda.ok('cuDeviceGetCount', ctypes.byref(n))\n"
+        "cuda.ok('cuDeviceGetCount', ref(n))\n"
         "emit(init=rc, uuids=[cuda.uuid(i) for i in range(n.value)])",
         gpu_env(CUDA_VISIBLE_DEVICES=visible),
     )
@@ -89,8 +87,8 @@ def test_error_names_and_strings(gpu_env: Env) -> None:
         "out = []\n"
         "for code in (0, 2, 201, 12345):\n"
         "    name, text = ctypes.c_char_p(), ctypes.c_char_p()\n"
-        "    rn = cuda('cuGetErrorName', code, ctypes.byref(name))\n"
-        "    rs = cuda('cuGetErrorString', code, ctypes.byref(text))\n"
+        "    rn = cuda('cuGetErrorName', code, ref(name))\n"
+        "    rs = cuda('cuGetErrorString', code, ref(text))\n"
         "    out.append([rn, name.value and name.value.decode(), rs, text.value and text.value.decode()])\n"
         "emit(out=out)",
         gpu_env(),
@@ -163,8 +161,8 @@ def test_get_proc_address_failures(gpu_env: Env) -> None:
 
 def test_get_proc_address_v1_has_four_arguments(gpu_env: Env) -> None:
     report = run(
-        "fn = ctypes.c_void_p()\n"
-        "rc = cuda('cuGetProcAddress', b'cuMemAlloc', ctypes.byref(fn), 12000, ctypes.c_uint64(0))\n"
+        "fn = vp()\n"
+        "rc = cuda('cuGetProcAddress', b'cuMemAlloc', ref(fn), 12000, ctypes.c_uint64(0))\n"
         "emit(rc=rc, fn=fn.value, want=cuda.address('cuMemAlloc_v2'))",
         gpu_env(),
     )
@@ -174,22 +172,22 @@ def test_get_proc_address_v1_has_four_arguments(gpu_env: Env) -> None:
 def test_contexts(gpu_env: Env) -> None:
     report = run(
         "cuda.init()\n"
-        "no_ctx = cuda('cuMemAlloc_v2', ctypes.byref(ctypes.c_ulonglong()), ctypes.c_size_t(1))\n"
+        "no_ctx = cuda('cuMemAlloc_v2', ref(u64()), sz(1))\n"
         "primary = cuda.use(1)\n"
         "dev = ctypes.c_int()\n"
-        "cuda.ok('cuCtxGetDevice', ctypes.byref(dev))\n"
-        "ctx = ctypes.c_void_p()\n"
-        "cuda.ok('cuCtxCreate_v2', ctypes.byref(ctx), 0, 0)\n"
-        "cur = ctypes.c_void_p()\n"
-        "cuda.ok('cuCtxGetCurrent', ctypes.byref(cur))\n"
+        "cuda.ok('cuCtxGetDevice', ref(dev))\n"
+        "ctx = vp()\n"
+        "cuda.ok('cuCtxCreate_v2', ref(ctx), 0, 0)\n"
+        "cur = vp()\n"
+        "cuda.ok('cuCtxGetCurrent', ref(cur))\n"
         "created_current = cur.value == ctx.value\n"
-        "cuda.ok('cuCtxGetDevice', ctypes.byref(dev))\n"
+        "cuda.ok('cuCtxGetDevice', ref(dev))\n"
         "dev_created = dev.value\n"
-        "cuda.ok('cuCtxPopCurrent_v2', ctypes.byref(cur))\n"
-        "cuda.ok('cuCtxGetCurrent', ctypes.byref(cur))\n"
+        "cuda.ok('cuCtxPopCurrent_v2', ref(cur))\n"
+        "cuda.ok('cuCtxGetCurrent', ref(cur))\n"
         "back = cur.value == primary\n"
-        "v4 = ctypes.c_void_p()\n"
-        "cuda.ok('cuCtxCreate_v4', ctypes.byref(v4), None, 0, 1)\n"
+        "v4 = vp()\n"
+        "cuda.ok('cuCtxCreate_v4', ref(v4), None, 0, 1)\n"
         "cuda.ok('cuCtxDestroy_v2', v4)\n"
         "emit(no_ctx=no_ctx, created_current=created_current, dev_created=dev_created, back=back,\n"
         "     destroyed=cuda('cuCtxSetCurrent', v4), sync=cuda('cuCtxSynchronize'))",
