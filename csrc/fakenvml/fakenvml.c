@@ -430,9 +430,62 @@ EXPORT nvmlReturn_t nvmlDeviceGetHandleByUUID(const char *uuid, nvmlDevice_t *de
     return NVML_ERROR_NOT_FOUND;
 }
 
-/* The compute mode: always NVML_COMPUTEMODE_DEFAULT (0); setting it is not simulated. */
+/* nvmlProcessesUtilizationInfo_t (v1) and its entries. */
+typedef struct {
+    unsigned long long timeStamp;
+    unsigned int pid, smUtil, memUtil, encUtil, decUtil, jpgUtil, ofaUtil;
+} nvmlProcessUtilizationInfo_v1_t;
+
+typedef struct {
+    unsigned int version;
+    unsigned int processSamplesCount;
+    unsigned long long lastSeenTimeStamp;
+    nvmlProcessUtilizationInfo_v1_t *procUtilArray;
+} nvmlProcessesUtilizationInfo_v1_t;
+#define nvmlProcessesUtilizationInfo_v1 ((unsigned int)(sizeof(nvmlProcessesUtilizationInfo_v1_t) | (1 << 24)))
+
+_Static_assert(sizeof(nvmlProcessUtilizationInfo_v1_t) == 40, "nvmlProcessUtilizationInfo_v1_t layout");
+_Static_assert(nvmlProcessesUtilizationInfo_v1 == 0x01000018, "nvmlProcessesUtilizationInfo_v1 version");
+
+/* The newer form of nvmlDeviceGetProcessUtilization: the same samples, the same rules. */
+EXPORT nvmlReturn_t nvmlDeviceGetProcessesUtilizationInfo(nvmlDevice_t device, nvmlProcessesUtilizationInfo_v1_t *info) {
+    REQUIRE_DEVICE(device, info);
+    if (info->version != nvmlProcessesUtilizationInfo_v1) return NVML_ERROR_ARGUMENT_VERSION_MISMATCH;
+    nvmlProcessUtilizationSample_t samples[MAX_PROCS];
+    unsigned int n = MAX_PROCS;
+    nvmlReturn_t rc = nvmlDeviceGetProcessUtilization(device, samples, &n, info->lastSeenTimeStamp);
+    if (rc != NVML_SUCCESS) return rc;
+    if (info->procUtilArray == NULL || info->processSamplesCount < n) {
+        info->processSamplesCount = n;
+        return NVML_ERROR_INSUFFICIENT_SIZE;
+    }
+    for (unsigned int i = 0; i < n; i++)
+        info->procUtilArray[i] = (nvmlProcessUtilizationInfo_v1_t){samples[i].timeStamp, samples[i].pid, samples[i].smUtil,
+                                                                    0, 0, 0, 0, 0};
+    info->processSamplesCount = n;
+    return NVML_SUCCESS;
+}
+
+/* The compute mode: NVML_COMPUTEMODE_DEFAULT (0) until set, per process (no driver keeps it). */
+static unsigned int compute_modes[FAKE_MAX_GPUS];
+
 EXPORT nvmlReturn_t nvmlDeviceGetComputeMode(nvmlDevice_t device, unsigned int *mode) {
     REQUIRE_DEVICE(device, mode);
-    *mode = 0;
+    *mode = compute_modes[device->index];
+    return NVML_SUCCESS;
+}
+
+/* DEFAULT 0, EXCLUSIVE_THREAD 1 (deprecated), PROHIBITED 2, EXCLUSIVE_PROCESS 3. */
+EXPORT nvmlReturn_t nvmlDeviceSetComputeMode(nvmlDevice_t device, unsigned int mode) {
+    REQUIRE_INIT();
+    if (!valid(device) || mode > 3) return NVML_ERROR_INVALID_ARGUMENT;
+    compute_modes[device->index] = mode;
+    return NVML_SUCCESS;
+}
+
+/* Persistence mode: enabled (1), as on data-centre GPUs. */
+EXPORT nvmlReturn_t nvmlDeviceGetPersistenceMode(nvmlDevice_t device, unsigned int *mode) {
+    REQUIRE_DEVICE(device, mode);
+    *mode = 1;
     return NVML_SUCCESS;
 }

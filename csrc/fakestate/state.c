@@ -88,10 +88,17 @@ static void reap(void) {
     }
 }
 
+#define REAP_EVERY_NS 100000000ull /* 100 ms: kill(2) per slot is too dear for every launch */
+static uint64_t last_reap;
+
 static void lock(void) {
     pthread_mutex_lock(&mutex);
     file_lock(F_WRLCK);
-    reap();
+    uint64_t now = fs_now_ns();
+    if (now - last_reap >= REAP_EVERY_NS) {
+        reap();
+        last_reap = now;
+    }
 }
 
 static void unlock(void) {
@@ -215,12 +222,21 @@ static void drop_if_idle(fs_slot *s) {
 
 static int valid_dev(unsigned int dev) { return state && dev < state->count; }
 
-int fs_mem_alloc(unsigned int dev, uint64_t bytes) {
-    if (!valid_dev(dev)) return -1;
-    lock();
+static uint64_t device_used(unsigned int dev) {
     uint64_t used = 0;
     for (int i = 0; i < FS_MAX_SLOTS; i++)
         if (state->slot[i].pid != 0 && state->slot[i].dev == dev) used += state->slot[i].bytes;
+    return used;
+}
+
+int fs_mem_alloc(unsigned int dev, uint64_t bytes) {
+    if (!valid_dev(dev)) return -1;
+    lock();
+    uint64_t used = device_used(dev);
+    if (used > state->dev[dev].total || bytes > state->dev[dev].total - used) {
+        reap(); /* a dead pid's memory must not make this allocation fail */
+        used = device_used(dev);
+    }
     int rc = -1;
     fs_slot *s;
     if (used <= state->dev[dev].total && bytes <= state->dev[dev].total - used &&
@@ -246,9 +262,7 @@ void fs_mem_free(unsigned int dev, uint64_t bytes) {
 uint64_t fs_mem_used(unsigned int dev) {
     if (!valid_dev(dev)) return 0;
     lock();
-    uint64_t used = 0;
-    for (int i = 0; i < FS_MAX_SLOTS; i++)
-        if (state->slot[i].pid != 0 && state->slot[i].dev == dev) used += state->slot[i].bytes;
+    uint64_t used = device_used(dev);
     unlock();
     return used;
 }

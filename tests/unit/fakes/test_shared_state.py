@@ -115,3 +115,86 @@ def test_nvml_in_one_process_follows_allocations(gpu_env: Env) -> None:
     assert report["during"] == {str(report["pid"]): GIB}
     assert report["after"] == {str(report["pid"]): 0}
     assert report["memory"] == [8 * GIB, 8 * GIB, 0]
+
+
+def test_concurrent_processes_and_threads_lose_no_update(gpu_env: Env) -> None:
+    env = gpu_env(memory_gib=8)
+    script = (
+        "import threading\n"
+        "cuda.init()\n"
+        "ctx = cuda.use(0)\n"
+        "def work():\n"
+        "    cuda.ok('cuCtxSetCurrent', vp(ctx))\n"
+        "    ptrs = [cuda.alloc(1 << 20) for _ in range(200)]\n"
+        "    for p in ptrs[:100]:\n"
+        "        cuda.free(p)\n"
+        "threads = [threading.Thread(target=work) for _ in range(4)]\n"
+        "for t in threads: t.start()\n"
+        "for t in threads: t.join()\n"
+        "emit(pid=os.getpid())\n"
+        "hold()\n"
+    )
+    children = [start(script, env) for _ in range(4)]
+    pids = [c.read()["pid"] for c in children]
+    seen = observe(env)
+    for c in children:
+        c.finish()
+    # each process: 4 threads x (200 - 100) MiB
+    assert seen[1]["v1"] == {pid: 400 << 20 for pid in pids}
+    assert seen[1]["memory"][2] == 4 * (400 << 20)
+
+
+def test_a_dead_pids_memory_never_causes_an_oom(gpu_env: Env) -> None:
+    env = gpu_env(memory_gib=8)
+    # a long-lived allocator: one allocation per line it reads, its CUresult reported
+    allocator = start(
+        "cuda.init()\ncuda.use(0)\nemit(ready=True)\n"
+        "for line in sys.stdin:\n"
+        "    emit(rc=cuda('cuMemAlloc_v2', ref(u64()), sz(int(line))))\n",
+        env,
+    )
+    allocator.read()
+    hog, h = holder(env, 8 * GIB)
+    assert h["rc"] == 0
+    assert allocator.proc.stdin is not None
+    allocator.proc.stdin.write(f"{GIB}\n")
+    allocator.proc.stdin.flush()
+    assert allocator.read() == {"rc": 2}  # full
+    hog.proc.kill()
+    hog.proc.wait(timeout=30)
+    # at once, well within the allocator's reaping interval: the refusal itself reaps first
+    allocator.proc.stdin.write(f"{8 * GIB}\n")
+    allocator.proc.stdin.flush()
+    assert allocator.read() == {"rc": 0}
+    allocator.finish()
+
+
+def test_pynvml_reads_the_shared_state(gpu_env: Env) -> None:
+    env = gpu_env(memory_gib=8, FAKE_GPU_NS_PER_BLOCK="100000")
+    report = run(
+        "import pynvml\n"
+        "cuda.init()\ncuda.use(0)\n"
+        "t0 = time.time_ns() // 1000 - 1\n"
+        "cuda.alloc(GIB)\n"
+        "cuda.launch(cuda.kernel(), 1000)\n"
+        "cuda.ok('cuCtxSynchronize')\n"
+        "pynvml.nvmlInit()\n"
+        "h = pynvml.nvmlDeviceGetHandleByIndex(1)\n"
+        "procs = [(p.pid, p.usedGpuMemory) for p in pynvml.nvmlDeviceGetComputeRunningProcesses(h)]\n"
+        "mem = pynvml.nvmlDeviceGetMemoryInfo(h, version=pynvml.nvmlMemory_v2)\n"
+        "util = [(s.pid, s.smUtil > 0) for s in pynvml.nvmlDeviceGetProcessUtilization(h, t0)]\n"
+        "infos = [(s.pid, s.smUtil > 0) for s in pynvml.nvmlDeviceGetProcessesUtilizationInfo(h, t0)]\n"
+        "other = pynvml.nvmlDeviceGetHandleByIndex(0)\n"
+        "try:\n"
+        "    pynvml.nvmlDeviceGetProcessUtilization(other, t0)\n"
+        "    idle = 'no error'\n"
+        "except pynvml.NVMLError_NotFound:\n"
+        "    idle = 'not found'\n"
+        "emit(pid=os.getpid(), procs=procs, used=mem.used, free=mem.free, util=util, infos=infos, idle=idle)",
+        {**env, "LD_LIBRARY_PATH": str(Path(env["FAKE_NVML_LIB"]).parent)},
+    )
+    pid = report["pid"]
+    assert report["procs"] == [[pid, GIB]]
+    assert (report["used"], report["free"]) == (GIB, 7 * GIB)
+    assert report["util"] == report["infos"] == [[pid, True]]
+    assert report["idle"] == "not found"
