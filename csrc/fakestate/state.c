@@ -88,17 +88,16 @@ static void reap(void) {
     }
 }
 
-#define REAP_EVERY_NS 100000000ull /* 100 ms: kill(2) per slot is too dear for every launch */
-static uint64_t last_reap;
-
 static void lock(void) {
     pthread_mutex_lock(&mutex);
     file_lock(F_WRLCK);
-    uint64_t now = fs_now_ns();
-    if (now - last_reap >= REAP_EVERY_NS) {
-        reap();
-        last_reap = now;
-    }
+}
+
+/* lock(), then drop dead pids: for what reads or charges memory, as a real driver frees a process's
+ * memory when it dies. Not on the launch path: kill(2) per slot is too dear there. */
+static void lock_reaped(void) {
+    lock();
+    reap();
 }
 
 static void unlock(void) {
@@ -231,12 +230,8 @@ static uint64_t device_used(unsigned int dev) {
 
 int fs_mem_alloc(unsigned int dev, uint64_t bytes) {
     if (!valid_dev(dev)) return -1;
-    lock();
+    lock_reaped();
     uint64_t used = device_used(dev);
-    if (used > state->dev[dev].total || bytes > state->dev[dev].total - used) {
-        reap(); /* a dead pid's memory must not make this allocation fail */
-        used = device_used(dev);
-    }
     int rc = -1;
     fs_slot *s;
     if (used <= state->dev[dev].total && bytes <= state->dev[dev].total - used &&
@@ -261,7 +256,7 @@ void fs_mem_free(unsigned int dev, uint64_t bytes) {
 
 uint64_t fs_mem_used(unsigned int dev) {
     if (!valid_dev(dev)) return 0;
-    lock();
+    lock_reaped();
     uint64_t used = device_used(dev);
     unlock();
     return used;
@@ -288,7 +283,7 @@ void fs_context(unsigned int dev, int present) {
 unsigned int fs_processes(unsigned int dev, uint32_t flags, fs_proc *out, unsigned int max) {
     if (!valid_dev(dev)) return 0;
     unsigned int n = 0;
-    lock();
+    lock_reaped();
     for (int i = 0; i < FS_MAX_SLOTS; i++) {
         fs_slot *s = &state->slot[i];
         if (s->pid == 0 || s->dev != dev) continue;
@@ -347,7 +342,7 @@ uint64_t fs_launch(unsigned int dev, uint64_t cost_ns) {
 unsigned int fs_busy_by_pid(unsigned int dev, uint64_t t0, uint64_t t1, fs_busy *out, unsigned int max) {
     if (!valid_dev(dev)) return 0;
     unsigned int n = 0;
-    lock();
+    lock_reaped();
     for (int i = 0; i < FS_MAX_SLOTS; i++) {
         fs_slot *s = &state->slot[i];
         if (s->pid == 0 || s->dev != dev) continue;

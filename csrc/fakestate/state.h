@@ -8,8 +8,8 @@
  * the kernel busy time each pid added (spans of wall time, serialized per device as if the kernels
  * ran one after another), so utilization is a rate over a window. Every access holds a pthread
  * mutex (threads) and an OFD lock on the file (processes; the kernel drops it when a holder dies).
- * Slots of dead pids (kill(pid, 0) == ESRCH, or a zombie) are dropped at most every 100 ms per
- * process, and always before an allocation is refused.
+ * Slots of dead pids (kill(pid, 0) == ESRCH, or a zombie) are dropped by every call that reads
+ * or charges memory or reads busy time, as a real driver frees a dead process's memory.
  */
 #ifndef FAKESTATE_STATE_H
 #define FAKESTATE_STATE_H
