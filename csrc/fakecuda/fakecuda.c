@@ -51,8 +51,9 @@ static int tracing(void) {
     return t && strcmp(t, "1") == 0;
 }
 
-/* As with the real driver, CUDA initialized before fork() does not work in the child: every call,
- * cuInit included, returns CUDA_ERROR_NOT_INITIALIZED there. */
+/* CUDA initialized before fork() is undefined behaviour in the child until it execs (NVIDIA's CUDA
+ * C++ guidelines, 1.6), which real drivers typically fail; the fake fails it: every call there,
+ * cuInit included, returns CUDA_ERROR_NOT_INITIALIZED. */
 static void after_fork_child(void) {
     if (initialized) {
         initialized = 0;
