@@ -28,7 +28,7 @@ from vgpud.dra.claimwatch import ClaimWatch
 from vgpud.dra.driver import DraDriver
 from vgpud.dra.service import RegistrationService, node_services, probes
 from vgpud.dra.slices import SliceKeeper
-from vgpud.gpu import GpuInfo, GpuInventoryError
+from vgpud.gpu import GpuInfo, GpuInventory, GpuInventoryError
 from vgpud.grpcserve import serve
 from vgpud.health import HealthService
 from vgpud.kube import KubeApi, KubeError
@@ -80,6 +80,8 @@ class Startup:
     nri_fallback: str
     #: lazy mode: the probe's connection to the NRI socket, the NRI plugin's first session
     nri_connection: socket.socket | None = None
+    #: the GPU backend the GPUs came from (the usage reader asks it for per-process memory)
+    inventory: GpuInventory | None = None
 
 
 @dataclass
@@ -137,7 +139,10 @@ def build_observability(
     )
     stream = StreamStats()
     drift = DriftChecker(parts, settings.drift_interval) if settings.drift_interval > 0 else None
-    usage = UsageReader(parts, settings.usage_interval) if settings.usage_interval > 0 else None
+    usage = None
+    if settings.usage_interval > 0:
+        memory = startup.inventory.process_memory if startup.inventory is not None else None
+        usage = UsageReader(parts, settings.usage_interval, process_memory=memory)
     return Observability(
         parts=parts,
         metrics=NodeMetrics(parts, stream=stream, drift=drift, usage=usage),
@@ -168,7 +173,8 @@ def check_node(settings: Settings) -> Startup | None:
     """The checks before anything starts; None (after logging why) when the node cannot run vgpud."""
     source = settings.gpu_source
     try:
-        gpus = source.inventory().gpus()
+        inventory = source.inventory()
+        gpus = inventory.gpus()
     except GpuInventoryError as err:
         log.error("GPU discovery failed: %s", err)
         return None
@@ -201,7 +207,9 @@ def check_node(settings: Settings) -> Startup | None:
         log.error("cannot set up the manager root %s: %s", settings.manager_dir, err)
         return None
     mode = select_mode(settings)
-    return Startup(settings, gpus, kube, layout, boot_id, mode.mode, mode.fallback, mode.connection)
+    return Startup(
+        settings, gpus, kube, layout, boot_id, mode.mode, mode.fallback, mode.connection, inventory
+    )
 
 
 @dataclass(frozen=True)

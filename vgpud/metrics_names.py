@@ -246,6 +246,14 @@ CONTAINER_LEDGER_BYTES = MetricName(
     ("claim_uid", "partition", "index", "uuid"),
 )
 
+#: what the library's memory limit counts: NVML's memory of the PIDs pids.config registers plus the
+#: ledger (absent when no PID is registered: cgroup mode, or before the first registration)
+CONTAINER_MEMORY_USED = MetricName(
+    "vgpud_container_memory_used_bytes",
+    "Device memory a vGPU container uses: NVML's per-process memory of its registered PIDs plus its ledger.",
+    ("claim_uid", "partition", "index", "uuid"),
+)
+
 #: vmem_node.config: processes with a live ledger entry
 CONTAINER_LEDGER_PROCESSES = MetricName(
     "vgpud_container_ledger_processes",
@@ -305,6 +313,7 @@ ALL: tuple[MetricName, ...] = (
     CONTAINER_MEMORY_LIMIT,
     CONTAINER_CORE_LIMIT,
     CONTAINER_LEDGER_BYTES,
+    CONTAINER_MEMORY_USED,
     CONTAINER_LEDGER_PROCESSES,
     CONTAINER_SM_UTILIZATION,
     CONTAINER_FILE_ERRORS,

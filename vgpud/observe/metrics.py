@@ -221,6 +221,7 @@ class StateCollector(Collector):
         memory, core = _gauge(names.CONTAINER_MEMORY_LIMIT), _gauge(names.CONTAINER_CORE_LIMIT)
         ledger, processes = _gauge(names.CONTAINER_LEDGER_BYTES), _gauge(names.CONTAINER_LEDGER_PROCESSES)
         sm, errors = _gauge(names.CONTAINER_SM_UTILIZATION), _gauge(names.CONTAINER_FILE_ERRORS)
+        used = _gauge(names.CONTAINER_MEMORY_USED)
         for container in status.containers:
             owner = [container.target.claim_uid, container.target.partition]
             errors.add_metric(owner, len(container.usage.errors))
@@ -235,4 +236,6 @@ class StateCollector(Collector):
                     processes.add_metric(labels, device.ledger_processes)
                 if device.sm_util_permille is not None:
                     sm.add_metric(labels, device.sm_util_permille / 1000)
-        yield from (memory, core, ledger, processes, sm, errors)
+                if device.used_bytes is not None:
+                    used.add_metric(labels, device.used_bytes)
+        yield from (memory, core, used, ledger, processes, sm, errors)

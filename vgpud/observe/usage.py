@@ -5,7 +5,9 @@ Which directories: in lazy (NRI) mode the NRI cache's container directories, in 
 partitions of the prepared claims in the checkpoint. Both lists come from memory on the Trio thread;
 the files are read in a worker thread (`vgpud.partition.libstate`), off every hook's path. What the
 reader shows is what the library wrote: vgpu.config (limits), the vmem_node.config ledger (memory
-NVML does not report: managed, async, capture) and the shared bucket's SM utilization.
+NVML does not report: managed, async, capture) and the shared bucket's SM utilization; plus, from
+the GPU inventory, NVML's device memory of the PIDs the container's pids.config registers (client
+mode), which with the ledger is the usage the library's memory limit counts.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from pathlib import PurePosixPath
 
 import trio
 
+from vgpud.gpu.model import GpuInventoryError
 from vgpud.observe.state import NodeParts
 from vgpud.partition.layout import PartitionPaths
 from vgpud.partition.libstate import PartitionUsage, read_partition_usage
@@ -58,12 +61,15 @@ class UsageStatus:
     #: wall clock of the last completed read
     last_read: float | None = None
     containers: tuple[ContainerUsage, ...] = ()
+    #: why NVML's per-process memory could not be read in the last pass ("" when it was)
+    process_memory_error: str = ""
 
     def to_dict(self) -> dict[str, object]:
         return {
             "interval_seconds": self.interval,
             "reads": self.reads,
             "last_read": self.last_read,
+            "process_memory_error": self.process_memory_error,
             "containers": {
                 f"{c.target.claim_uid}/{c.target.partition}": c.to_dict() for c in self.containers
             },
@@ -88,18 +94,41 @@ def usage_targets(parts: NodeParts) -> list[UsageTarget]:
     return sorted(targets)
 
 
-def read_targets(targets: Iterable[UsageTarget]) -> tuple[ContainerUsage, ...]:
-    """Blocking: read every target's files."""
-    return tuple(ContainerUsage(t, read_partition_usage(PartitionPaths(t.directory))) for t in targets)
+#: GPU index -> {host PID: bytes}: NVML's per-process device memory (`GpuInventory.process_memory`)
+ProcessMemory = Callable[[], dict[int, dict[int, int]]]
+
+
+def read_targets(
+    targets: Iterable[UsageTarget], process_memory: ProcessMemory | None = None
+) -> tuple[tuple[ContainerUsage, ...], str]:
+    """Blocking: NVML's per-process memory once, then every target's files; and why the process
+    memory could not be read ("" when it was, or when there is none to read)."""
+    targets = list(targets)
+    memory, error = None, ""
+    if process_memory is not None and targets:
+        try:
+            memory = process_memory()
+        except GpuInventoryError as err:
+            error = str(err)
+    return tuple(
+        ContainerUsage(t, read_partition_usage(PartitionPaths(t.directory), memory)) for t in targets
+    ), error
 
 
 class UsageReader:
     """The supervised component: a read every `interval` seconds (the first right away)."""
 
-    def __init__(self, parts: NodeParts, interval: float = DEFAULT_INTERVAL) -> None:
+    def __init__(
+        self,
+        parts: NodeParts,
+        interval: float = DEFAULT_INTERVAL,
+        *,
+        process_memory: ProcessMemory | None = None,
+    ) -> None:
         if interval <= 0:
             raise ValueError(f"usage interval must be > 0, got {interval}")
         self._parts = parts
+        self._process_memory = process_memory
         self._status = UsageStatus(interval)
 
     def status(self) -> UsageStatus:
@@ -114,11 +143,12 @@ class UsageReader:
     async def read(self) -> UsageStatus:
         """One pass over every current directory; the new status."""
         targets = usage_targets(self._parts)
-        containers = await trio.to_thread.run_sync(read_targets, targets)
+        containers, error = await trio.to_thread.run_sync(read_targets, targets, self._process_memory)
         self._status = UsageStatus(
             self._status.interval,
             reads=self._status.reads + 1,
             last_read=time.time(),
             containers=containers,
+            process_memory_error=error,
         )
         return self._status

@@ -14,7 +14,7 @@ import fcntl
 import os
 import stat
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TypeVar
@@ -26,6 +26,8 @@ from vgpud.partition.layout import PartitionPaths
 #: the library holds a device's ledger lock for a few microseconds per update
 LEDGER_LOCK_BUDGET = 0.05
 LEDGER_LOCK_POLL = 0.001
+#: pids.config lists the processes of one container: far below this
+PIDS_READ_LIMIT = 1 << 20
 
 T = TypeVar("T")
 
@@ -76,6 +78,14 @@ class DeviceUsage:
     ledger_processes: int = 0
     #: sm_node.config: the container's SM utilization at the last sample, per-mille (None: no bucket)
     sm_util_permille: int | None = None
+    #: NVML's device memory of the container's registered PIDs (pids.config); None when unknown (no
+    #: registered PID, or no process memory to match them against)
+    nvml_bytes: int | None = None
+
+    @property
+    def used_bytes(self) -> int | None:
+        """The library's own usage formula: NVML's per-process memory plus the ledger."""
+        return None if self.nvml_bytes is None else self.nvml_bytes + self.ledger_bytes
 
 
 @dataclass(frozen=True)
@@ -84,6 +94,8 @@ class PartitionUsage:
 
     directory: str
     devices: tuple[DeviceUsage, ...] = ()
+    #: host PIDs registered in pids.config (empty: none, or the file is absent)
+    pids: frozenset[int] = frozenset()
     #: which files were present and valid
     has_config: bool = False
     has_ledger: bool = False
@@ -107,6 +119,8 @@ class PartitionUsage:
                     "ledger_bytes": d.ledger_bytes,
                     "ledger_processes": d.ledger_processes,
                     "sm_utilization_permille": d.sm_util_permille,
+                    "nvml_bytes": d.nvml_bytes,
+                    "used_bytes": d.used_bytes,
                 }
                 for d in self.devices
             },
@@ -186,10 +200,13 @@ def _read_ledger(path: Path, devices: list[int], errors: list[str]) -> dict[int,
         os.close(fd)
 
 
-def read_partition_usage(paths: PartitionPaths) -> PartitionUsage:
-    """Parse vgpu.config (limits), vmem_node.config (ledger) and sm_node.config (bucket) of one
-    partition directory. A missing file is normal (no library process ran yet); a bad one is an
-    error line, and the other files are still read."""
+def read_partition_usage(
+    paths: PartitionPaths, process_memory: Mapping[int, Mapping[int, int]] | None = None
+) -> PartitionUsage:
+    """Parse vgpu.config (limits), vmem_node.config (ledger), sm_node.config (bucket) and pids.config
+    of one partition directory. A missing file is normal (no library process ran yet); a bad one is
+    an error line, and the other files are still read. `process_memory` (GPU index -> {host PID:
+    bytes}, from NVML) gives each device the memory of the PIDs pids.config registers."""
     errors: list[str] = []
     config_path = Path(paths.config) / F.VGPU_CONFIG_FILE
     config = _attempt(
@@ -202,14 +219,35 @@ def read_partition_usage(paths: PartitionPaths) -> PartitionUsage:
     bucket = _attempt(
         bucket_path, lambda: F.parse_sm_node(_read_struct(bucket_path, F.SM_STRUCT_SIZE)), errors
     )
+    pids_path = Path(paths.pids_file)
+    pids = _attempt(pids_path, lambda: _read_pids(pids_path), errors) or frozenset()
+    nvml: dict[int, int] | None = None
+    if process_memory is not None and pids:
+        nvml = {i: sum(b for pid, b in used.items() if pid in pids) for i, used in process_memory.items()}
     return PartitionUsage(
         str(paths.base),
-        _devices(indexes, config, ledger or {}, bucket),
+        _devices(indexes, config, ledger or {}, bucket, nvml),
+        pids=pids,
         has_config=config is not None,
         has_ledger=ledger is not None,
         has_bucket=bucket is not None,
         errors=tuple(errors),
     )
+
+
+def _read_pids(path: Path) -> frozenset[int]:
+    """pids.config: one decimal host PID per line (vgpud's registry writes it)."""
+    fd = _open(path)
+    try:
+        data = os.pread(fd, PIDS_READ_LIMIT + 1, 0)
+    finally:
+        os.close(fd)
+    if len(data) > PIDS_READ_LIMIT:
+        raise F.LibFileError(f"{path.name}: larger than {PIDS_READ_LIMIT} bytes")
+    try:
+        return frozenset(int(line) for line in data.decode("ascii").split())
+    except (UnicodeDecodeError, ValueError):
+        raise F.LibFileError(f"{path.name}: not one decimal PID per line") from None
 
 
 def _attempt(path: Path, read: Callable[[], T], errors: list[str]) -> T | None:
@@ -230,13 +268,16 @@ def _devices(
     config: F.VgpuConfig | None,
     ledger: dict[int, tuple[F.LedgerEntry, ...]],
     bucket: F.SmNode | None,
+    nvml: dict[int, int] | None,
 ) -> tuple[DeviceUsage, ...]:
-    """One row per device vgpu.config activates; without it, per device the ledger or bucket uses."""
+    """One row per device vgpu.config activates; without it, per device the ledger, bucket or the
+    registered PIDs use; with it, also a device the PIDs use that it does not list."""
     out = []
-    for index in indexes:
+    for index in sorted(set(indexes) | {i for i, b in (nvml or {}).items() if b and 0 <= i < F.MAX_DEVICES}):
         entries = [e for e in ledger.get(index, ()) if e.pid > 0]
         sm = bucket.devices[index] if bucket is not None and bucket.devices[index].active else None
-        if config is None and not entries and sm is None:
+        nvml_bytes = None if nvml is None else nvml.get(index, 0)
+        if config is None and not entries and sm is None and not nvml_bytes:
             continue
         limits = config.devices[index] if config is not None else F.DeviceLimits()
         out.append(
@@ -250,6 +291,7 @@ def _devices(
                 ledger_bytes=sum(e.used for e in entries),
                 ledger_processes=len(entries),
                 sm_util_permille=sm.util if sm is not None else None,
+                nvml_bytes=nvml_bytes,
             )
         )
     return tuple(out)

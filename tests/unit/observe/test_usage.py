@@ -10,15 +10,21 @@ from pathlib import Path
 
 import pytest
 import trio
+from prometheus_client.parser import text_string_to_metric_families
 
 from tests import objects as o
 from tests.draharness import REF, single_container_claim
 from tests.support import built
+from tests.unit.fakes import gpu as fakegpu
 from tests.unit.observe.node import Node, make_node
 from tests.unit.observe.test_metrics import families, family, value
 from vgpud import metrics_names as names
 from vgpud._pb.nri.pkg.api.v1alpha1 import Container, CreateContainerRequest, PodSandbox
+from vgpud.gpu.nvml import NvmlInventory
+from vgpud.observe.metrics import NodeMetrics
+from vgpud.observe.usage import UsageReader
 from vgpud.partition import libfiles as F
+from vgpud.partition.pidsfile import write_pids_file
 
 GIB = 1 << 30
 POD = PodSandbox(id="sb", name="train", namespace=o.NAMESPACE, uid=o.POD1_UID)
@@ -98,6 +104,8 @@ async def test_lazy_containers_show_their_limits_and_ledger(short_tmp: Path) -> 
             "ledger_bytes": 3 * GIB,
             "ledger_processes": 2,
             "sm_utilization_permille": None,
+            "nvml_bytes": None,
+            "used_bytes": None,
         }
     }
     side_errors = containers[f"{o.CLAIM_UID}/{o.POD1_UID}_side"]["errors"]
@@ -153,3 +161,64 @@ async def test_no_directories_no_samples(short_tmp: Path) -> None:
     status = await node.usage.read()
     assert status.containers == () and status.last_read is not None
     assert families(node)[family(names.CONTAINER_MEMORY_LIMIT)] == []
+
+
+@pytest.mark.needs_build
+def test_the_registered_pids_nvml_memory_plus_the_ledger_is_the_usage(
+    short_tmp: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """NVML (the fake, sharing its state with a process of the fake libcuda that holds 3 GiB) gives
+    the memory of the PIDs pids.config registers; with the ledger's 1 GiB it is the usage."""
+    profile = short_tmp / "profile.yaml"
+    profile.write_text(fakegpu.profile_text(memory_gib=8))
+    env = {"FAKE_NVML_PROFILE": str(profile), "FAKE_GPU_STATE": str(short_tmp / "gpu.state")}
+    child = fakegpu.start(
+        "cuda.init()\ncuda.use(0)\ncuda.alloc(3 * GIB)\nemit(pid=os.getpid(), uuid=cuda.uuid(0))\nhold()\n",
+        {**env, "FAKE_CUDA_LIB": str(built(fakegpu.CUDA_LIB))},
+    )
+    try:
+        report = child.read()
+        for key, val in env.items():
+            monkeypatch.setenv(key, val)
+        inventory = NvmlInventory(str(built(fakegpu.NVML_LIB)))
+        index = {gpu.uuid: gpu.index for gpu in inventory.gpus()}[report["uuid"]]
+        assert inventory.process_memory()[index] == {report["pid"]: 3 * GIB}
+
+        async def scenario() -> None:
+            node = await _prepared(short_tmp, lazy=True)
+            main = await _container_dir(node, "main")
+            await _container_dir(node, "other")
+            write_pids_file(main / "config", [report["pid"], 4_000_000])
+            ledger = {index: [F.LedgerEntry(report["pid"], GIB)]}
+            (main / "vmem_node" / F.VMEM_NODE_FILE).write_bytes(F.build_vmem_node(ledger))
+            reader = UsageReader(node.parts, 1.0, process_memory=inventory.process_memory)
+            metrics = NodeMetrics(node.parts, stream=node.stream, usage=reader)
+            status = await reader.read()
+            assert status.process_memory_error == ""
+            by_partition = {c.target.partition: c.usage for c in status.containers}
+            (device,) = by_partition[f"{o.POD1_UID}_main"].devices
+            assert (device.index, device.nvml_bytes, device.used_bytes) == (index, 3 * GIB, 4 * GIB)
+            assert by_partition[f"{o.POD1_UID}_other"].devices == ()  # no registered PID: unknown
+            body, _ = metrics.exposition()
+            (used,) = [
+                f
+                for f in text_string_to_metric_families(body.decode())
+                if f.name == names.CONTAINER_MEMORY_USED.name
+            ]
+            labels = {
+                "claim_uid": o.CLAIM_UID,
+                "partition": f"{o.POD1_UID}_main",
+                "index": str(index),
+                "uuid": "",
+            }
+            assert value(used.samples, names.CONTAINER_MEMORY_USED.name, **labels) == 4 * GIB
+
+            monkeypatch.delenv("FAKE_NVML_PROFILE")
+            status = await reader.read()
+            assert "FAKE_NVML_PROFILE is not set" in status.process_memory_error
+            (device,) = {c.target.partition: c.usage for c in status.containers}[f"{o.POD1_UID}_main"].devices
+            assert device.nvml_bytes is None and device.ledger_bytes == GIB
+
+        trio.run(scenario)
+    finally:
+        child.proc.communicate("", timeout=30)

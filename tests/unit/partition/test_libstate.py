@@ -89,6 +89,8 @@ def test_limits_ledger_and_bucket_from_python_built_files(paths: PartitionPaths)
             "ledger_bytes": GIB + 7,
             "ledger_processes": 2,
             "sm_utilization_permille": 287,
+            "nvml_bytes": None,
+            "used_bytes": None,
         }
     }
 
