@@ -26,12 +26,12 @@ Shape (every key always present; a section that does not apply to this node is n
                                                                            client registration only
     drift:       {interval_seconds, checks, last_check, differences: [{kind, subject, detail}],
                   detected: {kind: n}, partition_conflicts, last_error}   when the self-check runs
-    usage:       {interval_seconds, reads, last_read,
+    usage:       {interval_seconds, reads, last_read, process_memory_error,
                   containers: {"<claim UID>/<partition>": {claim_uid, partition, pod_uid, container,
-                               directory, files: {vgpu_config, vmem_node, sm_node},
+                               directory, files: {vgpu_config, vmem_node, sm_node}, pids,
                                devices: {index: {uuid, memory_limit_bytes, core_limit_percent,
                                                  ledger_bytes, ledger_processes,
-                                                 sm_utilization_permille}},
+                                                 sm_utilization_permille, nvml_bytes, used_bytes}},
                                errors: [...]}}}                            when the usage reader runs
     stream:      {clients, closed: {reason: n}}
     calls:       {last_seq, recent: [HookCall...]}
