@@ -491,12 +491,13 @@ class Bucket:
     ceiling: int = 0
     share: int = 0
     last_sample_ns: int = 0
-    #: the container's SM utilization at the last sample, per-mille
+    #: the container's SM utilization at the last sample, per-mille (-1: no sample could be taken)
     util: int = 0
     #: the effective core limit now, percent
     limit: int = 0
     hard_core: int = 0
     soft_core: int = 0
+    #: in use (the file's 1 ready, or 2 being set up)
     active: bool = False
 
 

@@ -76,7 +76,8 @@ class DeviceUsage:
     #: vmem_node.config: bytes the ledger charges (memory NVML does not report), live entries
     ledger_bytes: int = 0
     ledger_processes: int = 0
-    #: sm_node.config: the container's SM utilization at the last sample, per-mille (None: no bucket)
+    #: sm_node.config: the container's SM utilization at the last sample, per-mille (None: no bucket,
+    #: or no sample yet: the sampler writes -1)
     sm_util_permille: int | None = None
     #: NVML's device memory of the container's registered PIDs (pids.config); None when unknown (no
     #: registered PID, or no process memory to match them against)
@@ -290,7 +291,7 @@ def _devices(
                 core_limited=limits.core_limit,
                 ledger_bytes=sum(e.used for e in entries),
                 ledger_processes=len(entries),
-                sm_util_permille=sm.util if sm is not None else None,
+                sm_util_permille=sm.util if sm is not None and sm.util >= 0 else None,
                 nvml_bytes=nvml_bytes,
             )
         )

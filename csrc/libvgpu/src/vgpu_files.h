@@ -166,11 +166,12 @@ struct vgpu_sm_device {
     int64_t ceiling;           /* @64 cap of `tokens`: SMs x maxThreadsPerSM x 32 */
     int64_t share;             /* @72 tokens added per refill, set by the controller */
     uint64_t last_sample_ns;   /* @80 CLOCK_MONOTONIC ns of the sampler's last NVML sample */
-    int32_t util;              /* @88 container's SM utilization at the last sample, per-mille */
+    int32_t util;              /* @88 container's SM utilization at the last sample, per-mille;
+                                * -1 while no sample could be taken */
     int32_t limit;             /* @92 effective core limit now, percent (hard, or soft in burst) */
     int32_t hard_core;         /* @96 CUDA_CORE_LIMIT_<i> as the sampler read it, percent */
     int32_t soft_core;         /* @100 CUDA_CORE_SOFT_LIMIT_<i>, percent (0 = none) */
-    int32_t active;            /* @104 1 when this device's bucket is in use */
+    int32_t active;            /* @104 0 unused, 2 being set up by one process (CAS from 0), 1 ready */
     uint8_t _pad1[20];         /* @108 */
 };
 

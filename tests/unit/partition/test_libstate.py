@@ -114,6 +114,13 @@ def test_files_the_c_structs_wrote(paths: PartitionPaths, tmp_path: Path) -> Non
     )
 
 
+def test_a_bucket_without_a_sample_shows_no_utilization(paths: PartitionPaths) -> None:
+    buckets = [F.Bucket()] * 16
+    buckets[4] = F.Bucket(util=-1, active=True)  # the sampler's "no sample yet"
+    (Path(paths.sm_node) / F.SM_NODE_FILE).write_bytes(F.build_sm_node(F.SmNode(tuple(buckets))))
+    assert read_partition_usage(paths).devices == (DeviceUsage(4, sm_util_permille=None),)
+
+
 def test_without_vgpu_config_the_ledger_still_shows(paths: PartitionPaths) -> None:
     (Path(paths.vmem_node) / F.VMEM_NODE_FILE).write_bytes(F.build_vmem_node({7: [F.LedgerEntry(3, 99)]}))
     usage = read_partition_usage(paths)
