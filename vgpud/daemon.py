@@ -28,12 +28,12 @@ from vgpud.dra.claimwatch import ClaimWatch
 from vgpud.dra.driver import DraDriver
 from vgpud.dra.service import RegistrationService, node_services, probes
 from vgpud.dra.slices import SliceKeeper
-from vgpud.gpu import GpuInfo, GpuInventoryError
+from vgpud.gpu import GpuInfo, GpuInventory, GpuInventoryError
 from vgpud.grpcserve import serve
 from vgpud.health import HealthService
 from vgpud.kube import KubeApi, KubeError
 from vgpud.kube.client import KubeClient
-from vgpud.nodesetup import cgroup_v2, prepare_manager_root
+from vgpud.nodesetup import NodeSetupError, cgroup_v2, prepare_manager_root
 from vgpud.nri.conn import Dialer, Identity, probe, run_session
 from vgpud.nri.hooks import NriHooks
 from vgpud.observe.app import ObserveApp
@@ -42,6 +42,7 @@ from vgpud.observe.hub import StreamHub
 from vgpud.observe.metrics import NodeMetrics
 from vgpud.observe.serve import run_debug_server, run_metrics_server
 from vgpud.observe.state import DebugState, NodeParts, StreamStats
+from vgpud.observe.usage import UsageReader
 from vgpud.partition.assigner import Mode
 from vgpud.partition.eager import EagerAssigner
 from vgpud.partition.layout import Layout
@@ -79,6 +80,8 @@ class Startup:
     nri_fallback: str
     #: lazy mode: the probe's connection to the NRI socket, the NRI plugin's first session
     nri_connection: socket.socket | None = None
+    #: the GPU backend the GPUs came from (the usage reader asks it for per-process memory)
+    inventory: GpuInventory | None = None
 
 
 @dataclass
@@ -102,13 +105,15 @@ class Node:
 
 @dataclass
 class Observability:
-    """The readers of the node's state: metrics, the debug endpoint with its stream, the drift check."""
+    """The readers of the node's state: metrics, the debug endpoint with its stream, the drift check,
+    the reader of each container's library files."""
 
     parts: NodeParts
     metrics: NodeMetrics
     hub: StreamHub
     state: DebugState
     drift: DriftChecker | None
+    usage: UsageReader | None
 
 
 def build_observability(
@@ -134,12 +139,17 @@ def build_observability(
     )
     stream = StreamStats()
     drift = DriftChecker(parts, settings.drift_interval) if settings.drift_interval > 0 else None
+    usage = None
+    if settings.usage_interval > 0:
+        memory = startup.inventory.process_memory if startup.inventory is not None else None
+        usage = UsageReader(parts, settings.usage_interval, process_memory=memory)
     return Observability(
         parts=parts,
-        metrics=NodeMetrics(parts, stream=stream, drift=drift),
+        metrics=NodeMetrics(parts, stream=stream, drift=drift, usage=usage),
         hub=StreamHub(recorder, stream),
-        state=DebugState(parts, stream=stream, drift=drift),
+        state=DebugState(parts, stream=stream, drift=drift, usage=usage),
         drift=drift,
+        usage=usage,
     )
 
 
@@ -163,7 +173,8 @@ def check_node(settings: Settings) -> Startup | None:
     """The checks before anything starts; None (after logging why) when the node cannot run vgpud."""
     source = settings.gpu_source
     try:
-        gpus = source.inventory().gpus()
+        inventory = source.inventory()
+        gpus = inventory.gpus()
     except GpuInventoryError as err:
         log.error("GPU discovery failed: %s", err)
         return None
@@ -189,11 +200,16 @@ def check_node(settings: Settings) -> Startup | None:
             layout, LIBRARY_VERSION, settings.library_source, settings.register_client_source
         )
         boot_id = read_boot_id()
+    except NodeSetupError as err:
+        log.error("%s", err)
+        return None
     except OSError as err:
         log.error("cannot set up the manager root %s: %s", settings.manager_dir, err)
         return None
     mode = select_mode(settings)
-    return Startup(settings, gpus, kube, layout, boot_id, mode.mode, mode.fallback, mode.connection)
+    return Startup(
+        settings, gpus, kube, layout, boot_id, mode.mode, mode.fallback, mode.connection, inventory
+    )
 
 
 @dataclass(frozen=True)
@@ -385,6 +401,8 @@ def _start_observability(node: Node, policies: tuple[Restart, HealthAfter]) -> N
         supervise("debug-http", serve, *policies)
     if observe.drift is not None:
         supervise("drift", observe.drift.run, *policies)
+    if observe.usage is not None:
+        supervise("usage", observe.usage.run, *policies)
 
 
 async def _serve_dra(node: Node, ready: Ready) -> None:

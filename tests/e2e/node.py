@@ -54,7 +54,7 @@ NODE_NAME = "e2e-node"
 READY_TIMEOUT_S = 120.0
 STOP_TIMEOUT_S = 15.0
 SERVING = 1
-INSTALL_HINT = "run hack/install-kube.sh and hack/install-node.sh (the test command does it)"
+INSTALL_HINT = "run make build, hack/install-kube.sh and hack/install-node.sh (the test command does it)"
 
 
 def node_env() -> dict[str, str]:
@@ -73,7 +73,8 @@ def node_available() -> bool:
     need = ("CONTAINERD_BIN", "CTR_BIN", "RUNC_BIN", "BUSYBOX_IMAGE_TAR", "PAUSE_IMAGE_TAR")
     have_node = all(key in env and Path(env[key]).exists() for key in need)
     have_kube = all(binary(name) for name in ("etcd", "kube-apiserver", "kube-scheduler", "kubelet"))
-    return have_node and have_kube and (BUILD / "libvgpu/vgpu-register").exists()
+    built = all((BUILD / "libvgpu" / name).exists() for name in ("vgpu-register", "libvgpu-control.so"))
+    return have_node and have_kube and built
 
 
 # --------------------------------------------------------------------------------------------------
@@ -477,14 +478,11 @@ state = "{w}/c/state"
             "METRICS_ADDRESS": f"127.0.0.1:{self.metrics_port}",
             "DEBUG_SOCKET": str(self.debug_socket),
             "DRIFT_INTERVAL": str(self.drift_interval),
+            "USAGE_INTERVAL": "1",
         }
 
     def start_vgpud(self) -> None:
-        # The register client lives next to the registry socket (contract "Registry": the registry
-        # dir holds "socket + register client"); a node install puts it there.
-        registry = self.manager_dir / "registry"
-        registry.mkdir(parents=True, exist_ok=True)
-        shutil.copy2(BUILD / "libvgpu/vgpu-register", registry / "vgpu-register")
+        # vgpud installs the control library and the register client from build/libvgpu itself
         if not self.vgpud_port:
             self.vgpud_port = free_port()
         if not self.metrics_port:

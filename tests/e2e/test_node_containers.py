@@ -13,6 +13,7 @@
 from __future__ import annotations
 
 import json
+import os
 import re
 import signal
 import subprocess
@@ -26,7 +27,9 @@ from tests.e2e import workload as w
 from tests.e2e.node import LocalNode
 from tests.kubeapi import kube_env
 from tests.support import require
+from vgpud import metrics_names as names
 from vgpud.observe.client import Endpoint, get_json
+from vgpud.partition import libfiles as F
 
 CONFIG_MOUNT = "/etc/vgpu-manager/config"
 NRI_ONLY = pytest.mark.parametrize("node", ["nri"], indirect=True)
@@ -254,3 +257,47 @@ def test_vgpud_killed_while_ten_pods_start(node: LocalNode) -> None:
     assert debug_state(node)["nri"]["not_injected"] == {}
     for name in names:
         w.release_claim(node, ns, name)
+
+
+# -- issue 13 item 4 ---------------------------------------------------------------------------------
+
+
+@NRI_ONLY
+def test_a_restarted_container_starts_without_the_earlier_ledger_and_bucket(node: LocalNode) -> None:
+    """The kubelet restarts a killed container; NRI CreateContainer of the new instance deletes the
+    earlier instance's vmem_node.config and sm_node.config (never sm_node.lock), and the usage metrics
+    drop the ledger with it."""
+    ns = w.namespace(node)
+    claim = w.create_claim(node, ns, "gpu", [w.vgpu_request("gpu", "1Gi", "5")])
+    uid = claim["metadata"]["uid"]
+    w.create_pod(node, ns, "p", [w.container("main", [("gpu", "gpu")])], {"gpu": "gpu"})
+    pod = w.wait_running(node, ns, "p")
+    first = w.container_id(pod, "main")
+    (subdir,) = w.claim_subdirs(node, uid)
+    base = node.claim_dir(uid) / subdir
+    ledger = base / "vmem_node" / F.VMEM_NODE_FILE
+    ledger.write_bytes(F.build_vmem_node({0: [F.LedgerEntry(w.task_pid(node, first), 1 << 30)]}))
+    bucket = base / "sm_node" / F.SM_NODE_FILE
+    bucket.write_bytes(F.build_sm_node(F.SmNode(sampler_pid=1)))
+    lock = base / "sm_node" / F.SM_NODE_LOCK_FILE
+    lock.write_bytes(b"")
+    w.wait_for(
+        lambda: node.metric(names.CONTAINER_LEDGER_BYTES.name) == 1 << 30, what="the ledger in the metrics"
+    )
+
+    os.kill(w.task_pid(node, first), signal.SIGKILL)
+
+    def restarted() -> str | None:
+        status = w.get_pod(node, ns, "p")["status"].get("containerStatuses", [])
+        running = [s for s in status if s["name"] == "main" and s.get("state", {}).get("running")]
+        cid = running[0]["containerID"].split("://", 1)[-1] if running else None
+        return cid if cid and cid != first else None
+
+    w.wait_for(restarted, timeout=90, what="the kubelet to restart the container")
+    assert not ledger.exists() and not bucket.exists()
+    assert lock.exists()
+    w.wait_for(
+        lambda: not node.metric(names.CONTAINER_LEDGER_BYTES.name), what="the ledger gone from the metrics"
+    )
+    w.delete_pod(node, ns, "p")
+    w.release_claim(node, ns, "gpu")

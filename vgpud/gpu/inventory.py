@@ -23,6 +23,10 @@ class GpuInventory(Protocol):
         """One line for logs: the backend and where its GPUs come from."""
         ...
 
+    def process_memory(self) -> dict[int, dict[int, int]]:
+        """GPU index -> {host PID: bytes of device memory it uses}; blocks like `gpus()`."""
+        ...
+
 
 def open_inventory(
     backend: Backend, *, profile: Path | None = None, nvml_library: str | None = None

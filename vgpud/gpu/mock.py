@@ -103,6 +103,10 @@ class MockInventory:
     def describe(self) -> str:
         return f"mock GPUs from {self.profile} ({len(self._gpus)} GPUs)"
 
+    def process_memory(self) -> dict[int, dict[int, int]]:
+        """No process runs on a mock GPU."""
+        return {gpu.index: {} for gpu in self._gpus}
+
 
 def shipped_profiles() -> dict[str, Path]:
     """The profiles that ship with vgpud, by name ("a100-40gb-x2")."""

@@ -71,6 +71,38 @@ class NvmlInventory:
                 except pynvml.NVMLError as err:
                     log.warning("nvmlShutdown through %s failed: %s", self.library, err)
 
+    def process_memory(self) -> dict[int, dict[int, int]]:
+        """NVML index -> {host PID: bytes of device memory} over the compute and graphics process
+        lists (a PID in both counts once); a process whose memory NVML cannot tell is left out."""
+        with _session:
+            pynvml_compat.bind(self._lib)
+            self._call("nvmlInitWithFlags", pynvml.nvmlInit)
+            try:
+                count = self._call("nvmlDeviceGetCount_v2", pynvml.nvmlDeviceGetCount)
+                out: dict[int, dict[int, int]] = {}
+                for index in range(count):
+                    handle = self._call(
+                        "nvmlDeviceGetHandleByIndex_v2", pynvml.nvmlDeviceGetHandleByIndex, index
+                    )
+                    used: dict[int, int] = {}
+                    for symbol, fn in (
+                        ("nvmlDeviceGetComputeRunningProcesses", pynvml.nvmlDeviceGetComputeRunningProcesses),
+                        (
+                            "nvmlDeviceGetGraphicsRunningProcesses",
+                            pynvml.nvmlDeviceGetGraphicsRunningProcesses,
+                        ),
+                    ):
+                        for process in self._call(symbol, fn, handle, where=f" on GPU {index}"):
+                            if process.usedGpuMemory is not None:
+                                used.setdefault(int(process.pid), int(process.usedGpuMemory))
+                    out[index] = used
+                return out
+            finally:
+                try:
+                    pynvml.nvmlShutdown()
+                except pynvml.NVMLError as err:
+                    log.warning("nvmlShutdown through %s failed: %s", self.library, err)
+
     def _gpu(self, index: int, driver_version: str, cuda_driver_version: str) -> GpuInfo:
         handle = self._call("nvmlDeviceGetHandleByIndex_v2", pynvml.nvmlDeviceGetHandleByIndex, index)
         where = f" for GPU {index}"
