@@ -125,6 +125,21 @@ PROCS = [
     ("cuDeviceTotalMem", 12000, 0, "cuDeviceTotalMem_v2"),
     ("cuDeviceGetUuid", 12000, 0, "cuDeviceGetUuid_v2"),
     ("cuDevicePrimaryCtxRelease", 12000, 0, "cuDevicePrimaryCtxRelease_v2"),
+    # the ABI-conflict families: same base name, different signatures by version
+    ("cuGraphAddNode", 12020, 0, "cuGraphAddNode"),
+    ("cuGraphAddNode", 12030, 0, "cuGraphAddNode_v2"),
+    ("cuGraphGetEdges", 12020, 0, "cuGraphGetEdges"),
+    ("cuGraphGetEdges", 12030, 0, "cuGraphGetEdges_v2"),
+    ("cuGraphNodeGetDependencies", 12030, 0, "cuGraphNodeGetDependencies_v2"),
+    ("cuGraphNodeGetDependentNodes", 12000, 0, "cuGraphNodeGetDependentNodes"),
+    ("cuGraphAddDependencies", 12030, 0, "cuGraphAddDependencies_v2"),
+    ("cuGraphRemoveDependencies", 11000, 0, "cuGraphRemoveDependencies"),
+    ("cuMemAdvise", 12000, 0, "cuMemAdvise"),
+    ("cuMemAdvise", 12020, 0, "cuMemAdvise_v2"),
+    ("cuMemPrefetchAsync", 12020, 2, "cuMemPrefetchAsync_v2_ptsz"),
+    ("cuMemPrefetchAsync", 8000, 2, "cuMemPrefetchAsync_ptsz"),
+    ("cuStreamGetCtx", 12040, 0, "cuStreamGetCtx"),
+    ("cuStreamGetCtx", 12050, 2, "cuStreamGetCtx_v2_ptsz"),
 ]
 
 
