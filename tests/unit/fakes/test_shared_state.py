@@ -70,6 +70,16 @@ def test_two_processes_allocate_and_nvml_lists_both(gpu_env: Env) -> None:
     assert observe(env)[1]["v1"] == {}
 
 
+def test_process_memory_can_be_hidden_as_real_nvml_does(gpu_env: Env) -> None:
+    env = gpu_env()
+    child, a = holder(env, GIB)
+    seen = observe({**env, "FAKE_NVML_HIDE_PROCESS_MEMORY": "1"})
+    child.finish()
+    not_available = 2**64 - 1  # NVML_VALUE_NOT_AVAILABLE
+    assert seen[1]["v1"] == seen[1]["v3"] == {a["pid"]: not_available}
+    assert seen[1]["memory"][2] == GIB  # the device's used memory is still known
+
+
 def test_graphics_processes_are_those_that_say_so(gpu_env: Env) -> None:
     env = gpu_env()
     child, a = holder({**env, "FAKE_GPU_GRAPHICS": "1"}, GIB, ordinal=1)
