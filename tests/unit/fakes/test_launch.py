@@ -380,3 +380,28 @@ def test_stream_context_and_managed_hints(gpu_env: Env) -> None:
         "prefetch_v2": 0,
         "prefetch_flags": 1,
     }
+
+
+def test_utilization_counts_every_one_of_many_short_kernels(gpu_env: Env) -> None:
+    # many one-microsecond kernels with idle gaps between them (a launch takes longer than that):
+    # each is a busy span of its own, and all of them count, not just the newest ones
+    env = gpu_env(FAKE_GPU_NS_PER_BLOCK="1000")
+    child = start(
+        "cuda.init()\ncuda.use(0)\nfn = cuda.kernel()\n"
+        "start = time.time_ns()\nn = 0\n"
+        "while time.time_ns() - start < 600_000_000:\n"
+        "    cuda.launch(fn, 1)\n"
+        "    n += 1\n"
+        "cuda.ok('cuCtxSynchronize')\n"
+        "emit(pid=os.getpid(), start=start, n=n)\nhold()",
+        env,
+    )
+    w = child.read()
+    since = w["start"] - 100_000_000
+    probe = run(PROBE.format(since_us=since // 1000), env)
+    child.finish()
+    busy = w["n"] * 1000
+    high = 100 * busy / (probe["q0"] - since)
+    low = 100 * busy / (probe["q1"] - since)
+    assert w["n"] > 1000  # else the test shows nothing
+    assert int(low) - 1 <= probe["samples"][str(w["pid"])] <= round(high + 0.5) + 1
