@@ -15,7 +15,7 @@
  *                                         cuGetProcAddress lookup (what it returned)
  *
  * This file: init, errors, devices, contexts, entry points. fakemem.c: memory; fakeexec.c: streams,
- * events, modules, launches, graphs; fakeprocs.c: the versioned entry point table.
+ * events, modules, launches; fakegraph.c: graphs; fakeprocs.c: the versioned entry point table.
  */
 #include "fakecuda.h"
 
@@ -509,14 +509,16 @@ EXPORT CUresult cuDevicePrimaryCtxRelease_v2(CUdevice dev) {
     if (gpu_of(dev) == NULL) return CUDA_ERROR_INVALID_DEVICE;
     pthread_mutex_lock(&ctx_mutex);
     CUresult rc = CUDA_SUCCESS;
+    int destroyed = 0;
     if (primary[dev].refs == 0) {
         rc = CUDA_ERROR_INVALID_CONTEXT;
     } else if (--primary[dev].refs == 0) {
         fc_mem_drop_context(&primary[dev]);
         context_count(dev, -1);
+        destroyed = 1;
     }
     pthread_mutex_unlock(&ctx_mutex);
-    if (primary[dev].refs == 0) unstack(&primary[dev]);
+    if (destroyed) unstack(&primary[dev]);
     return rc;
 }
 

@@ -2,8 +2,13 @@
 
 from __future__ import annotations
 
+import shutil
+import subprocess
+from pathlib import Path
+
 import pytest
 
+from tests.support import require
 from tests.unit.fakes.conftest import Env
 from tests.unit.fakes.gpu import GIB, UUID_A, UUID_B, run, start
 
@@ -216,3 +221,29 @@ def test_contexts(gpu_env: Env) -> None:
         "destroyed": 201,
         "sync": 0,
     }
+
+
+SHIM = """
+int cuMemAlloc_v2(unsigned long long *p, unsigned long n) { (void)p; (void)n; return 42; }
+int cuDeviceTotalMem_v2(unsigned long *b, int d) { (void)d; *b = 7; return 0; }
+"""
+
+
+def test_preloaded_hooks_do_not_capture_the_drivers_own_references(gpu_env: Env, tmp_path: Path) -> None:
+    # like the real driver's, the table cuGetProcAddress serves and the driver's internal calls bind
+    # to its own functions, whatever an LD_PRELOADed library (libvgpu) defines under the same names
+    gcc = shutil.which("gcc")
+    require(gcc is not None, "gcc", "apt-get install gcc (make build needs it too)")
+    (tmp_path / "shim.c").write_text(SHIM)
+    shim = tmp_path / "shim.so"
+    subprocess.run([str(gcc), "-shared", "-fPIC", "-o", str(shim), str(tmp_path / "shim.c")], check=True)
+    report = run(
+        "cuda.init()\n"
+        "rc, fn, status = cuda.proc('cuMemAlloc', 12000)\n"
+        "small = ctypes.c_uint()\n"
+        "cuda.ok('cuDeviceTotalMem', ref(small), 0)\n"  # the v1 form calls the driver's own _v2
+        "hook = ctypes.cast(ctypes.CDLL(os.environ['LD_PRELOAD']).cuMemAlloc_v2, vp).value\n"
+        "emit(own=fn == cuda.address('cuMemAlloc_v2'), interposed=fn == hook, small=small.value)",
+        gpu_env(LD_PRELOAD=str(shim)),
+    )
+    assert report == {"own": True, "interposed": False, "small": 0xFFFFFFFF}
