@@ -466,10 +466,12 @@ EXPORT CUresult cuDeviceGetAttribute(int *value, int attrib, CUdevice dev) {
 
 CUcontext fc_current(void) { return ctx_depth > 0 ? ctx_stack[ctx_depth - 1] : NULL; }
 
+static int valid_ctx(CUcontext c);
+
 CUresult fc_current_ordinal(int *ordinal) {
     REQUIRE_READY();
     CUcontext c = fc_current();
-    if (c == NULL) return CUDA_ERROR_INVALID_CONTEXT;
+    if (!valid_ctx(c)) return CUDA_ERROR_INVALID_CONTEXT; /* none, or destroyed by another thread */
     *ordinal = c->ordinal;
     return CUDA_SUCCESS;
 }

@@ -247,3 +247,28 @@ def test_preloaded_hooks_do_not_capture_the_drivers_own_references(gpu_env: Env,
         gpu_env(LD_PRELOAD=str(shim)),
     )
     assert report == {"own": True, "interposed": False, "small": 0xFFFFFFFF}
+
+
+def test_a_context_destroyed_by_another_thread_is_refused(gpu_env: Env) -> None:
+    report = run(
+        "import threading\n"
+        "cuda.init()\n"
+        "ctx = cuda.use(0)\n"
+        "out = {}\n"
+        "released = threading.Event()\n"
+        "def other():\n"
+        "    cuda.ok('cuCtxSetCurrent', vp(ctx))\n"
+        "    out['before'] = cuda('cuMemAlloc_v2', ref(u64()), sz(1))\n"
+        "    released.wait()\n"
+        "    out['after'] = cuda('cuMemAlloc_v2', ref(u64()), sz(1))\n"
+        "t = threading.Thread(target=other)\n"
+        "t.start()\n"
+        "while 'before' not in out:\n"
+        "    time.sleep(0.001)\n"
+        "cuda.ok('cuDevicePrimaryCtxRelease_v2', 0)\n"  # the last reference: the context is gone
+        "released.set()\n"
+        "t.join()\n"
+        "emit(**out)",
+        gpu_env(),
+    )
+    assert report == {"before": 0, "after": 201}  # CUDA_ERROR_INVALID_CONTEXT
