@@ -252,3 +252,19 @@ def test_forked_processes_queue_kernels_without_losing_one(gpu_env: Env) -> None
     )
     report = json.loads(done.stdout)
     assert report["ms"] == pytest.approx(report["expected"], abs=0.0005)
+
+
+def test_nvml_reads_the_state_named_at_each_init(gpu_env: Env, tmp_path: Path) -> None:
+    env = gpu_env(memory_gib=8)
+    child, _ = holder(env, GIB)
+    report = run(
+        "nvml = Nvml(os.environ['FAKE_NVML_LIB'])\n"  # the state holder's file is not this one
+        "first = nvml.memory(1)\n"
+        "assert nvml.lib.nvmlShutdown() == 0\n"
+        "os.environ['FAKE_GPU_STATE'] = os.environ['HOLDER_STATE']\n"
+        "assert nvml.lib.nvmlInit_v2() == 0\n"
+        "emit(first=first, second=nvml.memory(1))",
+        {**env, "FAKE_GPU_STATE": str(tmp_path / "other.state"), "HOLDER_STATE": env["FAKE_GPU_STATE"]},
+    )
+    child.finish()
+    assert report == {"first": [8 * GIB, 8 * GIB, 0], "second": [8 * GIB, 7 * GIB, GIB]}
