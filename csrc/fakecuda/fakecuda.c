@@ -15,7 +15,7 @@
  *                                         cuGetProcAddress lookup (what it returned)
  *
  * This file: init, errors, devices, contexts, entry points. fakemem.c: memory; fakeexec.c: streams,
- * events, modules, launches, graphs; fakeprocs.c: the versioned entry point table.
+ * events, modules, launches; fakegraph.c: graphs; fakeprocs.c: the versioned entry point table.
  */
 #include "fakecuda.h"
 
@@ -466,10 +466,12 @@ EXPORT CUresult cuDeviceGetAttribute(int *value, int attrib, CUdevice dev) {
 
 CUcontext fc_current(void) { return ctx_depth > 0 ? ctx_stack[ctx_depth - 1] : NULL; }
 
+static int valid_ctx(CUcontext c);
+
 CUresult fc_current_ordinal(int *ordinal) {
     REQUIRE_READY();
     CUcontext c = fc_current();
-    if (c == NULL) return CUDA_ERROR_INVALID_CONTEXT;
+    if (!valid_ctx(c)) return CUDA_ERROR_INVALID_CONTEXT; /* none, or destroyed by another thread */
     *ordinal = c->ordinal;
     return CUDA_SUCCESS;
 }
@@ -509,14 +511,16 @@ EXPORT CUresult cuDevicePrimaryCtxRelease_v2(CUdevice dev) {
     if (gpu_of(dev) == NULL) return CUDA_ERROR_INVALID_DEVICE;
     pthread_mutex_lock(&ctx_mutex);
     CUresult rc = CUDA_SUCCESS;
+    int destroyed = 0;
     if (primary[dev].refs == 0) {
         rc = CUDA_ERROR_INVALID_CONTEXT;
     } else if (--primary[dev].refs == 0) {
         fc_mem_drop_context(&primary[dev]);
         context_count(dev, -1);
+        destroyed = 1;
     }
     pthread_mutex_unlock(&ctx_mutex);
-    if (primary[dev].refs == 0) unstack(&primary[dev]);
+    if (destroyed) unstack(&primary[dev]);
     return rc;
 }
 

@@ -114,6 +114,47 @@ CUresult fc_stream(CUstream h, int ptsz, fc_stream_ref *out);
 /* Sleep until the wall clock passes `end_ns`. */
 void fc_wait_until(uint64_t end_ns);
 
+/* ---- fakeexec.c: functions ---- */
+
+/* Is `f` a function handle of a loaded module? */
+int fc_valid_function(CUfunction f);
+
+/* ---- fakemem.c ---- */
+
+/* Is [ptr, ptr + bytes) inside one managed allocation of this process? */
+int fc_mem_is_managed(CUdeviceptr ptr, size_t bytes);
+
+/* ---- fakegraph.c: graphs ---- */
+
+enum { NODE_KERNEL = 0, NODE_GRAPH = 4, NODE_EMPTY = 5 }; /* CUgraphNodeType */
+
+/* CUDA_KERNEL_NODE_PARAMS (v1) and _v2 (adds the CUkernel and CUcontext; _v3 has its layout). */
+typedef struct {
+    CUfunction func;
+    unsigned int gridDimX, gridDimY, gridDimZ, blockDimX, blockDimY, blockDimZ, sharedMemBytes;
+    void **kernelParams;
+    void **extra;
+} CUDA_KERNEL_NODE_PARAMS_v1;
+typedef struct {
+    CUfunction func;
+    unsigned int gridDimX, gridDimY, gridDimZ, blockDimX, blockDimY, blockDimZ, sharedMemBytes;
+    void **kernelParams;
+    void **extra;
+    void *kern;
+    CUcontext ctx;
+} CUDA_KERNEL_NODE_PARAMS_v2;
+_Static_assert(sizeof(CUDA_KERNEL_NODE_PARAMS_v1) == 56, "CUDA_KERNEL_NODE_PARAMS layout");
+_Static_assert(sizeof(CUDA_KERNEL_NODE_PARAMS_v2) == 72, "CUDA_KERNEL_NODE_PARAMS_v2 layout");
+
+uint64_t fc_grid_blocks(unsigned int x, unsigned int y, unsigned int z);
+/* Grid and block dimensions a launch accepts (block ≤ 1024 threads, z ≤ 64). */
+int fc_valid_dims(unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by, unsigned bz);
+CUgraph fc_graph_new(void);
+/* A kernel node (params checked by the caller) after `after` (NULL: no dependency). */
+CUgraphNode fc_graph_add_kernel(CUgraph g, const CUDA_KERNEL_NODE_PARAMS_v2 *p, CUgraphNode after);
+/* 0 with the grid blocks one launch of `e` costs, or -1 for a bad handle. */
+int fc_exec_blocks(CUgraphExec e, uint64_t *blocks);
+
 /* ---- fakeprocs.c: the cuGetProcAddress table ---- */
 
 typedef struct {

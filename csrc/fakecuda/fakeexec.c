@@ -1,5 +1,5 @@
 /*
- * fakecuda execution: streams, events, modules, kernel launches and graphs.
+ * fakecuda execution: streams, events, modules, kernel launches (graph launches included).
  *
  * A launch runs nothing. It costs grid blocks x FAKE_GPU_NS_PER_BLOCK ns of simulated device time,
  * queued on the device after every kernel already there (all processes, via the shared state), so
@@ -29,6 +29,7 @@ enum { CAPTURE_NONE = 0, CAPTURE_ACTIVE = 1 };
 struct CUstream_st {
     uint32_t tag;
     int ordinal;
+    CUcontext ctx;
     unsigned int flags;
     int priority;
     uint64_t end_ns;
@@ -66,7 +67,8 @@ static CUresult stream_create(CUstream *ph, unsigned int flags, int priority) {
     if (ph == NULL || (flags & ~1u)) return CUDA_ERROR_INVALID_VALUE; /* CU_STREAM_NON_BLOCKING = 1 */
     CUstream s = calloc(1, sizeof *s);
     if (s == NULL) return CUDA_ERROR_OUT_OF_MEMORY;
-    *s = (struct CUstream_st){.tag = TAG_STREAM, .ordinal = ordinal, .flags = flags, .priority = priority};
+    *s = (struct CUstream_st){
+        .tag = TAG_STREAM, .ordinal = ordinal, .ctx = fc_current(), .flags = flags, .priority = priority};
     *ph = s;
     return CUDA_SUCCESS;
 }
@@ -113,6 +115,25 @@ EXPORT CUresult cuCtxSynchronize(void) {
     CUresult rc = fc_current_ordinal(&ordinal);
     if (rc == CUDA_SUCCESS) fc_wait_until(process_end[ordinal]);
     return rc;
+}
+
+/* The stream's context: the one current at its creation; the default streams': the current one. */
+static CUresult stream_ctx(CUstream h, CUcontext *pctx, void **pgreen, int ptsz) {
+    fc_stream_ref s;
+    CUresult rc = fc_stream(h, ptsz, &s);
+    if (rc != CUDA_SUCCESS) return rc;
+    if (pctx == NULL) return CUDA_ERROR_INVALID_VALUE;
+    *pctx = s.created ? s.created->ctx : fc_current();
+    if (pgreen) *pgreen = NULL; /* no green contexts here */
+    return CUDA_SUCCESS;
+}
+EXPORT CUresult cuStreamGetCtx(CUstream h, CUcontext *pctx) { return stream_ctx(h, pctx, NULL, 0); }
+EXPORT CUresult cuStreamGetCtx_ptsz(CUstream h, CUcontext *pctx) { return stream_ctx(h, pctx, NULL, 1); }
+EXPORT CUresult cuStreamGetCtx_v2(CUstream h, CUcontext *pctx, void **pGreenCtx) {
+    return stream_ctx(h, pctx, pGreenCtx, 0);
+}
+EXPORT CUresult cuStreamGetCtx_v2_ptsz(CUstream h, CUcontext *pctx, void **pGreenCtx) {
+    return stream_ctx(h, pctx, pGreenCtx, 1);
 }
 
 static CUresult stream_query(CUstream h, int ptsz) {
@@ -220,6 +241,8 @@ struct CUfunc_st {
     char name[];
 };
 
+int fc_valid_function(CUfunction f) { return f != NULL && f->tag == TAG_FUNC; }
+
 /* A NUL-terminated PTX text (".version" and ".target"), an ELF cubin, or a fatbin. */
 EXPORT CUresult cuModuleLoadData(CUmodule *module, const void *image) {
     CUresult rc = fc_ready();
@@ -282,320 +305,6 @@ EXPORT CUresult cuModuleGetFunction(CUfunction *hfunc, CUmodule m, const char *n
     return CUDA_SUCCESS;
 }
 
-/* ---- graphs ---- */
-
-enum { NODE_KERNEL = 0, NODE_GRAPH = 4, NODE_EMPTY = 5 };
-
-/* CUDA_KERNEL_NODE_PARAMS (v1) and _v2 (adds the CUkernel and CUcontext). */
-typedef struct {
-    CUfunction func;
-    unsigned int gridDimX, gridDimY, gridDimZ, blockDimX, blockDimY, blockDimZ, sharedMemBytes;
-    void **kernelParams;
-    void **extra;
-} CUDA_KERNEL_NODE_PARAMS_v1;
-typedef struct {
-    CUfunction func;
-    unsigned int gridDimX, gridDimY, gridDimZ, blockDimX, blockDimY, blockDimZ, sharedMemBytes;
-    void **kernelParams;
-    void **extra;
-    void *kern;
-    CUcontext ctx;
-} CUDA_KERNEL_NODE_PARAMS_v2;
-_Static_assert(sizeof(CUDA_KERNEL_NODE_PARAMS_v1) == 56, "CUDA_KERNEL_NODE_PARAMS layout");
-_Static_assert(sizeof(CUDA_KERNEL_NODE_PARAMS_v2) == 72, "CUDA_KERNEL_NODE_PARAMS_v2 layout");
-
-struct CUgraphNode_st {
-    uint32_t tag;
-    int type;
-    CUgraph owner;
-    CUDA_KERNEL_NODE_PARAMS_v2 kernel;
-    CUgraph child; /* NODE_GRAPH: the graph's own copy */
-};
-
-struct CUgraph_st {
-    uint32_t tag;
-    size_t count, cap;
-    CUgraphNode *nodes;
-};
-
-struct CUgraphExec_st {
-    uint32_t tag;
-    int ordinal;
-    uint64_t blocks; /* Σ grid blocks of every kernel node, child graphs included */
-    size_t count;
-    int *types; /* node types, in order: what cuGraphExecUpdate may not change */
-};
-
-static uint64_t grid_blocks(unsigned int x, unsigned int y, unsigned int z) {
-    return (uint64_t)x * (uint64_t)y * (uint64_t)z;
-}
-
-static CUgraph graph_new(void) {
-    CUgraph g = calloc(1, sizeof *g);
-    if (g) g->tag = TAG_GRAPH;
-    return g;
-}
-
-static void graph_free(CUgraph g) {
-    for (size_t i = 0; i < g->count; i++) {
-        if (g->nodes[i]->child) graph_free(g->nodes[i]->child);
-        g->nodes[i]->tag = 0;
-        free(g->nodes[i]);
-    }
-    free(g->nodes);
-    g->tag = 0;
-    free(g);
-}
-
-static CUgraph graph_clone(CUgraph g);
-
-static CUgraphNode graph_add(CUgraph g, int type, const CUDA_KERNEL_NODE_PARAMS_v2 *k, CUgraph child) {
-    if (g->count == g->cap) {
-        size_t cap = g->cap ? g->cap * 2 : 8;
-        CUgraphNode *grown = realloc(g->nodes, cap * sizeof *grown);
-        if (grown == NULL) return NULL;
-        g->nodes = grown;
-        g->cap = cap;
-    }
-    CUgraphNode n = calloc(1, sizeof *n);
-    if (n == NULL) return NULL;
-    n->tag = TAG_NODE;
-    n->type = type;
-    n->owner = g;
-    if (k) n->kernel = *k;
-    if (child && (n->child = graph_clone(child)) == NULL) {
-        free(n);
-        return NULL;
-    }
-    g->nodes[g->count++] = n;
-    return n;
-}
-
-static CUgraph graph_clone(CUgraph g) {
-    CUgraph c = graph_new();
-    for (size_t i = 0; c && i < g->count; i++) {
-        CUgraphNode n = g->nodes[i];
-        if (graph_add(c, n->type, &n->kernel, n->child) == NULL) {
-            graph_free(c);
-            c = NULL;
-        }
-    }
-    return c;
-}
-
-static uint64_t graph_blocks(CUgraph g) {
-    uint64_t sum = 0;
-    for (size_t i = 0; i < g->count; i++) {
-        CUgraphNode n = g->nodes[i];
-        if (n->type == NODE_KERNEL) sum += grid_blocks(n->kernel.gridDimX, n->kernel.gridDimY, n->kernel.gridDimZ);
-        if (n->type == NODE_GRAPH) sum += graph_blocks(n->child);
-    }
-    return sum;
-}
-
-static int valid_graph(CUgraph g) { return g != NULL && g->tag == TAG_GRAPH; }
-
-EXPORT CUresult cuGraphCreate(CUgraph *phGraph, unsigned int flags) {
-    CUresult rc = fc_ready();
-    if (rc != CUDA_SUCCESS) return rc;
-    if (phGraph == NULL || flags != 0) return CUDA_ERROR_INVALID_VALUE;
-    return (*phGraph = graph_new()) ? CUDA_SUCCESS : CUDA_ERROR_OUT_OF_MEMORY;
-}
-
-EXPORT CUresult cuGraphDestroy(CUgraph g) {
-    if (!valid_graph(g)) return CUDA_ERROR_INVALID_VALUE;
-    graph_free(g);
-    return CUDA_SUCCESS;
-}
-
-static CUresult check_deps(CUgraph g, const CUgraphNode *deps, size_t n) {
-    if (n > 0 && deps == NULL) return CUDA_ERROR_INVALID_VALUE;
-    for (size_t i = 0; i < n; i++)
-        if (deps[i] == NULL || deps[i]->tag != TAG_NODE || deps[i]->owner != g) return CUDA_ERROR_INVALID_VALUE;
-    return CUDA_SUCCESS;
-}
-
-static int valid_dims(unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by, unsigned bz) {
-    return gx && gy && gz && bx && by && bz && (uint64_t)bx * by * bz <= 1024 && bz <= 64;
-}
-
-static CUresult add_kernel(CUgraphNode *out, CUgraph g, const CUgraphNode *deps, size_t n,
-                           const CUDA_KERNEL_NODE_PARAMS_v2 *p) {
-    if (out == NULL || p == NULL || !valid_graph(g)) return CUDA_ERROR_INVALID_VALUE;
-    CUresult rc = check_deps(g, deps, n);
-    if (rc != CUDA_SUCCESS) return rc;
-    if (p->func == NULL || p->func->tag != TAG_FUNC) return CUDA_ERROR_INVALID_HANDLE;
-    if (!valid_dims(p->gridDimX, p->gridDimY, p->gridDimZ, p->blockDimX, p->blockDimY, p->blockDimZ))
-        return CUDA_ERROR_INVALID_VALUE;
-    return (*out = graph_add(g, NODE_KERNEL, p, NULL)) ? CUDA_SUCCESS : CUDA_ERROR_OUT_OF_MEMORY;
-}
-
-EXPORT CUresult cuGraphAddKernelNode_v2(CUgraphNode *phGraphNode, CUgraph hGraph, const CUgraphNode *dependencies,
-                                        size_t numDependencies, const CUDA_KERNEL_NODE_PARAMS_v2 *nodeParams) {
-    return add_kernel(phGraphNode, hGraph, dependencies, numDependencies, nodeParams);
-}
-
-EXPORT CUresult cuGraphAddKernelNode(CUgraphNode *phGraphNode, CUgraph hGraph, const CUgraphNode *dependencies,
-                                     size_t numDependencies, const CUDA_KERNEL_NODE_PARAMS_v1 *p) {
-    if (p == NULL) return CUDA_ERROR_INVALID_VALUE;
-    CUDA_KERNEL_NODE_PARAMS_v2 v2 = {p->func, p->gridDimX, p->gridDimY, p->gridDimZ, p->blockDimX, p->blockDimY,
-                                     p->blockDimZ, p->sharedMemBytes, p->kernelParams, p->extra, NULL, NULL};
-    return add_kernel(phGraphNode, hGraph, dependencies, numDependencies, &v2);
-}
-
-EXPORT CUresult cuGraphAddChildGraphNode(CUgraphNode *phGraphNode, CUgraph hGraph, const CUgraphNode *dependencies,
-                                         size_t numDependencies, CUgraph childGraph) {
-    if (phGraphNode == NULL || !valid_graph(hGraph) || !valid_graph(childGraph)) return CUDA_ERROR_INVALID_VALUE;
-    CUresult rc = check_deps(hGraph, dependencies, numDependencies);
-    if (rc != CUDA_SUCCESS) return rc;
-    return (*phGraphNode = graph_add(hGraph, NODE_GRAPH, NULL, childGraph)) ? CUDA_SUCCESS : CUDA_ERROR_OUT_OF_MEMORY;
-}
-
-EXPORT CUresult cuGraphAddEmptyNode(CUgraphNode *phGraphNode, CUgraph hGraph, const CUgraphNode *dependencies,
-                                    size_t numDependencies) {
-    if (phGraphNode == NULL || !valid_graph(hGraph)) return CUDA_ERROR_INVALID_VALUE;
-    CUresult rc = check_deps(hGraph, dependencies, numDependencies);
-    if (rc != CUDA_SUCCESS) return rc;
-    return (*phGraphNode = graph_add(hGraph, NODE_EMPTY, NULL, NULL)) ? CUDA_SUCCESS : CUDA_ERROR_OUT_OF_MEMORY;
-}
-
-EXPORT CUresult cuGraphGetNodes(CUgraph g, CUgraphNode *nodes, size_t *numNodes) {
-    if (!valid_graph(g) || numNodes == NULL) return CUDA_ERROR_INVALID_VALUE;
-    if (nodes == NULL) {
-        *numNodes = g->count;
-        return CUDA_SUCCESS;
-    }
-    size_t n = *numNodes < g->count ? *numNodes : g->count;
-    for (size_t i = 0; i < *numNodes; i++) nodes[i] = i < n ? g->nodes[i] : NULL;
-    *numNodes = n;
-    return CUDA_SUCCESS;
-}
-
-EXPORT CUresult cuGraphNodeGetType(CUgraphNode n, int *type) {
-    if (n == NULL || n->tag != TAG_NODE || type == NULL) return CUDA_ERROR_INVALID_VALUE;
-    *type = n->type;
-    return CUDA_SUCCESS;
-}
-
-EXPORT CUresult cuGraphKernelNodeGetParams_v2(CUgraphNode n, CUDA_KERNEL_NODE_PARAMS_v2 *p) {
-    if (n == NULL || n->tag != TAG_NODE || n->type != NODE_KERNEL || p == NULL) return CUDA_ERROR_INVALID_VALUE;
-    *p = n->kernel;
-    return CUDA_SUCCESS;
-}
-
-EXPORT CUresult cuGraphKernelNodeGetParams(CUgraphNode n, CUDA_KERNEL_NODE_PARAMS_v1 *p) {
-    if (n == NULL || n->tag != TAG_NODE || n->type != NODE_KERNEL || p == NULL) return CUDA_ERROR_INVALID_VALUE;
-    memcpy(p, &n->kernel, sizeof *p); /* v1 is v2's prefix */
-    return CUDA_SUCCESS;
-}
-
-EXPORT CUresult cuGraphChildGraphNodeGetGraph(CUgraphNode n, CUgraph *phGraph) {
-    if (n == NULL || n->tag != TAG_NODE || n->type != NODE_GRAPH || phGraph == NULL) return CUDA_ERROR_INVALID_VALUE;
-    *phGraph = n->child;
-    return CUDA_SUCCESS;
-}
-
-static CUresult instantiate(CUgraphExec *out, CUgraph g) {
-    int ordinal;
-    CUresult rc = fc_current_ordinal(&ordinal);
-    if (rc != CUDA_SUCCESS) return rc;
-    if (out == NULL || !valid_graph(g)) return CUDA_ERROR_INVALID_VALUE;
-    CUgraphExec e = calloc(1, sizeof *e);
-    int *types = calloc(g->count + 1, sizeof *types);
-    if (e == NULL || types == NULL) {
-        free(e);
-        free(types);
-        return CUDA_ERROR_OUT_OF_MEMORY;
-    }
-    for (size_t i = 0; i < g->count; i++) types[i] = g->nodes[i]->type;
-    *e = (struct CUgraphExec_st){TAG_EXEC, ordinal, graph_blocks(g), g->count, types};
-    *out = e;
-    return CUDA_SUCCESS;
-}
-
-EXPORT CUresult cuGraphInstantiateWithFlags(CUgraphExec *phGraphExec, CUgraph hGraph, unsigned long long flags) {
-    if (flags & ~0xFull) return CUDA_ERROR_INVALID_VALUE;
-    return instantiate(phGraphExec, hGraph);
-}
-
-/* CUDA 11's form (error node and log buffer), as cuGraphInstantiate and cuGraphInstantiate_v2. */
-EXPORT CUresult cuGraphInstantiate_v2(CUgraphExec *phGraphExec, CUgraph hGraph, CUgraphNode *phErrorNode,
-                                      char *logBuffer, size_t bufferSize) {
-    if (phErrorNode) *phErrorNode = NULL;
-    if (logBuffer && bufferSize) logBuffer[0] = '\0';
-    return instantiate(phGraphExec, hGraph);
-}
-EXPORT CUresult cuGraphInstantiate(CUgraphExec *phGraphExec, CUgraph hGraph, CUgraphNode *phErrorNode,
-                                   char *logBuffer, size_t bufferSize) {
-    return cuGraphInstantiate_v2(phGraphExec, hGraph, phErrorNode, logBuffer, bufferSize);
-}
-
-/* CUDA_GRAPH_INSTANTIATE_PARAMS: flags, upload stream, error node out, result out. */
-typedef struct {
-    cuuint64_t flags;
-    CUstream hUploadStream;
-    CUgraphNode hErrNode_out;
-    int result_out; /* CUDA_GRAPH_INSTANTIATE_SUCCESS = 0 */
-} CUDA_GRAPH_INSTANTIATE_PARAMS;
-
-static CUresult instantiate_params(CUgraphExec *phGraphExec, CUgraph hGraph, CUDA_GRAPH_INSTANTIATE_PARAMS *p) {
-    if (p == NULL) return CUDA_ERROR_INVALID_VALUE;
-    CUresult rc = instantiate(phGraphExec, hGraph);
-    p->hErrNode_out = NULL;
-    p->result_out = rc == CUDA_SUCCESS ? 0 : 1;
-    return rc;
-}
-EXPORT CUresult cuGraphInstantiateWithParams(CUgraphExec *phGraphExec, CUgraph hGraph,
-                                             CUDA_GRAPH_INSTANTIATE_PARAMS *p) {
-    return instantiate_params(phGraphExec, hGraph, p);
-}
-EXPORT CUresult cuGraphInstantiateWithParams_ptsz(CUgraphExec *phGraphExec, CUgraph hGraph,
-                                                  CUDA_GRAPH_INSTANTIATE_PARAMS *p) {
-    return instantiate_params(phGraphExec, hGraph, p);
-}
-
-EXPORT CUresult cuGraphExecDestroy(CUgraphExec e) {
-    if (e == NULL || e->tag != TAG_EXEC) return CUDA_ERROR_INVALID_VALUE;
-    e->tag = 0;
-    free(e->types);
-    free(e);
-    return CUDA_SUCCESS;
-}
-
-/* Takes the new graph's kernel parameters when its nodes have the same types in the same order. */
-static CUresult exec_update(CUgraphExec e, CUgraph g, int *result) {
-    if (e == NULL || e->tag != TAG_EXEC || !valid_graph(g)) return CUDA_ERROR_INVALID_VALUE;
-    int same = g->count == e->count;
-    for (size_t i = 0; same && i < g->count; i++) same = g->nodes[i]->type == e->types[i];
-    if (!same) {
-        *result = g->count == e->count ? 3 : 2; /* NODE_TYPE_CHANGED : TOPOLOGY_CHANGED */
-        return CUDA_ERROR_GRAPH_EXEC_UPDATE_FAILURE;
-    }
-    e->blocks = graph_blocks(g);
-    *result = 0; /* CU_GRAPH_EXEC_UPDATE_SUCCESS */
-    return CUDA_SUCCESS;
-}
-
-EXPORT CUresult cuGraphExecUpdate(CUgraphExec e, CUgraph g, CUgraphNode *hErrorNode_out, int *updateResult_out) {
-    int result = 1;
-    CUresult rc = exec_update(e, g, &result);
-    if (hErrorNode_out) *hErrorNode_out = NULL;
-    if (updateResult_out) *updateResult_out = result;
-    return rc;
-}
-
-typedef struct {
-    int result;
-    CUgraphNode errorNode, errorFromNode;
-} CUgraphExecUpdateResultInfo;
-
-EXPORT CUresult cuGraphExecUpdate_v2(CUgraphExec e, CUgraph g, CUgraphExecUpdateResultInfo *info) {
-    int result = 1;
-    CUresult rc = exec_update(e, g, &result);
-    if (info) *info = (CUgraphExecUpdateResultInfo){result, NULL, NULL};
-    return rc;
-}
-
 /* ---- launches ---- */
 
 static CUresult run(fc_stream_ref *s, uint64_t blocks) {
@@ -610,16 +319,16 @@ static CUresult launch(CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsi
     CUresult rc = fc_stream(h, ptsz, &s);
     if (rc != CUDA_SUCCESS) return rc;
     if (f == NULL || f->tag != TAG_FUNC) return CUDA_ERROR_INVALID_HANDLE;
-    if (!valid_dims(gx, gy, gz, bx, by, bz)) return CUDA_ERROR_INVALID_VALUE;
+    if (!fc_valid_dims(gx, gy, gz, bx, by, bz)) return CUDA_ERROR_INVALID_VALUE;
     if (s.created && s.created->capturing) {
         CUstream cs = s.created;
         CUDA_KERNEL_NODE_PARAMS_v2 p = {f, gx, gy, gz, bx, by, bz, shared, params, extra, NULL, NULL};
-        CUgraphNode n = graph_add(cs->graph, NODE_KERNEL, &p, NULL);
+        CUgraphNode n = fc_graph_add_kernel(cs->graph, &p, cs->last);
         if (n == NULL) return CUDA_ERROR_OUT_OF_MEMORY;
         cs->last = n;
         return CUDA_SUCCESS;
     }
-    return run(&s, grid_blocks(gx, gy, gz));
+    return run(&s, fc_grid_blocks(gx, gy, gz));
 }
 
 EXPORT CUresult cuLaunchKernel(CUfunction f, unsigned int gridDimX, unsigned int gridDimY, unsigned int gridDimZ,
@@ -716,9 +425,10 @@ static CUresult graph_launch(CUgraphExec e, CUstream h, int ptsz) {
     fc_stream_ref s;
     CUresult rc = fc_stream(h, ptsz, &s);
     if (rc != CUDA_SUCCESS) return rc;
-    if (e == NULL || e->tag != TAG_EXEC) return CUDA_ERROR_INVALID_VALUE;
+    uint64_t blocks;
+    if (fc_exec_blocks(e, &blocks) < 0) return CUDA_ERROR_INVALID_VALUE;
     if (s.created && s.created->capturing) return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
-    return run(&s, e->blocks);
+    return run(&s, blocks);
 }
 EXPORT CUresult cuGraphLaunch(CUgraphExec e, CUstream h) { return graph_launch(e, h, 0); }
 EXPORT CUresult cuGraphLaunch_ptsz(CUgraphExec e, CUstream h) { return graph_launch(e, h, 1); }
@@ -732,7 +442,7 @@ static CUresult begin_capture(CUstream h, int mode, int ptsz) {
     if (mode < 0 || mode > 2) return CUDA_ERROR_INVALID_VALUE;
     if (s.created == NULL) return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
     if (s.created->capturing) return CUDA_ERROR_ILLEGAL_STATE;
-    CUgraph g = graph_new();
+    CUgraph g = fc_graph_new();
     if (g == NULL) return CUDA_ERROR_OUT_OF_MEMORY;
     pthread_mutex_lock(&exec_mutex);
     s.created->capture_id = ++capture_ids;

@@ -558,3 +558,66 @@ EXPORT CUresult cuMemHostGetDevicePointer_v2(CUdeviceptr *pdptr, void *p, unsign
     *pdptr = (uintptr_t)p;
     return CUDA_SUCCESS;
 }
+
+/* ---- managed memory hints: checked, then no-ops (nothing migrates in the fake) ---- */
+
+int fc_mem_is_managed(CUdeviceptr ptr, size_t bytes) {
+    pthread_mutex_lock(&mem_mutex);
+    int found = 0;
+    for (size_t i = 0; i < n_allocs && !found; i++)
+        found = allocs[i].kind == K_MANAGED && ptr >= allocs[i].key && bytes <= allocs[i].bytes &&
+                ptr - allocs[i].key <= allocs[i].bytes - bytes;
+    pthread_mutex_unlock(&mem_mutex);
+    return found;
+}
+
+#define CU_DEVICE_CPU (-1)
+
+/* A location that may hold managed pages: a device, or the host (types 2..4). */
+static CUresult check_location(CUmemLocation loc) {
+    if (loc.type == LOC_DEVICE) return fc_nvml_index(loc.id) < 0 ? CUDA_ERROR_INVALID_DEVICE : CUDA_SUCCESS;
+    return loc.type >= LOC_HOST && loc.type <= LOC_HOST_NUMA_CURRENT ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
+}
+
+static CUmemLocation device_location(int device) {
+    return device == CU_DEVICE_CPU ? (CUmemLocation){LOC_HOST, 0} : (CUmemLocation){LOC_DEVICE, device};
+}
+
+/* CUmem_advise: SET/UNSET of READ_MOSTLY, PREFERRED_LOCATION, ACCESSED_BY (1..6). */
+static CUresult advise(CUdeviceptr ptr, size_t count, int advice, CUmemLocation loc) {
+    CUresult rc = fc_ready();
+    if (rc != CUDA_SUCCESS) return rc;
+    if (advice < 1 || advice > 6 || count == 0 || !fc_mem_is_managed(ptr, count)) return CUDA_ERROR_INVALID_VALUE;
+    return check_location(loc);
+}
+
+EXPORT CUresult cuMemAdvise(CUdeviceptr devPtr, size_t count, int advice, CUdevice device) {
+    return advise(devPtr, count, advice, device_location(device));
+}
+EXPORT CUresult cuMemAdvise_v2(CUdeviceptr devPtr, size_t count, int advice, CUmemLocation location) {
+    return advise(devPtr, count, advice, location);
+}
+
+static CUresult prefetch(CUdeviceptr ptr, size_t count, CUmemLocation loc, unsigned int flags, CUstream h, int ptsz) {
+    fc_stream_ref s;
+    CUresult rc = fc_ready();
+    if (rc == CUDA_SUCCESS) rc = fc_stream(h, ptsz, &s);
+    if (rc != CUDA_SUCCESS) return rc;
+    if (flags != 0 || count == 0 || !fc_mem_is_managed(ptr, count)) return CUDA_ERROR_INVALID_VALUE;
+    return check_location(loc);
+}
+
+EXPORT CUresult cuMemPrefetchAsync(CUdeviceptr devPtr, size_t count, CUdevice dstDevice, CUstream hStream) {
+    return prefetch(devPtr, count, device_location(dstDevice), 0, hStream, 0);
+}
+EXPORT CUresult cuMemPrefetchAsync_ptsz(CUdeviceptr devPtr, size_t count, CUdevice dstDevice, CUstream hStream) {
+    return prefetch(devPtr, count, device_location(dstDevice), 0, hStream, 1);
+}
+EXPORT CUresult cuMemPrefetchAsync_v2(CUdeviceptr devPtr, size_t count, CUmemLocation location, unsigned int flags,
+                                      CUstream hStream) {
+    return prefetch(devPtr, count, location, flags, hStream, 0);
+}
+EXPORT CUresult cuMemPrefetchAsync_v2_ptsz(CUdeviceptr devPtr, size_t count, CUmemLocation location,
+                                           unsigned int flags, CUstream hStream) {
+    return prefetch(devPtr, count, location, flags, hStream, 1);
+}

@@ -2,7 +2,7 @@
  * The entry points cuGetProcAddress serves: (base name, CUDA version of the ABI variant, per-thread
  * stream variant?, exported name). A lookup takes the newest variant not newer than the caller's
  * version, as documented for cuGetProcAddress; the versions are those of cudaTypedefs.h's PFN_*_vNNNNN
- * typedefs (cuCtxCreate's _v4 is CUDA 13's default).
+ * typedefs, which libcudart 12.9 asks for (cuCtxCreate's _v4 is CUDA 13's default).
  */
 #include "fakecuda.h"
 
@@ -156,7 +156,29 @@
     X(cuGraphExecUpdate, 10020, 0, cuGraphExecUpdate)                                              \
     X(cuGraphExecUpdate, 12000, 0, cuGraphExecUpdate_v2)                                           \
     X(cuGraphLaunch, 10000, 0, cuGraphLaunch)                                                      \
-    X(cuGraphLaunch, 10000, 1, cuGraphLaunch_ptsz)
+    X(cuGraphLaunch, 10000, 1, cuGraphLaunch_ptsz)                                                 \
+    X(cuGraphAddNode, 12020, 0, cuGraphAddNode)                                                    \
+    X(cuGraphAddNode, 12030, 0, cuGraphAddNode_v2)                                                 \
+    X(cuGraphGetEdges, 10000, 0, cuGraphGetEdges)                                                  \
+    X(cuGraphGetEdges, 12030, 0, cuGraphGetEdges_v2)                                               \
+    X(cuGraphNodeGetDependencies, 10000, 0, cuGraphNodeGetDependencies)                            \
+    X(cuGraphNodeGetDependencies, 12030, 0, cuGraphNodeGetDependencies_v2)                         \
+    X(cuGraphNodeGetDependentNodes, 10000, 0, cuGraphNodeGetDependentNodes)                        \
+    X(cuGraphNodeGetDependentNodes, 12030, 0, cuGraphNodeGetDependentNodes_v2)                     \
+    X(cuGraphAddDependencies, 10000, 0, cuGraphAddDependencies)                                    \
+    X(cuGraphAddDependencies, 12030, 0, cuGraphAddDependencies_v2)                                 \
+    X(cuGraphRemoveDependencies, 10000, 0, cuGraphRemoveDependencies)                              \
+    X(cuGraphRemoveDependencies, 12030, 0, cuGraphRemoveDependencies_v2)                           \
+    X(cuMemAdvise, 8000, 0, cuMemAdvise)                                                           \
+    X(cuMemAdvise, 12020, 0, cuMemAdvise_v2)                                                       \
+    X(cuMemPrefetchAsync, 8000, 0, cuMemPrefetchAsync)                                             \
+    X(cuMemPrefetchAsync, 8000, 1, cuMemPrefetchAsync_ptsz)                                        \
+    X(cuMemPrefetchAsync, 12020, 0, cuMemPrefetchAsync_v2)                                         \
+    X(cuMemPrefetchAsync, 12020, 1, cuMemPrefetchAsync_v2_ptsz)                                    \
+    X(cuStreamGetCtx, 9020, 0, cuStreamGetCtx)                                                     \
+    X(cuStreamGetCtx, 9020, 1, cuStreamGetCtx_ptsz)                                                \
+    X(cuStreamGetCtx, 12050, 0, cuStreamGetCtx_v2)                                                 \
+    X(cuStreamGetCtx, 12050, 1, cuStreamGetCtx_v2_ptsz)
 
 /* The functions are declared as objects only to take their addresses without repeating every
  * prototype here; nothing calls through these declarations. */

@@ -10,6 +10,8 @@
  *   FAKE_NVML_PROFILE=/path/to/profile.yaml   read at nvmlInit* when not already initialized
  *   FAKE_GPU_STATE=/path                      the state shared with the fake libcuda (unset: none,
  *                                             no process uses the GPUs)
+ *   FAKE_NVML_HIDE_PROCESS_MEMORY=1           process lists give usedGpuMemory as
+ *                                             NVML_VALUE_NOT_AVAILABLE
  *
  * The profile is a flat YAML subset, defined in vgpud/gpu/profile.py and parsed by
  * csrc/fakestate/profile.c. A missing or unparsable profile (or state file) makes nvmlInit* fail
@@ -282,6 +284,14 @@ EXPORT nvmlReturn_t nvmlDeviceGetAddressingMode(nvmlDevice_t device, nvmlDeviceA
 /* ---- processes and utilization, from the fake libcuda's shared state ------------------------- */
 
 #define NVML_VALUE_NOT_AVAILABLE_UINT 0xFFFFFFFFu
+#define NVML_VALUE_NOT_AVAILABLE_ULL 0xFFFFFFFFFFFFFFFFull
+
+/* FAKE_NVML_HIDE_PROCESS_MEMORY=1: usedGpuMemory reads NVML_VALUE_NOT_AVAILABLE, as real NVML reports
+ * it where it may not see other processes' memory (e.g. without privileges, or under Windows WDDM). */
+static int hide_process_memory(void) {
+    const char *v = getenv("FAKE_NVML_HIDE_PROCESS_MEMORY");
+    return v && strcmp(v, "1") == 0;
+}
 
 /* nvmlProcessInfo_v1_t: what the unsuffixed calls fill. */
 typedef struct {
@@ -325,6 +335,8 @@ static nvmlReturn_t list_processes(nvmlDevice_t device, unsigned int *count, voi
     }
     *count = n;
     if (n > 0 && infos == NULL) return NVML_ERROR_INVALID_ARGUMENT;
+    if (hide_process_memory())
+        for (unsigned int i = 0; i < n; i++) procs[i].bytes = NVML_VALUE_NOT_AVAILABLE_ULL;
     for (unsigned int i = 0; i < n; i++) {
         char *slot = (char *)infos + i * stride;
         if (stride == sizeof(nvmlProcessInfo_v1_t)) {

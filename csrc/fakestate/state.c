@@ -14,17 +14,24 @@
 #include <unistd.h>
 
 #define FS_MAGIC 0x46475331u /* "FGS1" */
-#define FS_VERSION 1u
+#define FS_VERSION 2u
 #define FS_MAX_SLOTS 256
-#define FS_SPANS 256 /* busy spans kept per slot / device; adjacent ones merge */
+#define FS_SPANS 256            /* busy spans kept exactly per slot / device; adjacent ones merge */
+#define FS_BUCKETS 2048         /* and busy time per 10 ms bucket, 20.48 s of them */
+#define FS_BUCKET_NS 10000000ull
 
 typedef struct {
     uint64_t start, end;
 } fs_span;
 
+/* Busy time as exact spans, newest FS_SPANS of them, and, for what is older than those (many short
+ * kernels with gaps make a span each), per 10 ms bucket: `bucket_id` says which 10 ms a slot of
+ * the ring holds now. */
 typedef struct {
     uint32_t head, count; /* head: the newest span */
     fs_span span[FS_SPANS];
+    uint64_t bucket_id[FS_BUCKETS];
+    uint64_t bucket_busy[FS_BUCKETS];
 } fs_timeline;
 
 typedef struct {
@@ -122,8 +129,9 @@ static void unlock(void) {
     pthread_mutex_unlock(&mutex);
 }
 
+/* Write the header and devices of a new state; the rest of a new file (or anonymous mapping) is
+ * zeros already, and stays untouched (sparse) until used. */
 static void fill(fs_file *f, const fake_profile *p) {
-    memset(f, 0, sizeof *f);
     f->version = FS_VERSION;
     f->size = sizeof *f;
     f->count = p->count;
@@ -315,7 +323,22 @@ unsigned int fs_processes(unsigned int dev, uint32_t flags, fs_proc *out, unsign
     return n;
 }
 
+static void add_buckets(fs_timeline *t, uint64_t start, uint64_t end) {
+    if (end - start > (FS_BUCKETS / 2) * FS_BUCKET_NS) end = start + (FS_BUCKETS / 2) * FS_BUCKET_NS;
+    for (uint64_t b = start / FS_BUCKET_NS; b * FS_BUCKET_NS < end; b++) {
+        uint64_t *id = &t->bucket_id[b % FS_BUCKETS], *busy = &t->bucket_busy[b % FS_BUCKETS];
+        if (*id != b) {
+            *id = b;
+            *busy = 0;
+        }
+        uint64_t lo = b * FS_BUCKET_NS > start ? b * FS_BUCKET_NS : start;
+        uint64_t hi = (b + 1) * FS_BUCKET_NS < end ? (b + 1) * FS_BUCKET_NS : end;
+        *busy += hi - lo;
+    }
+}
+
 static void add_span(fs_timeline *t, uint64_t start, uint64_t end) {
+    add_buckets(t, start, end);
     if (t->count > 0) {
         fs_span *last = &t->span[t->head];
         if (start <= last->end) {
@@ -328,13 +351,30 @@ static void add_span(fs_timeline *t, uint64_t start, uint64_t end) {
     if (t->count < FS_SPANS) t->count++;
 }
 
+/* Busy time in [t0, t1) from the buckets, a partly covered bucket counted pro rata. */
+static uint64_t bucket_overlap(const fs_timeline *t, uint64_t t0, uint64_t t1) {
+    uint64_t sum = 0;
+    for (uint64_t b = t0 / FS_BUCKET_NS; b * FS_BUCKET_NS < t1; b++) {
+        if (t->bucket_id[b % FS_BUCKETS] != b) continue;
+        uint64_t lo = b * FS_BUCKET_NS > t0 ? b * FS_BUCKET_NS : t0;
+        uint64_t hi = (b + 1) * FS_BUCKET_NS < t1 ? (b + 1) * FS_BUCKET_NS : t1;
+        sum += (uint64_t)((double)t->bucket_busy[b % FS_BUCKETS] * (double)(hi - lo) / (double)FS_BUCKET_NS);
+    }
+    return sum;
+}
+
+/* Busy time in [t0, t1): exact where the spans reach, from the buckets before the oldest kept span. */
 static uint64_t overlap(const fs_timeline *t, uint64_t t0, uint64_t t1) {
     uint64_t sum = 0;
     for (uint32_t k = 0; k < t->count; k++) {
         const fs_span *s = &t->span[(t->head + FS_SPANS - k) % FS_SPANS];
         uint64_t a = s->start > t0 ? s->start : t0, b = s->end < t1 ? s->end : t1;
         if (b > a) sum += b - a;
-        if (s->end <= t0) break; /* older spans end earlier still */
+        if (s->end <= t0) return sum; /* older spans end earlier still: the spans covered t0 */
+    }
+    if (t->count == FS_SPANS) { /* spans were dropped: what is older than the oldest kept one */
+        uint64_t oldest = t->span[(t->head + 1) % FS_SPANS].start;
+        if (t0 < oldest) sum += bucket_overlap(t, t0, oldest < t1 ? oldest : t1);
     }
     return sum;
 }

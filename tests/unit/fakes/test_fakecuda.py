@@ -2,8 +2,13 @@
 
 from __future__ import annotations
 
+import shutil
+import subprocess
+from pathlib import Path
+
 import pytest
 
+from tests.support import require
 from tests.unit.fakes.conftest import Env
 from tests.unit.fakes.gpu import GIB, UUID_A, UUID_B, run, start
 
@@ -125,6 +130,21 @@ PROCS = [
     ("cuDeviceTotalMem", 12000, 0, "cuDeviceTotalMem_v2"),
     ("cuDeviceGetUuid", 12000, 0, "cuDeviceGetUuid_v2"),
     ("cuDevicePrimaryCtxRelease", 12000, 0, "cuDevicePrimaryCtxRelease_v2"),
+    # the ABI-conflict families: same base name, different signatures by version
+    ("cuGraphAddNode", 12020, 0, "cuGraphAddNode"),
+    ("cuGraphAddNode", 12030, 0, "cuGraphAddNode_v2"),
+    ("cuGraphGetEdges", 12020, 0, "cuGraphGetEdges"),
+    ("cuGraphGetEdges", 12030, 0, "cuGraphGetEdges_v2"),
+    ("cuGraphNodeGetDependencies", 12030, 0, "cuGraphNodeGetDependencies_v2"),
+    ("cuGraphNodeGetDependentNodes", 12000, 0, "cuGraphNodeGetDependentNodes"),
+    ("cuGraphAddDependencies", 12030, 0, "cuGraphAddDependencies_v2"),
+    ("cuGraphRemoveDependencies", 11000, 0, "cuGraphRemoveDependencies"),
+    ("cuMemAdvise", 12000, 0, "cuMemAdvise"),
+    ("cuMemAdvise", 12020, 0, "cuMemAdvise_v2"),
+    ("cuMemPrefetchAsync", 12020, 2, "cuMemPrefetchAsync_v2_ptsz"),
+    ("cuMemPrefetchAsync", 8000, 2, "cuMemPrefetchAsync_ptsz"),
+    ("cuStreamGetCtx", 12040, 0, "cuStreamGetCtx"),
+    ("cuStreamGetCtx", 12050, 2, "cuStreamGetCtx_v2_ptsz"),
 ]
 
 
@@ -201,3 +221,54 @@ def test_contexts(gpu_env: Env) -> None:
         "destroyed": 201,
         "sync": 0,
     }
+
+
+SHIM = """
+int cuMemAlloc_v2(unsigned long long *p, unsigned long n) { (void)p; (void)n; return 42; }
+int cuDeviceTotalMem_v2(unsigned long *b, int d) { (void)d; *b = 7; return 0; }
+"""
+
+
+def test_preloaded_hooks_do_not_capture_the_drivers_own_references(gpu_env: Env, tmp_path: Path) -> None:
+    # like the real driver's, the table cuGetProcAddress serves and the driver's internal calls bind
+    # to its own functions, whatever an LD_PRELOADed library (libvgpu) defines under the same names
+    gcc = shutil.which("gcc")
+    require(gcc is not None, "gcc", "apt-get install gcc (make build needs it too)")
+    (tmp_path / "shim.c").write_text(SHIM)
+    shim = tmp_path / "shim.so"
+    subprocess.run([str(gcc), "-shared", "-fPIC", "-o", str(shim), str(tmp_path / "shim.c")], check=True)
+    report = run(
+        "cuda.init()\n"
+        "rc, fn, status = cuda.proc('cuMemAlloc', 12000)\n"
+        "small = ctypes.c_uint()\n"
+        "cuda.ok('cuDeviceTotalMem', ref(small), 0)\n"  # the v1 form calls the driver's own _v2
+        "hook = ctypes.cast(ctypes.CDLL(os.environ['LD_PRELOAD']).cuMemAlloc_v2, vp).value\n"
+        "emit(own=fn == cuda.address('cuMemAlloc_v2'), interposed=fn == hook, small=small.value)",
+        gpu_env(LD_PRELOAD=str(shim)),
+    )
+    assert report == {"own": True, "interposed": False, "small": 0xFFFFFFFF}
+
+
+def test_a_context_destroyed_by_another_thread_is_refused(gpu_env: Env) -> None:
+    report = run(
+        "import threading\n"
+        "cuda.init()\n"
+        "ctx = cuda.use(0)\n"
+        "out = {}\n"
+        "released = threading.Event()\n"
+        "def other():\n"
+        "    cuda.ok('cuCtxSetCurrent', vp(ctx))\n"
+        "    out['before'] = cuda('cuMemAlloc_v2', ref(u64()), sz(1))\n"
+        "    released.wait()\n"
+        "    out['after'] = cuda('cuMemAlloc_v2', ref(u64()), sz(1))\n"
+        "t = threading.Thread(target=other)\n"
+        "t.start()\n"
+        "while 'before' not in out:\n"
+        "    time.sleep(0.001)\n"
+        "cuda.ok('cuDevicePrimaryCtxRelease_v2', 0)\n"  # the last reference: the context is gone
+        "released.set()\n"
+        "t.join()\n"
+        "emit(**out)",
+        gpu_env(),
+    )
+    assert report == {"before": 0, "after": 201}  # CUDA_ERROR_INVALID_CONTEXT

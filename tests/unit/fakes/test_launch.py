@@ -282,3 +282,126 @@ def test_device_utilization_follows_the_queued_work(gpu_env: Env) -> None:
     # the 1 s window ending at the query: fully busy unless the query was late past the kernel's end
     shares = [busy_share(q, s) for q in (r["q0"], r["q1"]) for s in (w["before"], w["after"])]
     assert round(100 * min(shares)) <= r["gpu"] <= round(100 * max(shares))
+
+
+def test_graph_edges_and_generic_nodes(gpu_env: Env) -> None:
+    report = run(
+        SETUP + "class Params(ctypes.Structure):\n"
+        "    _fields_ = [('func', vp), ('dims', u * 7), ('params', vp), ('extra', vp), ('kern', vp),\n"
+        "                ('ctx', vp)]\n"
+        "class NodeParams(ctypes.Structure):\n"
+        "    _fields_ = [('type', ctypes.c_int), ('reserved0', ctypes.c_int * 3), ('kernel', Params),\n"
+        "                ('rest', ctypes.c_byte * (256 - 16 - ctypes.sizeof(Params)))]\n"
+        "g = vp()\n"
+        "cuda.ok('cuGraphCreate', ref(g), 0)\n"
+        "a, b, c = vp(), vp(), vp()\n"
+        "cuda.ok('cuGraphAddEmptyNode', ref(a), g, None, sz(0))\n"
+        "p = NodeParams(0, (ctypes.c_int * 3)(), Params(fn, (u * 7)(6, 1, 1, 32, 1, 1, 0)))\n"
+        "cuda.ok('cuGraphAddNode', ref(b), g, ref(a), sz(1), ref(p))\n"
+        "cuda.ok('cuGraphAddNode_v2', ref(c), g, ref(a), None, sz(1), ref(p))\n"
+        "cuda.ok('cuGraphAddDependencies', g, ref(b), ref(c), sz(1))\n"
+        "again = cuda('cuGraphAddDependencies', g, ref(b), ref(c), sz(1))\n"
+        "n = sz()\n"
+        "cuda.ok('cuGraphGetEdges', g, None, None, ref(n))\n"
+        "edges = n.value\n"
+        "frm, to = (vp * 3)(), (vp * 3)()\n"
+        "cuda.ok('cuGraphGetEdges_v2', g, frm, to, (u64 * 3)(), ref(n))\n"
+        "names = {a.value: 'a', b.value: 'b', c.value: 'c'}\n"
+        "pairs = sorted(names[f] + names[t] for f, t in zip(frm, to))\n"
+        "deps = (vp * 4)()\n"
+        "n = sz(4)\n"
+        "cuda.ok('cuGraphNodeGetDependencies', c, deps, ref(n))\n"
+        "c_deps = sorted(names[d] for d in deps[: n.value])\n"
+        "n = sz(4)\n"
+        "cuda.ok('cuGraphNodeGetDependentNodes_v2', a, deps, (u64 * 4)(), ref(n))\n"
+        "a_dependents = sorted(names[d] for d in deps[: n.value])\n"
+        "cuda.ok('cuGraphRemoveDependencies_v2', g, ref(a), ref(c), None, sz(1))\n"
+        "n = sz()\n"
+        "cuda.ok('cuGraphGetEdges', g, None, None, ref(n))\n"
+        "p.type = 1\n"  # a memcpy node: not simulated
+        "unsupported = cuda('cuGraphAddNode', ref(vp()), g, None, sz(0), ref(p))\n"
+        "exe = vp()\n"
+        "cuda.ok('cuGraphInstantiateWithFlags', ref(exe), g, u64(0))\n"
+        "emit(edges=edges, pairs=pairs, again=again, c_deps=c_deps, a_dependents=a_dependents,\n"
+        "     after_remove=n.value, unsupported=unsupported,\n"
+        "     cost=cost(lambda: cuda.ok('cuGraphLaunch', exe, None)))",
+        gpu_env(FAKE_GPU_NS_PER_BLOCK=str(NS)),
+    )
+    assert report["cost"] == pytest.approx(12 * NS / 1e6, rel=1e-5)
+    del report["cost"]
+    assert report == {
+        "edges": 3,
+        "pairs": ["ab", "ac", "bc"],
+        "again": 1,
+        "c_deps": ["a", "b"],
+        "a_dependents": ["b", "c"],
+        "after_remove": 2,
+        "unsupported": 801,
+    }
+
+
+def test_stream_context_and_managed_hints(gpu_env: Env) -> None:
+    report = run(
+        SETUP + "primary = vp()\n"
+        "cuda.ok('cuCtxGetCurrent', ref(primary))\n"
+        "s = cuda.stream()\n"
+        "other = vp()\n"
+        "cuda.ok('cuCtxCreate_v2', ref(other), 0, 1)\n"  # now current
+        "got, green = vp(), vp(1)\n"
+        "cuda.ok('cuStreamGetCtx', vp(s), ref(got))\n"
+        "created_in = got.value == primary.value\n"
+        "cuda.ok('cuStreamGetCtx_v2_ptsz', None, ref(got), ref(green))\n"
+        "default_is_current = got.value == other.value and green.value is None\n"
+        "m = u64()\n"
+        "cuda.ok('cuMemAllocManaged', ref(m), sz(1 << 20), 1)\n"
+        "d = cuda.alloc(1 << 20)\n"
+        "class Loc(ctypes.Structure):\n"
+        "    _fields_ = [('type', ctypes.c_int), ('id', ctypes.c_int)]\n"
+        "emit(created_in=created_in, default_is_current=default_is_current,\n"
+        "     advise=cuda('cuMemAdvise', m, sz(1 << 20), 1, 0),\n"
+        "     advise_cpu=cuda('cuMemAdvise', m, sz(4096), 3, -1),\n"
+        "     advise_device_memory=cuda('cuMemAdvise', u64(d), sz(4096), 1, 0),\n"
+        "     advise_bad_device=cuda('cuMemAdvise_v2', m, sz(4096), 1, Loc(1, 9)),\n"
+        "     past_the_end=cuda('cuMemAdvise_v2', u64(m.value + 4096), sz(1 << 20), 1, Loc(1, 0)),\n"
+        "     prefetch=cuda('cuMemPrefetchAsync', m, sz(1 << 20), 1, vp(s)),\n"
+        "     prefetch_v2=cuda('cuMemPrefetchAsync_v2_ptsz', m, sz(1 << 20), Loc(2, 0), 0, None),\n"
+        "     prefetch_flags=cuda('cuMemPrefetchAsync_v2', m, sz(1 << 20), Loc(1, 0), 1, None))",
+        gpu_env(),
+    )
+    assert report == {
+        "created_in": True,
+        "default_is_current": True,
+        "advise": 0,
+        "advise_cpu": 0,
+        "advise_device_memory": 1,
+        "advise_bad_device": 101,
+        "past_the_end": 1,
+        "prefetch": 0,
+        "prefetch_v2": 0,
+        "prefetch_flags": 1,
+    }
+
+
+def test_utilization_counts_every_one_of_many_short_kernels(gpu_env: Env) -> None:
+    # many one-microsecond kernels with idle gaps between them (a launch takes longer than that):
+    # each is a busy span of its own, and all of them count, not just the newest ones
+    env = gpu_env(FAKE_GPU_NS_PER_BLOCK="1000")
+    child = start(
+        "cuda.init()\ncuda.use(0)\nfn = cuda.kernel()\n"
+        "start = time.time_ns()\nn = 0\n"
+        "while time.time_ns() - start < 600_000_000:\n"
+        "    cuda.launch(fn, 1)\n"
+        "    n += 1\n"
+        "cuda.ok('cuCtxSynchronize')\n"
+        "emit(pid=os.getpid(), start=start, n=n)\nhold()",
+        env,
+    )
+    w = child.read()
+    since = w["start"] - 100_000_000
+    probe = run(PROBE.format(since_us=since // 1000), env)
+    child.finish()
+    busy = w["n"] * 1000
+    high = 100 * busy / (probe["q0"] - since)
+    low = 100 * busy / (probe["q1"] - since)
+    assert w["n"] > 1000  # else the test shows nothing
+    assert int(low) - 1 <= probe["samples"][str(w["pid"])] <= round(high + 0.5) + 1

@@ -70,6 +70,16 @@ def test_two_processes_allocate_and_nvml_lists_both(gpu_env: Env) -> None:
     assert observe(env)[1]["v1"] == {}
 
 
+def test_process_memory_can_be_hidden_as_real_nvml_does(gpu_env: Env) -> None:
+    env = gpu_env()
+    child, a = holder(env, GIB)
+    seen = observe({**env, "FAKE_NVML_HIDE_PROCESS_MEMORY": "1"})
+    child.finish()
+    not_available = 2**64 - 1  # NVML_VALUE_NOT_AVAILABLE
+    assert seen[1]["v1"] == seen[1]["v3"] == {a["pid"]: not_available}
+    assert seen[1]["memory"][2] == GIB  # the device's used memory is still known
+
+
 def test_graphics_processes_are_those_that_say_so(gpu_env: Env) -> None:
     env = gpu_env()
     child, a = holder({**env, "FAKE_GPU_GRAPHICS": "1"}, GIB, ordinal=1)
@@ -242,3 +252,19 @@ def test_forked_processes_queue_kernels_without_losing_one(gpu_env: Env) -> None
     )
     report = json.loads(done.stdout)
     assert report["ms"] == pytest.approx(report["expected"], abs=0.0005)
+
+
+def test_nvml_reads_the_state_named_at_each_init(gpu_env: Env, tmp_path: Path) -> None:
+    env = gpu_env(memory_gib=8)
+    child, _ = holder(env, GIB)
+    report = run(
+        "nvml = Nvml(os.environ['FAKE_NVML_LIB'])\n"  # the state holder's file is not this one
+        "first = nvml.memory(1)\n"
+        "assert nvml.lib.nvmlShutdown() == 0\n"
+        "os.environ['FAKE_GPU_STATE'] = os.environ['HOLDER_STATE']\n"
+        "assert nvml.lib.nvmlInit_v2() == 0\n"
+        "emit(first=first, second=nvml.memory(1))",
+        {**env, "FAKE_GPU_STATE": str(tmp_path / "other.state"), "HOLDER_STATE": env["FAKE_GPU_STATE"]},
+    )
+    child.finish()
+    assert report == {"first": [8 * GIB, 8 * GIB, 0], "second": [8 * GIB, 7 * GIB, GIB]}
