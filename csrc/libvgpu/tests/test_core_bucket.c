@@ -1,0 +1,142 @@
+/* The core limit's token bucket and controller as pure units: the ceiling, admission while >= 0 and
+ * the charge that goes negative, the capped refill, no lost update under concurrent chargers, and the
+ * controller's gain estimate, anti-windup and soft-limit debounce. */
+#include <pthread.h>
+
+#include "check.h"
+#include "core_bucket.h"
+#include "core_ctl.h"
+
+static void test_ceiling(void)
+{
+    CHECK_INT(core_bucket_ceiling(132, 2048), 8650752);
+    CHECK_INT(core_bucket_ceiling(20, 1536), 20 * 1536 * 32);
+    CHECK_INT(core_bucket_ceiling(0, 2048), 0);
+    CHECK_INT(core_bucket_ceiling(132, -1), 0);
+}
+
+static void test_charge_goes_negative_then_refuses(void)
+{
+    _Atomic int64_t tokens = 100;
+    CHECK(core_bucket_try_charge(&tokens, 60));
+    CHECK_INT(atomic_load(&tokens), 40);
+    CHECK(core_bucket_try_charge(&tokens, 1000)); /* admitted at 40, goes to -960 */
+    CHECK_INT(atomic_load(&tokens), -960);
+    CHECK(!core_bucket_try_charge(&tokens, 1));   /* refused while negative, nothing charged */
+    CHECK_INT(atomic_load(&tokens), -960);
+    CHECK(core_bucket_try_charge(&tokens, 0) == false);
+    atomic_store(&tokens, 0);
+    CHECK(core_bucket_try_charge(&tokens, ~0ULL)); /* a huge grid is clamped, no wrap */
+    CHECK_INT(atomic_load(&tokens), -CORE_BUCKET_MAX_CHARGE);
+}
+
+static void test_refill_capped(void)
+{
+    _Atomic int64_t tokens = -500;
+    CHECK_INT(core_bucket_refill(&tokens, 300, 1000), -200);
+    CHECK_INT(core_bucket_refill(&tokens, 5000, 1000), 1000);
+    CHECK_INT(core_bucket_refill(&tokens, -7, 1000), 1000); /* a negative add adds nothing */
+    atomic_store(&tokens, 1500);                            /* above a lowered cap: cut to it */
+    CHECK_INT(core_bucket_refill(&tokens, 10, 1000), 1000);
+    atomic_store(&tokens, 0);
+    CHECK_INT(core_bucket_refill(&tokens, INT64_MAX, 1000), 1000);
+}
+
+static _Atomic int64_t shared_tokens;
+static _Atomic long admitted;
+
+static void *charger(void *arg)
+{
+    (void)arg;
+    for (int i = 0; i < 100000; i++)
+        if (core_bucket_try_charge(&shared_tokens, 3))
+            atomic_fetch_add(&admitted, 1);
+    return NULL;
+}
+
+static void *refiller(void *arg)
+{
+    (void)arg;
+    for (int i = 0; i < 100000; i++)
+        core_bucket_refill(&shared_tokens, 2, INT64_C(1) << 50);
+    return NULL;
+}
+
+/* Four chargers and a refiller: the final count is exactly refills - 3 x admitted. */
+static void test_concurrent_no_lost_update(void)
+{
+    atomic_store(&shared_tokens, 0);
+    pthread_t t[5];
+    for (int i = 0; i < 4; i++)
+        pthread_create(&t[i], NULL, charger, NULL);
+    pthread_create(&t[4], NULL, refiller, NULL);
+    for (int i = 0; i < 5; i++)
+        pthread_join(t[i], NULL);
+    CHECK_INT(atomic_load(&shared_tokens), 200000 - 3 * atomic_load(&admitted));
+}
+
+static void test_ctl_first_rate_and_gain(void)
+{
+    struct core_ctl c;
+    core_ctl_init(&c, 30, 0, 1000000);
+    CHECK_INT((long long)c.rate, 3000000); /* 30 % of the ceiling per 100 ms */
+    /* no sample yet: the rate holds */
+    CHECK_INT(core_ctl_step(&c, -1, 0, 0, false, 0.1), 300000);
+    /* The window holds the empty first cycle and 1e5 tokens: 5e5 tokens/s gave 40 %, so 30 % needs
+     * 3.75e5 tokens/s (the first estimate is taken whole). */
+    int64_t add = core_ctl_step(&c, 40, 0, 100000, true, 0.1);
+    CHECK_INT((long long)c.rate, 375000);
+    CHECK(c.trim < 1.0); /* over target while throttled: trimmed down */
+    CHECK(add > 30000 && add < 37500);
+    CHECK_INT(core_ctl_cap(&c), (long long)(2 * c.rate * c.trim * 0.1));
+    CHECK_INT(core_ctl_step(&c, 1, 0, 0, false, 0), 0); /* no time passed: nothing */
+}
+
+static void test_ctl_trim_only_when_throttled(void)
+{
+    struct core_ctl c;
+    core_ctl_init(&c, 60, 0, 1000000);
+    for (int i = 0; i < 100; i++)
+        core_ctl_step(&c, 40, 0, 1000, false, 0.1); /* demand-limited: under target, never refused */
+    CHECK(c.trim == 1.0);
+    for (int i = 0; i < 100; i++)
+        core_ctl_step(&c, 10, 0, 1000, true, 0.1); /* far off: a transient, left to the model */
+    CHECK(c.trim == 1.0);
+    for (int i = 0; i < 100; i++)
+        core_ctl_step(&c, 99.5, 0, 1000, true, 0.1); /* saturated: the error is unknown */
+    CHECK(c.trim == 1.0);
+    for (int i = 0; i < 100; i++)
+        core_ctl_step(&c, 40, 0, 1000, true, 0.1); /* refused and under: trimmed up, bounded */
+    CHECK(c.trim == 2.0);
+}
+
+static void test_ctl_soft_debounce(void)
+{
+    struct core_ctl c;
+    core_ctl_init(&c, 30, 70, 1000000);
+    CHECK(core_ctl_target(&c) == 30);
+    for (int i = 0; i < CORE_CTL_QUIET_CYCLES - 1; i++)
+        core_ctl_step(&c, 30, 0.5, 1000, true, 0.1);
+    CHECK(core_ctl_target(&c) == 30); /* not yet debounced */
+    core_ctl_step(&c, 30, 1.0, 1000, true, 0.1);
+    CHECK(core_ctl_target(&c) == 70);
+    core_ctl_step(&c, 30, 1.5, 1000, true, 0.1); /* one contended cycle: back to hard */
+    CHECK(core_ctl_target(&c) == 30);
+    struct core_ctl lower;
+    core_ctl_init(&lower, 50, 40, 1000); /* soft <= hard: no soft limit */
+    for (int i = 0; i < 20; i++)
+        core_ctl_step(&lower, 10, 0, 10, false, 0.1);
+    CHECK(core_ctl_target(&lower) == 50);
+}
+
+int main(void)
+{
+    RUN(test_ceiling);
+    RUN(test_charge_goes_negative_then_refuses);
+    RUN(test_refill_capped);
+    RUN(test_concurrent_no_lost_update);
+    RUN(test_ctl_first_rate_and_gain);
+    RUN(test_ctl_trim_only_when_throttled);
+    RUN(test_ctl_soft_debounce);
+    return check_summary("test_core_bucket");
+}
