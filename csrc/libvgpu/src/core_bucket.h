@@ -1,5 +1,6 @@
 /* The token bucket of the core (SM) limit: one signed 64-bit token count per device, in process
- * memory or in the shared sm_node.config. A launch costs its grid blocks; a charge is admitted while
+ * memory or in the shared sm_node.config (a plain int64_t changed only by __atomic builtins, as
+ * vgpu_files.h's protocol says). A launch costs its grid blocks; a charge is admitted while
  * the count is >= 0 and may take it negative (one atomic subtract), so the unthrottled path is a load
  * and a fetch_sub. The controller's refill adds tokens, capped at the level the controller allows (at most the
  * ceiling). Pure: no I/O, no
@@ -7,7 +8,6 @@
 #ifndef VGPU_CORE_BUCKET_H
 #define VGPU_CORE_BUCKET_H
 
-#include <stdatomic.h>
 #include <stdbool.h>
 #include <stdint.h>
 
@@ -21,10 +21,10 @@ int64_t core_bucket_ceiling(int sms, int max_threads_per_sm);
 
 /* Charges `blocks` if the count is >= 0 and returns true; returns false (nothing charged) while the
  * count is negative: the caller waits and retries. */
-bool core_bucket_try_charge(_Atomic int64_t *tokens, unsigned long long blocks);
+bool core_bucket_try_charge(int64_t *tokens, unsigned long long blocks);
 
 /* Adds `add` (>= 0) tokens, the result capped at `cap` (a count already above it is cut to it);
  * returns the count after the refill. */
-int64_t core_bucket_refill(_Atomic int64_t *tokens, int64_t add, int64_t cap);
+int64_t core_bucket_refill(int64_t *tokens, int64_t add, int64_t cap);
 
 #endif

@@ -17,40 +17,40 @@ static void test_ceiling(void)
 
 static void test_charge_goes_negative_then_refuses(void)
 {
-    _Atomic int64_t tokens = 100;
+    int64_t tokens = 100;
     CHECK(core_bucket_try_charge(&tokens, 60));
-    CHECK_INT(atomic_load(&tokens), 40);
+    CHECK_INT(__atomic_load_n(&tokens, __ATOMIC_SEQ_CST), 40);
     CHECK(core_bucket_try_charge(&tokens, 1000)); /* admitted at 40, goes to -960 */
-    CHECK_INT(atomic_load(&tokens), -960);
+    CHECK_INT(__atomic_load_n(&tokens, __ATOMIC_SEQ_CST), -960);
     CHECK(!core_bucket_try_charge(&tokens, 1));   /* refused while negative, nothing charged */
-    CHECK_INT(atomic_load(&tokens), -960);
+    CHECK_INT(__atomic_load_n(&tokens, __ATOMIC_SEQ_CST), -960);
     CHECK(core_bucket_try_charge(&tokens, 0) == false);
-    atomic_store(&tokens, 0);
+    __atomic_store_n(&tokens, 0, __ATOMIC_SEQ_CST);
     CHECK(core_bucket_try_charge(&tokens, ~0ULL)); /* a huge grid is clamped, no wrap */
-    CHECK_INT(atomic_load(&tokens), -CORE_BUCKET_MAX_CHARGE);
+    CHECK_INT(__atomic_load_n(&tokens, __ATOMIC_SEQ_CST), -CORE_BUCKET_MAX_CHARGE);
 }
 
 static void test_refill_capped(void)
 {
-    _Atomic int64_t tokens = -500;
+    int64_t tokens = -500;
     CHECK_INT(core_bucket_refill(&tokens, 300, 1000), -200);
     CHECK_INT(core_bucket_refill(&tokens, 5000, 1000), 1000);
     CHECK_INT(core_bucket_refill(&tokens, -7, 1000), 1000); /* a negative add adds nothing */
-    atomic_store(&tokens, 1500);                            /* above a lowered cap: cut to it */
+    __atomic_store_n(&tokens, 1500, __ATOMIC_SEQ_CST);                            /* above a lowered cap: cut to it */
     CHECK_INT(core_bucket_refill(&tokens, 10, 1000), 1000);
-    atomic_store(&tokens, 0);
+    __atomic_store_n(&tokens, 0, __ATOMIC_SEQ_CST);
     CHECK_INT(core_bucket_refill(&tokens, INT64_MAX, 1000), 1000);
 }
 
-static _Atomic int64_t shared_tokens;
-static _Atomic long admitted;
+static int64_t shared_tokens;
+static long admitted;
 
 static void *charger(void *arg)
 {
     (void)arg;
     for (int i = 0; i < 100000; i++)
         if (core_bucket_try_charge(&shared_tokens, 3))
-            atomic_fetch_add(&admitted, 1);
+            __atomic_fetch_add(&admitted, 1, __ATOMIC_RELAXED);
     return NULL;
 }
 
@@ -65,14 +65,14 @@ static void *refiller(void *arg)
 /* Four chargers and a refiller: the final count is exactly refills - 3 x admitted. */
 static void test_concurrent_no_lost_update(void)
 {
-    atomic_store(&shared_tokens, 0);
+    __atomic_store_n(&shared_tokens, 0, __ATOMIC_SEQ_CST);
     pthread_t t[5];
     for (int i = 0; i < 4; i++)
         pthread_create(&t[i], NULL, charger, NULL);
     pthread_create(&t[4], NULL, refiller, NULL);
     for (int i = 0; i < 5; i++)
         pthread_join(t[i], NULL);
-    CHECK_INT(atomic_load(&shared_tokens), 200000 - 3 * atomic_load(&admitted));
+    CHECK_INT(__atomic_load_n(&shared_tokens, __ATOMIC_SEQ_CST), 200000 - 3 * __atomic_load_n(&admitted, __ATOMIC_SEQ_CST));
 }
 
 static void test_ctl_first_rate_and_gain(void)

@@ -52,7 +52,7 @@ static double util_1s(const struct gpu *g, long now)
 static struct result simulate(struct gpu *g, struct app *a, struct core_ctl *c, long ms, long from,
                               double (*target)(long), double (*external)(long), double (*demand)(long))
 {
-    _Atomic int64_t tokens = 0;
+    int64_t tokens = 0;
     int64_t after_refill = core_bucket_refill(&tokens, (int64_t)(c->rate * MS_PER_CYCLE / 1000.0), core_ctl_cap(c));
     bool throttled = false;
     double cap = g->sms * 1e6 / g->ns_per_block; /* blocks per ms */
@@ -85,7 +85,7 @@ static struct result simulate(struct gpu *g, struct app *a, struct core_ctl *c, 
             busy_sum += done / cap;
         if ((t + 1) % MS_PER_CYCLE == 0) {
             double util = (double)(long)(util_1s(g, t + 1) + 0.5);
-            double consumed = (double)(after_refill - atomic_load(&tokens));
+            double consumed = (double)(after_refill - __atomic_load_n(&tokens, __ATOMIC_SEQ_CST));
             int64_t add = core_ctl_step(c, util, external ? external(t) : 0, consumed, throttled,
                                         MS_PER_CYCLE / 1000.0);
             throttled = false;
