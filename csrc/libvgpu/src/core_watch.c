@@ -72,7 +72,7 @@ static void *watcher_main(void *arg)
     sigfillset(&all);
     pthread_sigmask(SIG_BLOCK, &all, NULL);
     while (!__atomic_load_n(&w->stop, __ATOMIC_ACQUIRE)) {
-        for (int i = 0; i < w->count; i++)
+        for (int i = 0, n = __atomic_load_n(&w->count, __ATOMIC_ACQUIRE); i < n; i++)
             core_watch_cycle(w->devs[i], w->sh, w->ops);
         struct timespec ts = {0, (long)CORE_WATCH_PERIOD_NS};
         nanosleep(&ts, NULL);
