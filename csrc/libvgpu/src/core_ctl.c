@@ -8,12 +8,18 @@
 #define MIN_UTIL 0.5     /* below this the gain estimate is noise */
 #define SMOOTH 0.5       /* weight of a new gain estimate */
 #define CAP_CYCLES 2.0  /* the bucket holds at most this many cycles of refill */
-#define FIRST_PERIOD 0.1 /* seconds: the initial rate refills target % of the ceiling per 100 ms */
+#define FIRST_PERIOD 0.1 /* seconds: the cycle assumed before the first one is measured */
+/* The first rate refills target % of the ceiling per second: low for a real GPU (the first
+ * measurement raises it within a cycle or two), so the start never bursts far above the limit. */
+#define FIRST_RATE_SECONDS 1.0
+/* NVML's window: utilisation of the last second is compared with the tokens consumed in the last
+ * second, zero before the first cycle (a young process has consumed nothing earlier). */
+#define NVML_WINDOW 1.0
 
 void core_ctl_init(struct core_ctl *c, double hard, double soft, int64_t ceiling)
 {
     *c = (struct core_ctl){.hard = hard, .soft = soft > hard ? soft : 0, .ceiling = (double)ceiling, .trim = 1.0};
-    c->rate = c->ceiling * (hard / 100.0) / FIRST_PERIOD;
+    c->rate = c->ceiling * (hard / 100.0) / FIRST_RATE_SECONDS;
     c->period = FIRST_PERIOD;
 }
 
@@ -56,13 +62,16 @@ int64_t core_ctl_step(struct core_ctl *c, double util, double external, double c
             tokens += c->consumed[i];
             seconds += c->seconds[i];
         }
-        if (tokens > 0 && seconds > 0) {
+        if (seconds < NVML_WINDOW)
+            seconds = NVML_WINDOW;
+        if (tokens > 0) {
             double model = target * (tokens / seconds) / util; /* target / gain */
             c->rate = c->measured ? (1 - SMOOTH) * c->rate + SMOOTH * model : model;
             c->measured = true;
         }
         double err = (target - util) / target;
-        if (throttled && c->measured && util < 99 && err < TRIM_BAND && err > -TRIM_BAND)
+        /* The trim integrates only with a full window behind it: the start is the model's. */
+        if (throttled && c->filled == CORE_CTL_WINDOW && util < 99 && err < TRIM_BAND && err > -TRIM_BAND)
             c->trim = clamp(c->trim * (1 + TRIM_GAIN * err), TRIM_MIN, TRIM_MAX);
     }
     double add = c->rate * c->trim * dt;

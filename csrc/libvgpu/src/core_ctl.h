@@ -36,7 +36,7 @@ struct core_ctl {
 };
 
 /* hard/soft in percent (soft <= 0: none); ceiling from core_bucket_ceiling(). The first rate, before
- * any measurement, refills target % of the ceiling every 100 ms. */
+ * any measurement, refills target % of the ceiling per second. */
 void core_ctl_init(struct core_ctl *c, double hard, double soft, int64_t ceiling);
 
 /* The target in force (hard, or soft while uncontended). */

@@ -71,11 +71,13 @@ static void *watcher_main(void *arg)
     sigset_t all; /* the application's signal handlers run on its own threads, never here */
     sigfillset(&all);
     pthread_sigmask(SIG_BLOCK, &all, NULL);
-    while (!__atomic_load_n(&w->stop, __ATOMIC_ACQUIRE)) {
-        for (int i = 0, n = __atomic_load_n(&w->count, __ATOMIC_ACQUIRE); i < n; i++)
-            core_watch_cycle(w->devs[i], w->sh, w->ops);
+    for (;;) { /* a period first: a device's first cycle measures its first 100 ms */
         struct timespec ts = {0, (long)CORE_WATCH_PERIOD_NS};
         nanosleep(&ts, NULL);
+        if (__atomic_load_n(&w->stop, __ATOMIC_ACQUIRE))
+            break;
+        for (int i = 0, n = __atomic_load_n(&w->count, __ATOMIC_ACQUIRE); i < n; i++)
+            core_watch_cycle(w->devs[i], w->sh, w->ops);
     }
     return NULL;
 }

@@ -79,17 +79,21 @@ static void test_ctl_first_rate_and_gain(void)
 {
     struct core_ctl c;
     core_ctl_init(&c, 30, 0, 1000000);
-    CHECK_INT((long long)c.rate, 3000000); /* 30 % of the ceiling per 100 ms */
+    CHECK_INT((long long)c.rate, 300000); /* 30 % of the ceiling per second */
     /* no sample yet: the rate holds */
-    CHECK_INT(core_ctl_step(&c, -1, 0, 0, false, 0.1), 300000);
-    /* The window holds the empty first cycle and 1e5 tokens: 5e5 tokens/s gave 40 %, so 30 % needs
-     * 3.75e5 tokens/s (the first estimate is taken whole). */
+    CHECK_INT(core_ctl_step(&c, -1, 0, 0, false, 0.1), 30000);
+    /* 1e5 tokens in NVML's one-second window (the 0.2 s lived, zero before) gave 40 %, so 30 % needs
+     * 7.5e4 tokens/s; the first estimate is taken whole, and the trim waits for a full window. */
     int64_t add = core_ctl_step(&c, 40, 0, 100000, true, 0.1);
-    CHECK_INT((long long)c.rate, 375000);
-    CHECK(c.trim < 1.0); /* over target while throttled: trimmed down */
-    CHECK(add > 30000 && add < 37500);
-    CHECK_INT(core_ctl_cap(&c), (long long)(2 * c.rate * c.trim * 0.1));
+    CHECK_INT((long long)c.rate, 75000);
+    CHECK(c.trim == 1.0);
+    CHECK_INT(add, 7500);
+    CHECK_INT(core_ctl_cap(&c), 15000); /* two cycles of refill */
     CHECK_INT(core_ctl_step(&c, 1, 0, 0, false, 0), 0); /* no time passed: nothing */
+    /* a full window over target while throttled: trimmed down */
+    for (int i = 0; i < CORE_CTL_WINDOW; i++)
+        core_ctl_step(&c, 40, 0, 7500, true, 0.1);
+    CHECK(c.trim < 1.0);
 }
 
 static void test_ctl_trim_only_when_throttled(void)

@@ -104,20 +104,20 @@ static void test_local_cycle(void)
     struct core_device d;
     core_device_init(&d, 2, 30, 0, 1000000, NULL, f.now);
     int64_t first = *d.tokens;
-    CHECK_INT(first, 300000); /* one cycle of the first rate, within the cap */
-    core_bucket_try_charge(d.tokens, 350000);
+    CHECK_INT(first, 30000); /* one cycle of the first rate (30 % of the ceiling per second) */
+    core_bucket_try_charge(d.tokens, 35000);
     f.now += 100000000ull;
     core_watch_cycle(&d, NULL, &ops); /* no sample: the first rate refills */
     CHECK_INT(f.calls, 1);
-    CHECK_INT(*d.tokens, -50000 + 300000);
-    /* 40 % measured after 6e5 tokens in 0.2 s: the rate follows the gain (target 30). */
-    core_bucket_try_charge(d.tokens, 300000);
+    CHECK_INT(*d.tokens, -5000 + 30000);
+    /* 40 % measured after 6.5e4 tokens in NVML's second: the rate follows the gain (target 30). */
+    core_bucket_try_charge(d.tokens, 30000);
     f.rc = 0;
     f.util = 40;
     f.now += 100000000ull;
     core_watch_cycle(&d, NULL, &ops);
     CHECK(d.ctl.measured);
-    CHECK(d.ctl.rate > 2e6 && d.ctl.rate < 2.5e6); /* 30/40 of 3e6/s */
+    CHECK(d.ctl.rate > 48000 && d.ctl.rate < 49500); /* 30/40 of 6.5e4/s */
     f.now -= 1; /* the clock did not advance: nothing happens */
     int calls = f.calls;
     core_watch_cycle(&d, NULL, &ops);
