@@ -12,6 +12,7 @@
 #include "core_util.h"
 #include "core_watch.h"
 #include "memlimit.h"
+#include "vgpu_paths.h"
 #include "vgpu_state.h"
 
 #define WAIT_NS 10000000L /* a refused launch retries every 10 ms */
@@ -116,7 +117,7 @@ static void core_init(void)
     for (int i = 0; i < VGPU_MAX_DEVICES; i++)
         any_limit = any_limit || env.hard[i] > 0;
     if (any_limit && env.shared_bucket) {
-        shared_ok = core_shared_open(&shared, VGPU_SM_NODE_DIR, err, sizeof(err)) == 0;
+        shared_ok = core_shared_open(&shared, vgpu_path(VGPU_PATH_SM_NODE_DIR), err, sizeof(err)) == 0;
         if (!shared_ok)
             vgpu_log("shared SM bucket unavailable, each process limits itself: %s", err);
     }

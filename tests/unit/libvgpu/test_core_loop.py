@@ -18,6 +18,7 @@ import pytest
 
 from tests.support import BUILD, built
 from tests.unit.libvgpu.cbuild import compile_c
+from vgpud.partition.libfiles import parse_sm_node
 
 WARMUP_S = 1.0
 WINDOW_S = 10.0
@@ -188,8 +189,18 @@ def _env(profile: Path, state: Path, **extra: str) -> dict[str, str]:
     return env
 
 
-def _start(programs: tuple[Path, Path], tmp: Path, gpu: Gpu, limit: int | None, mode: str) -> tuple:
-    """Starts the launcher (under the library) and the probe on a GPU of their own; returns both."""
+def _start(
+    programs: tuple[Path, Path],
+    tmp: Path,
+    gpu: Gpu,
+    limit: int | None,
+    *,
+    mode: str,
+    processes: int = 1,
+    **env: str,
+) -> tuple:
+    """Starts `processes` launchers (under the library) and the probe on a GPU of their own; returns
+    the launchers and the probe."""
     launcher, probe = programs
     tmp.mkdir()
     profile = tmp / "profile.yaml"
@@ -200,17 +211,21 @@ def _start(programs: tuple[Path, Path], tmp: Path, gpu: Gpu, limit: int | None, 
         "MANAGER_VISIBLE_DEVICES": gpu.uuid,
         "MANAGER_COMPATIBILITY_MODE": "0",
         "FAKE_GPU_NS_PER_BLOCK": "1000",
+        **env,
     }
     if limit is not None:
         extra["CUDA_CORE_LIMIT_0"] = str(limit)
     seconds = WARMUP_S + WINDOW_S
-    run = subprocess.Popen(
-        [str(launcher), str(seconds + 0.5), str(4 * gpu.sms), mode],
-        env=_env(profile, state, **extra),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+    runs = [
+        subprocess.Popen(
+            [str(launcher), str(seconds + 0.5), str(4 * gpu.sms), mode],
+            env=_env(profile, state, **extra),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for _ in range(processes)
+    ]
     watch = subprocess.Popen(
         [str(probe), str(int(seconds * 10))],
         env=_env(profile, state),
@@ -218,15 +233,17 @@ def _start(programs: tuple[Path, Path], tmp: Path, gpu: Gpu, limit: int | None, 
         stderr=subprocess.PIPE,
         text=True,
     )
-    return run, watch
+    return runs, watch
 
 
-def _finish(run: subprocess.Popen, watch: subprocess.Popen) -> Run:
-    out, err = run.communicate(timeout=60)
-    assert run.returncode == 0, err
+def _finish(runs: list[subprocess.Popen], watch: subprocess.Popen) -> Run:
+    launches = 0
+    for run in runs:
+        out, err = run.communicate(timeout=60)
+        assert run.returncode == 0, err
+        launches += int(out.split()[-1])
     probe_out, probe_err = watch.communicate(timeout=60)
     assert watch.returncode == 0, probe_err
-    launches = int(out.split()[-1])
     return Run(samples=[int(v) for v in probe_out.split()], launches=launches)
 
 
@@ -235,7 +252,7 @@ def test_share_tracks_the_limit_on_both_gpus(programs: tuple[Path, Path], tmp_pa
     """30 % and 60 % on each GPU, plus an unlimited run per GPU, all at once (each on its own fake GPU
     state; the kernels are simulated time, so the runs do not compete for the CPU)."""
     cases = [(gpu, limit) for gpu in GPUS for limit in (30, 60, None)]
-    started = [_start(programs, tmp_path / f"{g.sms}-{limit}", g, limit, "kernel") for g, limit in cases]
+    started = [_start(programs, tmp_path / f"{g.sms}-{limit}", g, limit, mode="kernel") for g, limit in cases]
     runs = [_finish(*pair) for pair in started]
     failures = []
     for (gpu, limit), run in zip(cases, runs, strict=True):
@@ -252,6 +269,40 @@ def test_share_tracks_the_limit_on_both_gpus(programs: tuple[Path, Path], tmp_pa
 def test_graph_launches_are_charged(programs: tuple[Path, Path], tmp_path: Path) -> None:
     """A graph of two kernel nodes launched in a loop: its cached block sum is charged per launch."""
     gpu = GPUS[1]
-    run = _finish(*_start(programs, tmp_path / "graph", gpu, 30, "graph"))
+    run = _finish(*_start(programs, tmp_path / "graph", gpu, 30, mode="graph"))
     print(f"graph, {gpu.sms} SMs, limit 30: share {run.share():.2f}%, MAE {run.mae(30):.2f}")
     assert abs(run.share() - 30) <= 3
+
+
+@pytest.mark.needs_build
+def test_shared_bucket_limits_the_container(programs: tuple[Path, Path], tmp_path: Path) -> None:
+    """Two processes with CUDA_SM_SHARED_BUCKET share one bucket in sm_node.config: together they get
+    the limit, one of them sampled (its pid is the file's sampler), and the file shows the device's
+    bucket as the library set it up."""
+    gpu = GPUS[1]
+    sm_dir = tmp_path / "sm_node"
+    runs, watch = _start(
+        programs,
+        tmp_path / "shared",
+        gpu,
+        30,
+        mode="kernel",
+        processes=2,
+        CUDA_SM_SHARED_BUCKET="true",
+        VGPU_SM_NODE_DIR=str(sm_dir),
+    )
+    pids = {run.pid for run in runs}
+    run = _finish(runs, watch)
+    print(
+        f"shared bucket, 2 processes, {gpu.sms} SMs, limit 30: "
+        f"share {run.share():.2f}%, MAE {run.mae(30):.2f}"
+    )
+    assert abs(run.share() - 30) <= 3
+    node = parse_sm_node((sm_dir / "sm_node.config").read_bytes())
+    bucket = node.devices[0]
+    assert node.sampler_pid in pids
+    assert bucket.active and bucket.hard_core == 30 and bucket.limit == 30
+    assert bucket.ceiling == gpu.sms * 2048 * 32
+    assert bucket.share > 0
+    assert 240 <= bucket.util <= 360  # per-mille, the container's last sample
+    assert not any(b.active for b in node.devices[1:])
