@@ -3,8 +3,8 @@ it can, under LD_PRELOAD=libvgpu-control.so on the fake libcuda, whose launches 
 the fake NVML reports as utilisation; the library's watcher reads that utilisation and throttles the
 launches. An independent probe samples the device's utilisation (nvmlDeviceGetUtilizationRates, the
 last second) every 100 ms; after one second of start-up, the mean over 10 s must be within 3 points of
-CUDA_CORE_LIMIT_0 (30 and 60) on an 80-SM and a 132-SM GPU profile, and near 100 % without a limit.
-The mean absolute error of the samples is printed."""
+CUDA_CORE_LIMIT_0 (30 and 60) on an 80-SM and a 132-SM GPU profile with a mean absolute error of the
+samples of at most MAX_MAE, and near 100 % without a limit. The figures are printed."""
 
 from __future__ import annotations
 
@@ -22,6 +22,9 @@ from vgpud.partition.libfiles import parse_sm_node
 
 WARMUP_S = 1.0
 WINDOW_S = 10.0
+#: the samples' mean absolute error allowed under a limit: the loop tracks its target closely from
+#: the start (a start-up burst over the limit shows here before it moves the mean by 3 points)
+MAX_MAE = 2.0
 
 # Two fake GPUs: the fake derives SMs / threads per SM from the compute capability
 # (8.6: 80 x 1536, 9.0: 132 x 2048).
@@ -259,7 +262,11 @@ def test_share_tracks_the_limit_on_both_gpus(programs: tuple[Path, Path], tmp_pa
         target = 100 if limit is None else limit
         line = f"{gpu.sms} SMs, limit {limit}: share {run.share():.2f}%, MAE {run.mae(target):.2f}"
         print(line, f"({run.launches} launches)")
-        ok = run.share() >= 90 if limit is None else abs(run.share() - limit) <= 3
+        ok = (
+            run.share() >= 90
+            if limit is None
+            else abs(run.share() - limit) <= 3 and run.mae(limit) <= MAX_MAE
+        )
         if not ok:
             failures.append(line)
     assert not failures, failures
@@ -272,6 +279,7 @@ def test_graph_launches_are_charged(programs: tuple[Path, Path], tmp_path: Path)
     run = _finish(*_start(programs, tmp_path / "graph", gpu, 30, mode="graph"))
     print(f"graph, {gpu.sms} SMs, limit 30: share {run.share():.2f}%, MAE {run.mae(30):.2f}")
     assert abs(run.share() - 30) <= 3
+    assert run.mae(30) <= MAX_MAE
 
 
 @pytest.mark.needs_build
@@ -298,6 +306,7 @@ def test_shared_bucket_limits_the_container(programs: tuple[Path, Path], tmp_pat
         f"share {run.share():.2f}%, MAE {run.mae(30):.2f}"
     )
     assert abs(run.share() - 30) <= 3
+    assert run.mae(30) <= MAX_MAE
     node = parse_sm_node((sm_dir / "sm_node.config").read_bytes())
     bucket = node.devices[0]
     assert node.sampler_pid in pids
