@@ -21,6 +21,9 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "profile.h"
+#include "state.h"
+
 #define EXPORT __attribute__((visibility("default")))
 
 /* ---- the NVML ABI subset ---------------------------------------------------------------- */
@@ -41,10 +44,8 @@ enum {
     NVML_ERROR_UNKNOWN = 999,
 };
 
-#define NVML_DEVICE_PCI_BUS_ID_BUFFER_SIZE 32
-#define NVML_DEVICE_PCI_BUS_ID_BUFFER_V2_SIZE 16
-#define NVML_STRING_MAX 96 /* uuid and name buffers (the _V2 sizes) */
-#define NVML_DRIVER_VERSION_MAX 80
+#define NVML_DEVICE_PCI_BUS_ID_BUFFER_SIZE FAKE_PCI_BUS_ID_SIZE
+#define NVML_STRING_MAX FAKE_STRING_MAX
 
 typedef struct {
     unsigned long long total, free, used;
@@ -56,11 +57,7 @@ typedef struct {
 } nvmlMemory_v2_t;
 #define nvmlMemory_v2 ((unsigned int)(sizeof(nvmlMemory_v2_t) | (2 << 24)))
 
-typedef struct {
-    char busIdLegacy[NVML_DEVICE_PCI_BUS_ID_BUFFER_V2_SIZE];
-    unsigned int domain, bus, device, pciDeviceId, pciSubSystemId;
-    char busId[NVML_DEVICE_PCI_BUS_ID_BUFFER_SIZE];
-} nvmlPciInfo_t;
+typedef fake_pci nvmlPciInfo_t;
 
 typedef struct {
     unsigned int version, value;
@@ -74,345 +71,11 @@ _Static_assert(nvmlDeviceAddressingMode_v1 == 0x1000008, "nvmlDeviceAddressingMo
 
 /* ---- the served GPUs ---------------------------------------------------------------------- */
 
-#define MAX_GPUS 64
-#define LINE_MAX_BYTES 511
-
-enum {
-    K_UUID = 1 << 0,
-    K_INDEX = 1 << 1,
-    K_MINOR = 1 << 2,
-    K_NAME = 1 << 3,
-    K_BRAND = 1 << 4,
-    K_ARCH = 1 << 5,
-    K_MEMORY = 1 << 6,
-    K_PCI = 1 << 7,
-    K_NUMA = 1 << 8,
-    K_CC = 1 << 9,
-    K_ADDRESSING = 1 << 10,
-    K_REQUIRED = K_UUID | K_INDEX | K_MINOR | K_NAME | K_BRAND | K_ARCH | K_MEMORY | K_PCI | K_CC,
-};
-
-typedef struct nvmlDevice_st {
-    unsigned int seen; /* K_* bits */
-    int line, index_line; /* where the item and its index are */
-    char uuid[NVML_STRING_MAX];
-    char name[NVML_STRING_MAX];
-    unsigned int index, minor, brand, arch, addressing;
-    unsigned long long memory;
-    nvmlPciInfo_t pci;
-    int numa, cc_major, cc_minor;
-} fake_gpu;
 typedef fake_gpu *nvmlDevice_t;
 
-static struct {
-    unsigned int seen; /* 1: driverVersion, 2: cudaDriverVersion, 4: gpus */
-    char driver[NVML_DRIVER_VERSION_MAX];
-    int cuda;
-    unsigned int count;
-    fake_gpu gpus[MAX_GPUS];   /* in profile order */
-    fake_gpu *by_index[MAX_GPUS];
-} profile;
-
+static fake_profile profile;
 static int init_count;
 static char last_error[640];
-
-typedef struct {
-    const char *name;
-    unsigned int value;
-} name_value;
-
-/* go-nvlib's names, as in vgpud/gpu/model.py. */
-static const name_value brands[] = {
-    {"Unknown", 0},     {"Quadro", 1},      {"Tesla", 2},        {"NVS", 3},
-    {"Grid", 4},        {"GeForce", 5},     {"Titan", 6},        {"NvidiaVApps", 7},
-    {"NvidiaVPC", 8},   {"NvidiaVCS", 9},   {"NvidiaVWS", 10},   {"NvidiaCloudGaming", 11},
-    {"QuadroRTX", 12},  {"NvidiaRTX", 13},  {"Nvidia", 14},      {"GeForceRTX", 15},
-    {"TitanRTX", 16},   {NULL, 0},
-};
-static const name_value architectures[] = {
-    {"Kepler", 2}, {"Maxwell", 3},       {"Pascal", 4}, {"Volta", 5},      {"Turing", 6},
-    {"Ampere", 7}, {"Ada Lovelace", 8},  {"Hopper", 9}, {"Blackwell", 10}, {"Orin", 11},
-    {"Unknown", 0xFFFFFFFFu},            {NULL, 0},
-};
-static const name_value addressing_modes[] = {{"None", 0}, {"HMM", 1}, {"ATS", 2}, {NULL, 0}};
-
-/* ---- profile parsing ---------------------------------------------------------------------- */
-
-typedef struct {
-    const char *path;
-    int line;
-    char why[560];
-} parse_ctx;
-
-__attribute__((format(printf, 2, 3))) static int fail(parse_ctx *ctx, const char *fmt, ...) {
-    char why[300];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(why, sizeof why, fmt, ap);
-    va_end(ap);
-    if (ctx->line > 0)
-        snprintf(ctx->why, sizeof ctx->why, "profile %.200s: line %d: %s", ctx->path, ctx->line, why);
-    else
-        snprintf(ctx->why, sizeof ctx->why, "profile %.200s: %s", ctx->path, why);
-    return -1;
-}
-
-/* ASCII only, whatever locale the host process has set. */
-static int is_digit(char c) { return c >= '0' && c <= '9'; }
-static int is_alpha(char c) { return (c >= 'A' && c <= 'Z') || (c >= 'a' && c <= 'z'); }
-static int is_alnum(char c) { return is_alpha(c) || is_digit(c); }
-static int is_plain_char(char c) { return is_alnum(c) || (c != '\0' && strchr(" ._()+-", c) != NULL); }
-
-/* Split "KEY: VALUE  # comment" in place. *value is NULL when the key has no value. */
-static int split_pair(parse_ctx *ctx, char *s, char **key, char **value, int *quoted) {
-    char *p = s;
-    if (!is_alpha(*p)) return fail(ctx, "not a 'key: value' line in the profile subset");
-    while (is_alnum(*p)) p++;
-    if (*p != ':') return fail(ctx, "not a 'key: value' line in the profile subset");
-    *p++ = '\0';
-    *key = s;
-    *value = NULL;
-    *quoted = 0;
-    char *after_colon = p;
-    while (*p == ' ') p++;
-    if (*p == '\0') return 0;
-    if (p == after_colon) return fail(ctx, "a space must follow the colon after '%s'", s);
-    if (*p == '#') return 0;
-    char *end;
-    if (*p == '"' || *p == '\'') {
-        char q = *p++;
-        *value = p;
-        *quoted = 1;
-        for (end = p; *end != q; end++) {
-            if (*end == '\0') return fail(ctx, "unterminated quoted value for '%s'", s);
-            if ((unsigned char)*end < 0x20 || (unsigned char)*end > 0x7e || (q == '"' && *end == '\\'))
-                return fail(ctx, "character not allowed in the quoted value for '%s'", s);
-        }
-        *end++ = '\0';
-        char *rest = end;
-        while (*rest == ' ') rest++;
-        if (*rest != '\0' && !(*rest == '#' && rest > end))
-            return fail(ctx, "unexpected text after the value for '%s'", s);
-        return 0;
-    }
-    if (!is_alnum(*p)) return fail(ctx, "value for '%s' must be quoted", s);
-    *value = p;
-    for (end = p; is_plain_char(*end); end++) {
-    }
-    if (*end != '\0' && !(*end == '#' && end[-1] == ' '))
-        return fail(ctx, "character not allowed in the plain value for '%s' (quote it)", s);
-    *end = '\0';
-    while (end > p && end[-1] == ' ') *--end = '\0';
-    return 0;
-}
-
-static int parse_int(parse_ctx *ctx, const char *key, const char *v, int quoted, unsigned long long max,
-                     unsigned long long *out) {
-    if (quoted || !(strcmp(v, "0") == 0 || (v[0] >= '1' && v[0] <= '9')))
-        return fail(ctx, "%s: expected an unquoted integer, got '%s'", key, v);
-    for (const char *c = v; *c; c++)
-        if (!is_digit(*c)) return fail(ctx, "%s: expected an unquoted integer, got '%s'", key, v);
-    errno = 0;
-    unsigned long long n = strtoull(v, NULL, 10);
-    if (errno == ERANGE || n > max) return fail(ctx, "%s: %s is out of range", key, v);
-    *out = n;
-    return 0;
-}
-
-static int parse_name(parse_ctx *ctx, const char *key, const char *v, const name_value *table,
-                      unsigned int *out) {
-    for (; table->name; table++)
-        if (strcmp(table->name, v) == 0) {
-            *out = table->value;
-            return 0;
-        }
-    return fail(ctx, "%s: unknown value '%s'", key, v);
-}
-
-static int parse_version(parse_ctx *ctx, const char *key, const char *v, int *major, int *minor) {
-    char tail;
-    if (sscanf(v, "%3d.%2d%c", major, minor, &tail) != 2 || *major < 0 || *minor < 0)
-        return fail(ctx, "%s: '%s' is not a version like \"12.4\"", key, v);
-    return 0;
-}
-
-static int copy_string(parse_ctx *ctx, const char *key, const char *v, char *dst, size_t size) {
-    if (v[0] == '\0' || strlen(v) >= size) return fail(ctx, "%s: must be 1 to %zu characters", key, size - 1);
-    strcpy(dst, v);
-    return 0;
-}
-
-static int set_top(parse_ctx *ctx, const char *key, const char *v) {
-    int major, minor;
-    if (strcmp(key, "driverVersion") == 0) {
-        if (profile.seen & 1) return fail(ctx, "duplicate key '%s'", key);
-        profile.seen |= 1;
-        return copy_string(ctx, key, v, profile.driver, sizeof profile.driver);
-    }
-    if (strcmp(key, "cudaDriverVersion") == 0) {
-        if (profile.seen & 2) return fail(ctx, "duplicate key '%s'", key);
-        profile.seen |= 2;
-        if (parse_version(ctx, key, v, &major, &minor) < 0) return -1;
-        profile.cuda = major * 1000 + minor * 10;
-        return 0;
-    }
-    return fail(ctx, "unknown key '%s'", key);
-}
-
-static int set_pci(parse_ctx *ctx, fake_gpu *g, const char *v) {
-    unsigned int domain, bus, device, function;
-    char tail;
-    if (strlen(v) != 16 || sscanf(v, "%8x:%2x:%2x.%1u%c", &domain, &bus, &device, &function, &tail) != 4)
-        return fail(ctx, "pciBusId: '%s' is not an NVML bus id like \"00000000:07:00.0\"", v);
-    g->pci.domain = domain;
-    g->pci.bus = bus;
-    g->pci.device = device;
-    strcpy(g->pci.busId, v);
-    snprintf(g->pci.busIdLegacy, sizeof g->pci.busIdLegacy, "%04X:%02X:%02X.%u", domain & 0xFFFFu, bus,
-             device, function);
-    return 0;
-}
-
-static const struct {
-    const char *key;
-    unsigned int bit;
-} gpu_keys[] = {{"uuid", K_UUID},          {"index", K_INDEX},          {"minor", K_MINOR},
-                {"productName", K_NAME},   {"brand", K_BRAND},          {"architecture", K_ARCH},
-                {"memoryTotal", K_MEMORY}, {"pciBusId", K_PCI},         {"numaNode", K_NUMA},
-                {"computeCapability", K_CC}, {"addressingMode", K_ADDRESSING}, {NULL, 0}};
-
-static int set_gpu(parse_ctx *ctx, fake_gpu *g, const char *key, const char *v, int quoted) {
-    unsigned int bit = 0;
-    for (int i = 0; gpu_keys[i].key; i++)
-        if (strcmp(gpu_keys[i].key, key) == 0) bit = gpu_keys[i].bit;
-    if (bit == 0) return fail(ctx, "unknown key '%s'", key);
-    if (g->seen & bit) return fail(ctx, "duplicate key '%s'", key);
-    g->seen |= bit;
-    unsigned long long n;
-    switch (bit) {
-    case K_UUID:
-        return copy_string(ctx, key, v, g->uuid, sizeof g->uuid);
-    case K_NAME:
-        return copy_string(ctx, key, v, g->name, sizeof g->name);
-    case K_INDEX:
-        if (parse_int(ctx, key, v, quoted, MAX_GPUS - 1, &n) < 0) return -1;
-        g->index = (unsigned int)n;
-        g->index_line = ctx->line;
-        return 0;
-    case K_MINOR:
-        if (parse_int(ctx, key, v, quoted, 254, &n) < 0) return -1;
-        g->minor = (unsigned int)n;
-        return 0;
-    case K_MEMORY:
-        if (parse_int(ctx, key, v, quoted, ~0ULL, &n) < 0) return -1;
-        g->memory = n;
-        return 0;
-    case K_NUMA:
-        if (parse_int(ctx, key, v, quoted, 0x7FFFFFFF, &n) < 0) return -1;
-        g->numa = (int)n;
-        return 0;
-    case K_BRAND:
-        return parse_name(ctx, key, v, brands, &g->brand);
-    case K_ARCH:
-        return parse_name(ctx, key, v, architectures, &g->arch);
-    case K_ADDRESSING:
-        return parse_name(ctx, key, v, addressing_modes, &g->addressing);
-    case K_PCI:
-        return set_pci(ctx, g, v);
-    default: /* K_CC */
-        return parse_version(ctx, key, v, &g->cc_major, &g->cc_minor);
-    }
-}
-
-static int check_complete(parse_ctx *ctx) {
-    ctx->line = 0;
-    if (!(profile.seen & 1)) return fail(ctx, "missing required key 'driverVersion'");
-    if (!(profile.seen & 2)) return fail(ctx, "missing required key 'cudaDriverVersion'");
-    if (!(profile.seen & 4)) return fail(ctx, "missing the 'gpus' list");
-    if (profile.count == 0) return fail(ctx, "'gpus' lists no GPUs");
-    for (unsigned int i = 0; i < profile.count; i++) {
-        fake_gpu *g = &profile.gpus[i];
-        ctx->line = g->line;
-        for (int k = 0; gpu_keys[k].key; k++)
-            if ((gpu_keys[k].bit & K_REQUIRED) && !(g->seen & gpu_keys[k].bit))
-                return fail(ctx, "gpus[%u]: missing required key '%s'", i, gpu_keys[k].key);
-        ctx->line = g->index_line;
-        if (g->index >= profile.count)
-            return fail(ctx, "gpus[%u].index: %u is out of range 0..%u", i, g->index, profile.count - 1);
-        if (profile.by_index[g->index]) return fail(ctx, "gpus[%u].index: %u is used twice", i, g->index);
-        profile.by_index[g->index] = g;
-    }
-    return 0;
-}
-
-static int parse_profile(parse_ctx *ctx) {
-    memset(&profile, 0, sizeof profile);
-    FILE *f = fopen(ctx->path, "r");
-    if (!f) return fail(ctx, "cannot be opened: %s", strerror(errno));
-    char line[LINE_MAX_BYTES + 3]; /* the line, \r, \n, NUL */
-    int in_list = 0, rc = 0;
-    while (rc == 0 && fgets(line, sizeof line, f)) {
-        ctx->line++;
-        size_t len = strlen(line);
-        if (len > 0 && line[len - 1] == '\n')
-            line[--len] = '\0';
-        else if (!feof(f)) {
-            rc = fail(ctx, "line longer than %d bytes", LINE_MAX_BYTES);
-            break;
-        }
-        if (len > 0 && line[len - 1] == '\r') line[--len] = '\0';
-        if (len > LINE_MAX_BYTES) {
-            rc = fail(ctx, "line longer than %d bytes", LINE_MAX_BYTES);
-            break;
-        }
-        char *first = line + strspn(line, " ");
-        if (*first == '\0' || *first == '#') continue;
-        if (strchr(line, '\t')) {
-            rc = fail(ctx, "tab character (indent with spaces)");
-            break;
-        }
-        char *key, *value;
-        int quoted;
-        if (strncmp(line, "  - ", 4) == 0) {
-            if (!in_list) {
-                rc = fail(ctx, "list item outside the 'gpus' list");
-            } else if (profile.count == MAX_GPUS) {
-                rc = fail(ctx, "more than %d GPUs", MAX_GPUS);
-            } else {
-                fake_gpu *g = &profile.gpus[profile.count++];
-                g->line = ctx->line;
-                g->numa = -1;
-                if ((rc = split_pair(ctx, line + 4, &key, &value, &quoted)) == 0)
-                    rc = value ? set_gpu(ctx, g, key, value, quoted) : fail(ctx, "key '%s' has no value", key);
-            }
-        } else if (strncmp(line, "    ", 4) == 0 && line[4] != ' ') {
-            if (!in_list || profile.count == 0) {
-                rc = fail(ctx, "indented line that continues no list item");
-            } else if ((rc = split_pair(ctx, line + 4, &key, &value, &quoted)) == 0) {
-                fake_gpu *g = &profile.gpus[profile.count - 1];
-                rc = value ? set_gpu(ctx, g, key, value, quoted) : fail(ctx, "key '%s' has no value", key);
-            }
-        } else if (line[0] != ' ') {
-            in_list = 0;
-            if ((rc = split_pair(ctx, line, &key, &value, &quoted)) != 0) break;
-            if (strcmp(key, "gpus") == 0) {
-                if (profile.seen & 4)
-                    rc = fail(ctx, "duplicate key 'gpus'");
-                else if (value)
-                    rc = fail(ctx, "'gpus' takes its items on the following lines, not a value");
-                profile.seen |= 4;
-                in_list = 1;
-            } else {
-                rc = value ? set_top(ctx, key, value) : fail(ctx, "key '%s' has no value", key);
-            }
-        } else {
-            rc = fail(ctx, "unexpected indentation");
-        }
-    }
-    if (rc == 0 && ferror(f)) rc = fail(ctx, "read error");
-    fclose(f);
-    return rc == 0 ? check_complete(ctx) : rc;
-}
 
 /* ---- the exported NVML entry points -------------------------------------------------------- */
 
@@ -444,18 +107,20 @@ EXPORT nvmlReturn_t nvmlInitWithFlags(unsigned int flags) {
         init_count++;
         return NVML_SUCCESS;
     }
-    parse_ctx ctx = {getenv("FAKE_NVML_PROFILE"), 0, ""};
+    const char *path = getenv("FAKE_NVML_PROFILE");
+    char why[600];
     int rc;
-    if (ctx.path == NULL || ctx.path[0] == '\0') {
-        ctx.path = "(unset)";
-        rc = fail(&ctx, "FAKE_NVML_PROFILE is not set: it names the GPU profile to serve");
+    if (path == NULL || path[0] == '\0') {
+        snprintf(why, sizeof why, "profile (unset): FAKE_NVML_PROFILE is not set: it names the GPU profile to serve");
+        rc = -1;
     } else {
-        rc = parse_profile(&ctx);
+        rc = fake_profile_load(path, &profile, why, sizeof why);
+        if (rc == 0) rc = fs_attach(&profile, why, sizeof why);
     }
     if (rc < 0) {
         memset(&profile, 0, sizeof profile);
-        snprintf(last_error, sizeof last_error, "Unknown Error (fakenvml: %s)", ctx.why);
-        fprintf(stderr, "fakenvml: %s\n", ctx.why);
+        snprintf(last_error, sizeof last_error, "Unknown Error (fakenvml: %s)", why);
+        fprintf(stderr, "fakenvml: %s\n", why);
         return NVML_ERROR_UNKNOWN;
     }
     last_error[0] = '\0';
@@ -560,21 +225,24 @@ EXPORT nvmlReturn_t nvmlDeviceGetArchitecture(nvmlDevice_t device, unsigned int 
     return NVML_SUCCESS;
 }
 
+/* Used memory is what the fake libcuda's processes hold on the device (FAKE_GPU_STATE). */
 EXPORT nvmlReturn_t nvmlDeviceGetMemoryInfo(nvmlDevice_t device, nvmlMemory_t *memory) {
     REQUIRE_DEVICE(device, memory);
+    unsigned long long used = fs_mem_used(device->index);
     memory->total = device->memory;
-    memory->free = device->memory;
-    memory->used = 0;
+    memory->used = used < device->memory ? used : device->memory;
+    memory->free = device->memory - memory->used;
     return NVML_SUCCESS;
 }
 
 EXPORT nvmlReturn_t nvmlDeviceGetMemoryInfo_v2(nvmlDevice_t device, nvmlMemory_v2_t *memory) {
     REQUIRE_DEVICE(device, memory);
     if (memory->version != nvmlMemory_v2) return NVML_ERROR_ARGUMENT_VERSION_MISMATCH;
+    unsigned long long used = fs_mem_used(device->index);
     memory->total = device->memory;
     memory->reserved = 0;
-    memory->free = device->memory;
-    memory->used = 0;
+    memory->used = used < device->memory ? used : device->memory;
+    memory->free = device->memory - memory->used;
     return NVML_SUCCESS;
 }
 
@@ -604,5 +272,163 @@ EXPORT nvmlReturn_t nvmlDeviceGetAddressingMode(nvmlDevice_t device, nvmlDeviceA
     if (mode->version != nvmlDeviceAddressingMode_v1) return NVML_ERROR_ARGUMENT_VERSION_MISMATCH;
     if (!(device->seen & K_ADDRESSING)) return NVML_ERROR_NOT_SUPPORTED;
     mode->value = device->addressing;
+    return NVML_SUCCESS;
+}
+
+/* ---- processes and utilization, from the fake libcuda's shared state ------------------------- */
+
+#define NVML_VALUE_NOT_AVAILABLE_UINT 0xFFFFFFFFu
+
+/* nvmlProcessInfo_v1_t: what the unsuffixed calls fill. */
+typedef struct {
+    unsigned int pid;
+    unsigned long long usedGpuMemory; /* bytes; NVML_VALUE_NOT_AVAILABLE when unknown */
+} nvmlProcessInfo_v1_t;
+
+/* nvmlProcessInfo_v2_t, also what the _v3 calls fill (nvmlProcessInfo_t). */
+typedef struct {
+    unsigned int pid;
+    unsigned long long usedGpuMemory;
+    unsigned int gpuInstanceId, computeInstanceId; /* 0xFFFFFFFF: not a MIG device */
+} nvmlProcessInfo_v2_t;
+
+typedef struct {
+    unsigned int pid;
+    unsigned long long timeStamp; /* CPU wall clock, microseconds */
+    unsigned int smUtil, memUtil, encUtil, decUtil;
+} nvmlProcessUtilizationSample_t;
+
+typedef struct {
+    unsigned int gpu, memory;
+} nvmlUtilization_t;
+
+_Static_assert(sizeof(nvmlProcessInfo_v1_t) == 16, "nvmlProcessInfo_v1_t layout");
+_Static_assert(sizeof(nvmlProcessInfo_v2_t) == 24, "nvmlProcessInfo_v2_t layout");
+_Static_assert(sizeof(nvmlProcessUtilizationSample_t) == 32, "nvmlProcessUtilizationSample_t layout");
+
+#define MAX_PROCS 256
+
+/* The common body of the process list calls: `stride` is the caller's struct size. */
+static nvmlReturn_t list_processes(nvmlDevice_t device, unsigned int *count, void *infos, size_t stride,
+                                   uint32_t flags) {
+    REQUIRE_DEVICE(device, count);
+    fs_proc procs[MAX_PROCS];
+    unsigned int n = fs_processes(device->index, flags, procs, MAX_PROCS);
+    if (n > MAX_PROCS) n = MAX_PROCS;
+    if (*count < n) {
+        *count = n;
+        return NVML_ERROR_INSUFFICIENT_SIZE;
+    }
+    *count = n;
+    if (n > 0 && infos == NULL) return NVML_ERROR_INVALID_ARGUMENT;
+    for (unsigned int i = 0; i < n; i++) {
+        char *slot = (char *)infos + i * stride;
+        if (stride == sizeof(nvmlProcessInfo_v1_t)) {
+            nvmlProcessInfo_v1_t v1 = {(unsigned int)procs[i].pid, procs[i].bytes};
+            memcpy(slot, &v1, sizeof v1);
+        } else {
+            nvmlProcessInfo_v2_t v2 = {(unsigned int)procs[i].pid, procs[i].bytes, NVML_VALUE_NOT_AVAILABLE_UINT,
+                                       NVML_VALUE_NOT_AVAILABLE_UINT};
+            memcpy(slot, &v2, sizeof v2);
+        }
+    }
+    return NVML_SUCCESS;
+}
+
+/* Compute processes: every pid with a fake libcuda context or memory on the device. */
+EXPORT nvmlReturn_t nvmlDeviceGetComputeRunningProcesses(nvmlDevice_t device, unsigned int *count,
+                                                         nvmlProcessInfo_v1_t *infos) {
+    return list_processes(device, count, infos, sizeof *infos, FS_FLAG_CONTEXT);
+}
+
+EXPORT nvmlReturn_t nvmlDeviceGetComputeRunningProcesses_v2(nvmlDevice_t device, unsigned int *count,
+                                                            nvmlProcessInfo_v2_t *infos) {
+    return list_processes(device, count, infos, sizeof *infos, FS_FLAG_CONTEXT);
+}
+
+EXPORT nvmlReturn_t nvmlDeviceGetComputeRunningProcesses_v3(nvmlDevice_t device, unsigned int *count,
+                                                            nvmlProcessInfo_v2_t *infos) {
+    return list_processes(device, count, infos, sizeof *infos, FS_FLAG_CONTEXT);
+}
+
+/* Graphics processes: those whose context was made with FAKE_GPU_GRAPHICS=1 (they are "C+G"). */
+EXPORT nvmlReturn_t nvmlDeviceGetGraphicsRunningProcesses(nvmlDevice_t device, unsigned int *count,
+                                                          nvmlProcessInfo_v1_t *infos) {
+    return list_processes(device, count, infos, sizeof *infos, FS_FLAG_GRAPHICS);
+}
+
+EXPORT nvmlReturn_t nvmlDeviceGetGraphicsRunningProcesses_v2(nvmlDevice_t device, unsigned int *count,
+                                                             nvmlProcessInfo_v2_t *infos) {
+    return list_processes(device, count, infos, sizeof *infos, FS_FLAG_GRAPHICS);
+}
+
+EXPORT nvmlReturn_t nvmlDeviceGetGraphicsRunningProcesses_v3(nvmlDevice_t device, unsigned int *count,
+                                                             nvmlProcessInfo_v2_t *infos) {
+    return list_processes(device, count, infos, sizeof *infos, FS_FLAG_GRAPHICS);
+}
+
+/* How far back a lastSeenTimeStamp of 0 (or an older one) reaches: the driver's sample buffer. */
+#define SAMPLE_BUFFER_NS 10000000000ull
+/* nvmlDeviceGetUtilizationRates' sample period. */
+#define UTILIZATION_PERIOD_NS 1000000000ull
+
+static unsigned int percent(uint64_t busy, uint64_t window) {
+    if (window == 0) return 0;
+    uint64_t p = (busy * 100 + window / 2) / window;
+    return p > 100 ? 100 : (unsigned int)p;
+}
+
+/*
+ * One sample per pid that ran kernels after lastSeenTimeStamp (microseconds): smUtil is its share
+ * of the wall time from then (at most SAMPLE_BUFFER_NS back) to now. NOT_FOUND when none did;
+ * utilization == NULL or a short buffer: INSUFFICIENT_SIZE with the count needed.
+ */
+EXPORT nvmlReturn_t nvmlDeviceGetProcessUtilization(nvmlDevice_t device, nvmlProcessUtilizationSample_t *utilization,
+                                                    unsigned int *processSamplesCount,
+                                                    unsigned long long lastSeenTimeStamp) {
+    REQUIRE_DEVICE(device, processSamplesCount);
+    uint64_t now = fs_now_ns();
+    uint64_t t0 = lastSeenTimeStamp > now / 1000 ? now : lastSeenTimeStamp * 1000;
+    if (now - t0 > SAMPLE_BUFFER_NS) t0 = now - SAMPLE_BUFFER_NS;
+    fs_busy busy[MAX_PROCS];
+    unsigned int n = fs_busy_by_pid(device->index, t0, now, busy, MAX_PROCS);
+    if (n > MAX_PROCS) n = MAX_PROCS;
+    if (n == 0) return NVML_ERROR_NOT_FOUND;
+    if (utilization == NULL || *processSamplesCount < n) {
+        *processSamplesCount = n;
+        return NVML_ERROR_INSUFFICIENT_SIZE;
+    }
+    for (unsigned int i = 0; i < n; i++)
+        utilization[i] = (nvmlProcessUtilizationSample_t){(unsigned int)busy[i].pid, now / 1000,
+                                                          percent(busy[i].busy_ns, now - t0), 0, 0, 0};
+    *processSamplesCount = n;
+    return NVML_SUCCESS;
+}
+
+/* gpu: the device's kernel time over the last second; memory (bandwidth): not simulated, 0. */
+EXPORT nvmlReturn_t nvmlDeviceGetUtilizationRates(nvmlDevice_t device, nvmlUtilization_t *utilization) {
+    REQUIRE_DEVICE(device, utilization);
+    uint64_t now = fs_now_ns();
+    utilization->gpu = percent(fs_busy_device(device->index, now - UTILIZATION_PERIOD_NS, now),
+                               UTILIZATION_PERIOD_NS);
+    utilization->memory = 0;
+    return NVML_SUCCESS;
+}
+
+EXPORT nvmlReturn_t nvmlDeviceGetHandleByUUID(const char *uuid, nvmlDevice_t *device) {
+    REQUIRE_INIT();
+    if (uuid == NULL || device == NULL) return NVML_ERROR_INVALID_ARGUMENT;
+    for (unsigned int i = 0; i < profile.count; i++)
+        if (strcmp(profile.gpus[i].uuid, uuid) == 0) {
+            *device = &profile.gpus[i];
+            return NVML_SUCCESS;
+        }
+    return NVML_ERROR_NOT_FOUND;
+}
+
+/* The compute mode: always NVML_COMPUTEMODE_DEFAULT (0); setting it is not simulated. */
+EXPORT nvmlReturn_t nvmlDeviceGetComputeMode(nvmlDevice_t device, unsigned int *mode) {
+    REQUIRE_DEVICE(device, mode);
+    *mode = 0;
     return NVML_SUCCESS;
 }

@@ -1,0 +1,68 @@
+/*
+ * The GPU profile both fakes serve (csrc/fakenvml, csrc/fakecuda): a vgpud profile YAML file in the
+ * flat subset defined by vgpud/gpu/profile.py, parsed here exactly to that grammar.
+ */
+#ifndef FAKESTATE_PROFILE_H
+#define FAKESTATE_PROFILE_H
+
+#include <stddef.h>
+
+#define FAKE_MAX_GPUS 64
+#define FAKE_STRING_MAX 96      /* uuid and name buffers (NVML's _V2 sizes) */
+#define FAKE_DRIVER_VERSION_MAX 80
+#define FAKE_PCI_BUS_ID_SIZE 32 /* NVML_DEVICE_PCI_BUS_ID_BUFFER_SIZE */
+#define FAKE_PCI_BUS_ID_LEGACY_SIZE 16
+
+/* nvmlPciInfo_t's layout (nvml.h), so the NVML fake can copy it out whole. */
+typedef struct {
+    char busIdLegacy[FAKE_PCI_BUS_ID_LEGACY_SIZE];
+    unsigned int domain, bus, device, pciDeviceId, pciSubSystemId;
+    char busId[FAKE_PCI_BUS_ID_SIZE];
+} fake_pci;
+
+enum {
+    K_UUID = 1 << 0,
+    K_INDEX = 1 << 1,
+    K_MINOR = 1 << 2,
+    K_NAME = 1 << 3,
+    K_BRAND = 1 << 4,
+    K_ARCH = 1 << 5,
+    K_MEMORY = 1 << 6,
+    K_PCI = 1 << 7,
+    K_NUMA = 1 << 8,
+    K_CC = 1 << 9,
+    K_ADDRESSING = 1 << 10,
+    K_REQUIRED = K_UUID | K_INDEX | K_MINOR | K_NAME | K_BRAND | K_ARCH | K_MEMORY | K_PCI | K_CC,
+};
+
+typedef struct fake_gpu {
+    unsigned int seen;    /* K_* bits */
+    int line, index_line; /* where the item and its index are */
+    char uuid[FAKE_STRING_MAX];
+    char name[FAKE_STRING_MAX];
+    unsigned int index, minor, brand, arch, addressing;
+    unsigned long long memory;
+    fake_pci pci;
+    int numa, cc_major, cc_minor;
+} fake_gpu;
+
+typedef struct {
+    unsigned int seen; /* 1: driverVersion, 2: cudaDriverVersion, 4: gpus */
+    char driver[FAKE_DRIVER_VERSION_MAX];
+    int cuda; /* 1000 * major + 10 * minor */
+    unsigned int count;
+    fake_gpu gpus[FAKE_MAX_GPUS];      /* in profile order */
+    fake_gpu *by_index[FAKE_MAX_GPUS]; /* by NVML index */
+} fake_profile;
+
+/* Parse `path` into *out. 0, or -1 with *why saying "profile PATH: line N: what". */
+int fake_profile_load(const char *path, fake_profile *out, char *why, size_t why_size);
+
+/* Streaming multiprocessors and max resident threads per SM of a GPU. The profile has no such keys
+ * (vgpud never needs them), so they follow the compute capability: threads per SM is an
+ * architectural constant; the SM count is that of the capability's data-centre part (A100 108,
+ * H100/H200 132, B200 148), 80 otherwise. */
+unsigned int fake_gpu_sm_count(const fake_gpu *g);
+unsigned int fake_gpu_threads_per_sm(const fake_gpu *g);
+
+#endif

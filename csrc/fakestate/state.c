@@ -1,0 +1,346 @@
+/* The fakes' shared GPU state: see state.h. */
+#include "state.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#define FS_MAGIC 0x46475331u /* "FGS1" */
+#define FS_VERSION 1u
+#define FS_MAX_SLOTS 256
+#define FS_SPANS 256 /* busy spans kept per slot / device; adjacent ones merge */
+
+typedef struct {
+    uint64_t start, end;
+} fs_span;
+
+typedef struct {
+    uint32_t head, count; /* head: the newest span */
+    fs_span span[FS_SPANS];
+} fs_timeline;
+
+typedef struct {
+    int32_t pid; /* 0: free */
+    uint32_t dev;
+    uint32_t flags;
+    uint32_t pad;
+    uint64_t bytes;
+    fs_timeline busy;
+} fs_slot;
+
+typedef struct {
+    char uuid[FAKE_STRING_MAX];
+    uint64_t total;
+    uint64_t busy_until;
+    fs_timeline busy;
+} fs_device;
+
+typedef struct {
+    uint32_t magic, version, size, count;
+    fs_device dev[FAKE_MAX_GPUS];
+    fs_slot slot[FS_MAX_SLOTS];
+} fs_file;
+
+static pthread_mutex_t mutex = PTHREAD_MUTEX_INITIALIZER;
+static fs_file *state;
+static int state_fd = -1;
+
+uint64_t fs_now_ns(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+static int file_lock(int type) {
+    if (state_fd < 0) return 0;
+    struct flock fl = {.l_type = (short)type, .l_whence = SEEK_SET, .l_start = 0, .l_len = 0};
+    while (fcntl(state_fd, F_OFD_SETLKW, &fl) < 0) {
+        if (errno != EINTR) return -1;
+    }
+    return 0;
+}
+
+static int pid_dead(int pid) {
+    if (kill(pid, 0) < 0) return errno == ESRCH;
+    char path[64], buf[512];
+    snprintf(path, sizeof path, "/proc/%d/stat", pid);
+    FILE *f = fopen(path, "r");
+    if (!f) return 0;
+    size_t n = fread(buf, 1, sizeof buf - 1, f);
+    fclose(f);
+    buf[n] = '\0';
+    const char *paren = strrchr(buf, ')');
+    return paren && paren[1] == ' ' && paren[2] == 'Z';
+}
+
+static void reap(void) {
+    for (int i = 0; i < FS_MAX_SLOTS; i++) {
+        fs_slot *s = &state->slot[i];
+        if (s->pid != 0 && pid_dead(s->pid)) memset(s, 0, sizeof *s);
+    }
+}
+
+static void lock(void) {
+    pthread_mutex_lock(&mutex);
+    file_lock(F_WRLCK);
+    reap();
+}
+
+static void unlock(void) {
+    file_lock(F_UNLCK);
+    pthread_mutex_unlock(&mutex);
+}
+
+static void fill(fs_file *f, const fake_profile *p) {
+    memset(f, 0, sizeof *f);
+    f->version = FS_VERSION;
+    f->size = sizeof *f;
+    f->count = p->count;
+    for (unsigned int i = 0; i < p->count; i++) {
+        strcpy(f->dev[i].uuid, p->by_index[i]->uuid);
+        f->dev[i].total = p->by_index[i]->memory;
+    }
+    __atomic_store_n(&f->magic, FS_MAGIC, __ATOMIC_RELEASE);
+}
+
+static int matches(const fs_file *f, const fake_profile *p) {
+    if (f->magic != FS_MAGIC || f->version != FS_VERSION || f->size != sizeof *f || f->count != p->count)
+        return 0;
+    for (unsigned int i = 0; i < p->count; i++)
+        if (strcmp(f->dev[i].uuid, p->by_index[i]->uuid) != 0 || f->dev[i].total != p->by_index[i]->memory)
+            return 0;
+    return 1;
+}
+
+int fs_attach(const fake_profile *profile, char *why, unsigned long why_size) {
+    pthread_mutex_lock(&mutex);
+    int rc = 0;
+    if (state) goto out;
+    const char *path = getenv("FAKE_GPU_STATE");
+    if (path == NULL || path[0] == '\0') {
+        void *m = mmap(NULL, sizeof(fs_file), PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+        if (m == MAP_FAILED) {
+            snprintf(why, why_size, "private state: mmap: %s", strerror(errno));
+            rc = -1;
+            goto out;
+        }
+        fill(m, profile);
+        state = m;
+        goto out;
+    }
+    int fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0666);
+    if (fd < 0) {
+        snprintf(why, why_size, "FAKE_GPU_STATE %.200s: %s", path, strerror(errno));
+        rc = -1;
+        goto out;
+    }
+    state_fd = fd;
+    struct stat st;
+    if (file_lock(F_WRLCK) < 0 || fstat(fd, &st) < 0) {
+        snprintf(why, why_size, "FAKE_GPU_STATE %.200s: lock: %s", path, strerror(errno));
+        rc = -1;
+    } else if (st.st_size != 0 && st.st_size != (off_t)sizeof(fs_file)) {
+        snprintf(why, why_size, "FAKE_GPU_STATE %.200s: %lld bytes, not a state file of this version", path,
+                 (long long)st.st_size);
+        rc = -1;
+    } else if (st.st_size == 0 && ftruncate(fd, sizeof(fs_file)) < 0) {
+        snprintf(why, why_size, "FAKE_GPU_STATE %.200s: ftruncate: %s", path, strerror(errno));
+        rc = -1;
+    }
+    void *m = MAP_FAILED;
+    if (rc == 0) {
+        m = mmap(NULL, sizeof(fs_file), PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+        if (m == MAP_FAILED) {
+            snprintf(why, why_size, "FAKE_GPU_STATE %.200s: mmap: %s", path, strerror(errno));
+            rc = -1;
+        }
+    }
+    if (rc == 0) {
+        fs_file *f = m;
+        if (f->magic == 0) {
+            fill(f, profile);
+        } else if (!matches(f, profile)) {
+            snprintf(why, why_size, "FAKE_GPU_STATE %.200s: was created for other GPUs than this profile's",
+                     path);
+            munmap(m, sizeof(fs_file));
+            rc = -1;
+        }
+    }
+    file_lock(F_UNLCK);
+    if (rc == 0) {
+        state = m;
+    } else {
+        close(fd);
+        state_fd = -1;
+    }
+out:
+    pthread_mutex_unlock(&mutex);
+    return rc;
+}
+
+static fs_slot *find_slot(unsigned int dev, int pid, int create) {
+    fs_slot *free_slot = NULL;
+    for (int i = 0; i < FS_MAX_SLOTS; i++) {
+        fs_slot *s = &state->slot[i];
+        if (s->pid == pid && s->dev == dev) return s;
+        if (s->pid == 0 && free_slot == NULL) free_slot = s;
+    }
+    if (!create || free_slot == NULL) return NULL;
+    memset(free_slot, 0, sizeof *free_slot);
+    free_slot->pid = pid;
+    free_slot->dev = dev;
+    return free_slot;
+}
+
+static void drop_if_idle(fs_slot *s) {
+    if (s->bytes == 0 && s->flags == 0) memset(s, 0, sizeof *s);
+}
+
+static int valid_dev(unsigned int dev) { return state && dev < state->count; }
+
+int fs_mem_alloc(unsigned int dev, uint64_t bytes) {
+    if (!valid_dev(dev)) return -1;
+    lock();
+    uint64_t used = 0;
+    for (int i = 0; i < FS_MAX_SLOTS; i++)
+        if (state->slot[i].pid != 0 && state->slot[i].dev == dev) used += state->slot[i].bytes;
+    int rc = -1;
+    fs_slot *s;
+    if (used <= state->dev[dev].total && bytes <= state->dev[dev].total - used &&
+        (s = find_slot(dev, getpid(), 1)) != NULL) {
+        s->bytes += bytes;
+        rc = 0;
+    }
+    unlock();
+    return rc;
+}
+
+void fs_mem_free(unsigned int dev, uint64_t bytes) {
+    if (!valid_dev(dev)) return;
+    lock();
+    fs_slot *s = find_slot(dev, getpid(), 0);
+    if (s) {
+        s->bytes = s->bytes > bytes ? s->bytes - bytes : 0;
+        drop_if_idle(s);
+    }
+    unlock();
+}
+
+uint64_t fs_mem_used(unsigned int dev) {
+    if (!valid_dev(dev)) return 0;
+    lock();
+    uint64_t used = 0;
+    for (int i = 0; i < FS_MAX_SLOTS; i++)
+        if (state->slot[i].pid != 0 && state->slot[i].dev == dev) used += state->slot[i].bytes;
+    unlock();
+    return used;
+}
+
+uint64_t fs_mem_total(unsigned int dev) { return valid_dev(dev) ? state->dev[dev].total : 0; }
+
+void fs_context(unsigned int dev, int present) {
+    if (!valid_dev(dev)) return;
+    lock();
+    fs_slot *s = find_slot(dev, getpid(), present);
+    if (s) {
+        if (present) {
+            const char *g = getenv("FAKE_GPU_GRAPHICS");
+            s->flags |= FS_FLAG_CONTEXT | (g && strcmp(g, "1") == 0 ? FS_FLAG_GRAPHICS : 0u);
+        } else {
+            s->flags = 0;
+            drop_if_idle(s);
+        }
+    }
+    unlock();
+}
+
+unsigned int fs_processes(unsigned int dev, uint32_t flags, fs_proc *out, unsigned int max) {
+    if (!valid_dev(dev)) return 0;
+    unsigned int n = 0;
+    lock();
+    for (int i = 0; i < FS_MAX_SLOTS; i++) {
+        fs_slot *s = &state->slot[i];
+        if (s->pid == 0 || s->dev != dev) continue;
+        int listed = (s->flags & flags) != 0 || ((flags & FS_FLAG_CONTEXT) && s->bytes > 0);
+        if (!listed) continue;
+        if (n < max) out[n] = (fs_proc){s->pid, s->flags, s->bytes};
+        n++;
+    }
+    unlock();
+    return n;
+}
+
+static void add_span(fs_timeline *t, uint64_t start, uint64_t end) {
+    if (t->count > 0) {
+        fs_span *last = &t->span[t->head];
+        if (start <= last->end) {
+            if (end > last->end) last->end = end;
+            return;
+        }
+        t->head = (t->head + 1) % FS_SPANS;
+    }
+    t->span[t->head] = (fs_span){start, end};
+    if (t->count < FS_SPANS) t->count++;
+}
+
+static uint64_t overlap(const fs_timeline *t, uint64_t t0, uint64_t t1) {
+    uint64_t sum = 0;
+    for (uint32_t k = 0; k < t->count; k++) {
+        const fs_span *s = &t->span[(t->head + FS_SPANS - k) % FS_SPANS];
+        uint64_t a = s->start > t0 ? s->start : t0, b = s->end < t1 ? s->end : t1;
+        if (b > a) sum += b - a;
+        if (s->end <= t0) break; /* older spans end earlier still */
+    }
+    return sum;
+}
+
+uint64_t fs_launch(unsigned int dev, uint64_t cost_ns) {
+    uint64_t now = fs_now_ns();
+    if (!valid_dev(dev)) return now;
+    lock();
+    fs_device *d = &state->dev[dev];
+    uint64_t start = d->busy_until > now ? d->busy_until : now, end = start + cost_ns;
+    if (cost_ns > 0) {
+        d->busy_until = end;
+        add_span(&d->busy, start, end);
+        fs_slot *s = find_slot(dev, getpid(), 1);
+        if (s) {
+            s->flags |= FS_FLAG_CONTEXT;
+            add_span(&s->busy, start, end);
+        }
+    }
+    unlock();
+    return end;
+}
+
+unsigned int fs_busy_by_pid(unsigned int dev, uint64_t t0, uint64_t t1, fs_busy *out, unsigned int max) {
+    if (!valid_dev(dev)) return 0;
+    unsigned int n = 0;
+    lock();
+    for (int i = 0; i < FS_MAX_SLOTS; i++) {
+        fs_slot *s = &state->slot[i];
+        if (s->pid == 0 || s->dev != dev) continue;
+        uint64_t busy = overlap(&s->busy, t0, t1);
+        if (busy == 0) continue;
+        if (n < max) out[n] = (fs_busy){s->pid, busy};
+        n++;
+    }
+    unlock();
+    return n;
+}
+
+uint64_t fs_busy_device(unsigned int dev, uint64_t t0, uint64_t t1) {
+    if (!valid_dev(dev)) return 0;
+    lock();
+    uint64_t busy = overlap(&state->dev[dev].busy, t0, t1);
+    unlock();
+    return busy;
+}

@@ -1,0 +1,64 @@
+/*
+ * The simulated GPUs' shared state: what the fake libcuda did, for the fake NVML to report.
+ *
+ *   FAKE_GPU_STATE=/path   one mmap'd file shared by every process that loads either fake; created
+ *                          on first use from the profile. Unset: a private, in-process state.
+ *
+ * Per device (NVML index): the device memory each host pid holds, which pids have a context, and
+ * the kernel busy time each pid added (spans of wall time, serialized per device as if the kernels
+ * ran one after another), so utilization is a rate over a window. Every access holds a pthread
+ * mutex (threads) and an OFD lock on the file (processes; the kernel drops it when a holder dies).
+ * Slots of dead pids (kill(pid, 0) == ESRCH, or a zombie) are dropped on every locked access.
+ */
+#ifndef FAKESTATE_STATE_H
+#define FAKESTATE_STATE_H
+
+#include <stdint.h>
+
+#include "profile.h"
+
+#define FS_FLAG_CONTEXT 1u  /* the pid has a context on the device (a compute process) */
+#define FS_FLAG_GRAPHICS 2u /* it also shows as a graphics process (FAKE_GPU_GRAPHICS=1) */
+
+typedef struct {
+    int pid;
+    uint32_t flags;
+    uint64_t bytes; /* device memory held */
+} fs_proc;
+
+typedef struct {
+    int pid;
+    uint64_t busy_ns; /* kernel time inside the window */
+} fs_busy;
+
+/* Map the state for `profile` (idempotent). 0, or -1 with *why set. */
+int fs_attach(const fake_profile *profile, char *why, unsigned long why_size);
+
+/* CLOCK_REALTIME in ns: NVML's timestamps are wall-clock microseconds. */
+uint64_t fs_now_ns(void);
+
+/* Charge `bytes` of device memory to this pid; -1 when the device has not that much free. */
+int fs_mem_alloc(unsigned int dev, uint64_t bytes);
+void fs_mem_free(unsigned int dev, uint64_t bytes);
+/* Bytes held on `dev` by all pids. */
+uint64_t fs_mem_used(unsigned int dev);
+uint64_t fs_mem_total(unsigned int dev);
+
+/* This pid gains / drops a context on `dev`. */
+void fs_context(unsigned int dev, int present);
+
+/* Processes on `dev` with any of `flags` (or memory, when flags has FS_FLAG_CONTEXT): fills up to
+ * `max` of them and returns how many there are. */
+unsigned int fs_processes(unsigned int dev, uint32_t flags, fs_proc *out, unsigned int max);
+
+/* A kernel of `cost_ns` from this pid: it starts when the device is free (or now) and occupies
+ * it for cost_ns. Returns when it ends (fs_now_ns clock). */
+uint64_t fs_launch(unsigned int dev, uint64_t cost_ns);
+
+/* Kernel time of each pid on `dev` inside [t0, t1]: fills up to `max` pids with busy time > 0 and
+ * returns how many there are. */
+unsigned int fs_busy_by_pid(unsigned int dev, uint64_t t0, uint64_t t1, fs_busy *out, unsigned int max);
+/* Kernel time of the whole device inside [t0, t1]. */
+uint64_t fs_busy_device(unsigned int dev, uint64_t t0, uint64_t t1);
+
+#endif
