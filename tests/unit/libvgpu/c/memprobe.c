@@ -8,6 +8,7 @@
  *   memprobe random SEED MAX              random sizes in [1 MiB, MAX] until refused, then wait for EOF
  *   memprobe owners                       dladdr of what cuGetProcAddress(_v2) hands out
  *   memprobe fork CHUNK                   parent takes CHUNK, child fills with CHUNK
+ *   memprobe cycle DOOR SIZE N            N rounds of: fill with SIZE chunks, free them all
  *   memprobe take SIZE                    one allocation of SIZE, then wait for stdin EOF
  * DOOR: direct dlsym next gpa gpa2 gpa2ptsz v1 pitch managed async asyncptsz pool create array */
 #define _GNU_SOURCE
@@ -230,6 +231,20 @@ int main(int argc, char **argv)
         }
         printf("total %llu\n", total);
         wait_eof();
+    } else if (strcmp(argv[1], "cycle") == 0 && argc == 5) {
+        size_t size = strtoull(argv[3], NULL, 0);
+        int rounds = atoi(argv[4]), done = 0;
+        CUdeviceptr held[4096];
+        for (; done < rounds; done++) {
+            int n = 0;
+            while (n < 4096 && alloc_one(argv[2], size, &held[n]) == 0)
+                n++;
+            if (n == 0)
+                break;
+            for (int i = 0; i < n; i++)
+                cuMemFree_v2(held[i]);
+        }
+        printf("rounds %d\n", done);
     } else if (strcmp(argv[1], "take") == 0 && argc == 3) {
         CUdeviceptr p;
         printf("rc %d\n", alloc_one("direct", strtoull(argv[2], NULL, 0), &p));
