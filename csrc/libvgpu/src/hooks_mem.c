@@ -412,28 +412,12 @@ VGPU_EXPORT CUresult cuMemHostRegister_v2(void *p, size_t bytesize, unsigned int
     return real == NULL ? CUDA_ERROR_NOT_FOUND : host_register(real, p, bytesize, flags);
 }
 
-VGPU_EXPORT CUresult cuMemHostRegister(void *p, unsigned int bytesize, unsigned int flags)
+/* cuMemHostRegister (CUDA 4.0) already took size_t; _v2 (6.5) keeps the signature. */
+VGPU_EXPORT CUresult cuMemHostRegister(void *p, size_t bytesize, unsigned int flags)
 {
     vgpu_init();
     __typeof__(&cuMemHostRegister) real = REAL_CU(cuMemHostRegister);
-    if (real == NULL)
-        return CUDA_ERROR_NOT_FOUND;
-    int host = vgpu_host_of_current();
-    if (!limited(host))
-        return real(p, bytesize, flags);
-    int fd = vgpu_devlock(host);
-    if (fd < 0)
-        return CUDA_ERROR_OUT_OF_MEMORY;
-    CUresult r = real(p, bytesize, flags);
-    if (r == CUDA_SUCCESS && over_after(host)) {
-        static void *slot;
-        CUresult (*unregister)(void *) = vgpu_real_cached(&slot, VGPU_LIB_CUDA, "cuMemHostUnregister");
-        if (unregister != NULL)
-            unregister(p);
-        r = CUDA_ERROR_OUT_OF_MEMORY;
-    }
-    vgpu_devunlock(fd);
-    return r;
+    return real == NULL ? CUDA_ERROR_NOT_FOUND : host_register(real, p, bytesize, flags);
 }
 
 /* --- limited views --------------------------------------------------------------------------- */

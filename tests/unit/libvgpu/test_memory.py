@@ -199,3 +199,33 @@ def test_proc_addresses_belong_to_the_library(container: Container) -> None:
     assert got["gpa.cuGetProcAddress"] == f"{lib}:cuGetProcAddress_v2"
     # Known but not hooked: the driver's own function.
     assert got["gpa2.cuDeviceGet"].endswith(":cuDeviceGet") and not got["gpa2.cuDeviceGet"].startswith(lib)
+
+
+def test_pinned_host_memory_is_undone_when_already_over(container: Container) -> None:
+    assert container.run("host", str(64 * MIB), CUDA_MEM_LIMIT_0="256m") == {
+        "hostalloc_rc": "0",
+        "hostalloc_null": "0",
+        "register_rc": "0",
+        "unregister_rc": "0",
+    }
+    outsider = container.start("take", str(512 * MIB), preload=False)
+    try:
+        assert read_result(outsider, ("rc",))["rc"] == "0"
+        got = container.run("host", str(64 * MIB), CUDA_MEM_LIMIT_0="256m")
+    finally:
+        outsider.communicate(timeout=30)
+    assert (got["hostalloc_rc"], got["hostalloc_null"], got["register_rc"]) == (
+        CUDA_ERROR_OUT_OF_MEMORY,
+        "1",
+        "2",
+    )
+    assert got["unregister_rc"] != "0"  # the registration was undone
+
+
+def test_nvml_calls_of_a_limited_device(container: Container) -> None:
+    got = container.run("nvml", CUDA_MEM_LIMIT_0="1024m")
+    assert got["setcompute_rc"] == "3"  # NVML_ERROR_NOT_SUPPORTED
+    assert (got["persistence_rc"], got["persistence"]) == ("0", "0")
+    assert got["mem2_rc"] == "0" and int(got["mem2_total"]) == LIMIT
+    parts = int(got["mem2_used"]) + int(got["mem2_reserved"]) + int(got["mem2_free"])
+    assert parts == LIMIT

@@ -9,6 +9,9 @@
  *   memprobe owners                       dladdr of what cuGetProcAddress(_v2) hands out
  *   memprobe fork CHUNK                   parent takes CHUNK, child fills with CHUNK
  *   memprobe cycle DOOR SIZE N            N rounds of: fill with SIZE chunks, free them all
+ *   memprobe host SIZE                    cuMemHostAlloc and cuMemHostRegister_v2 of SIZE
+ *   memprobe nvml                         NVML mode calls and nvmlDeviceGetMemoryInfo_v2
+ *   memprobe bench N SIZE                 ns per cuMemAlloc_v2 + cuMemFree_v2 pair, N pairs
  *   memprobe take SIZE                    one allocation of SIZE, then wait for stdin EOF
  * DOOR: direct dlsym next gpa gpa2 gpa2ptsz v1 pitch managed async asyncptsz pool create array */
 #define _GNU_SOURCE
@@ -17,7 +20,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 
 typedef int CUresult;
@@ -245,6 +250,50 @@ int main(int argc, char **argv)
                 cuMemFree_v2(held[i]);
         }
         printf("rounds %d\n", done);
+    } else if (strcmp(argv[1], "host") == 0 && argc == 3) {
+        size_t size = strtoull(argv[2], NULL, 0);
+        void *h = NULL;
+        CUresult r = ((CUresult(*)(void **, size_t, unsigned))dlsym(libcuda, "cuMemHostAlloc"))(&h, size, 0);
+        printf("hostalloc_rc %d\nhostalloc_null %d\n", r, h == NULL);
+        void *m = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+        r = ((CUresult(*)(void *, size_t, unsigned))dlsym(libcuda, "cuMemHostRegister_v2"))(m, size, 0);
+        printf("register_rc %d\n", r);
+        /* Registered again: the driver refuses a second registration, unless ours was undone. */
+        r = ((CUresult(*)(void *))dlsym(libcuda, "cuMemHostUnregister"))(m);
+        printf("unregister_rc %d\n", r);
+    } else if (strcmp(argv[1], "nvml") == 0) {
+        void *nvml = dlopen("libnvidia-ml.so.1", RTLD_NOW);
+        int (*init)(void) = (int (*)(void))dlsym(nvml, "nvmlInit_v2");
+        int (*byuuid)(const char *, void **) = (int (*)(const char *, void **))dlsym(nvml, "nvmlDeviceGetHandleByUUID");
+        void *h = NULL;
+        init();
+        byuuid(getenv("PROBE_NVML_UUID"), &h);
+        int mode = -1;
+        printf("setcompute_rc %d\n", ((int (*)(void *, int))dlsym(nvml, "nvmlDeviceSetComputeMode"))(h, 0));
+        int r = ((int (*)(void *, int *))dlsym(nvml, "nvmlDeviceGetPersistenceMode"))(h, &mode);
+        printf("persistence_rc %d\npersistence %d\n", r, mode);
+        struct {
+            unsigned int version;
+            unsigned long long total, reserved, free, used;
+        } m2 = {(unsigned)(40 | (2u << 24)), 0, 0, 0, 0};
+        r = ((int (*)(void *, void *))dlsym(nvml, "nvmlDeviceGetMemoryInfo_v2"))(h, &m2);
+        printf("mem2_rc %d\nmem2_total %llu\nmem2_reserved %llu\nmem2_free %llu\nmem2_used %llu\n", r, m2.total,
+               m2.reserved, m2.free, m2.used);
+    } else if (strcmp(argv[1], "bench") == 0 && argc == 4) {
+        long n = atol(argv[2]);
+        size_t size = strtoull(argv[3], NULL, 0);
+        CUdeviceptr p;
+        struct timespec a, b;
+        clock_gettime(CLOCK_MONOTONIC, &a);
+        for (long i = 0; i < n; i++) {
+            if (cuMemAlloc_v2(&p, size) != 0 || cuMemFree_v2(p) != 0) {
+                fprintf(stderr, "bench: allocation %ld failed\n", i);
+                return 1;
+            }
+        }
+        clock_gettime(CLOCK_MONOTONIC, &b);
+        double ns = ((b.tv_sec - a.tv_sec) * 1e9 + (b.tv_nsec - a.tv_nsec)) / (double)n;
+        printf("ns_per_pair %.0f\n", ns);
     } else if (strcmp(argv[1], "take") == 0 && argc == 3) {
         CUdeviceptr p;
         printf("rc %d\n", alloc_one("direct", strtoull(argv[2], NULL, 0), &p));
