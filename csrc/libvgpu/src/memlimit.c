@@ -110,24 +110,29 @@ static int pid_in_pids_config(unsigned int pid)
         struct timespec ts = {0, 100000};
         nanosleep(&ts, NULL);
     }
-    static __thread char buf[1 << 16];
     size_t n = 0;
+    enum { PIDS_MAX = 1 << 20 };
+    char *buf = malloc(PIDS_MAX);
+    if (buf == NULL) {
+        close(fd);
+        return -1;
+    }
     ssize_t r;
-    while (n < sizeof(buf) - 1 && ((r = read(fd, buf + n, sizeof(buf) - 1 - n)) > 0 || (r < 0 && errno == EINTR)))
+    while (n < PIDS_MAX - 1 && ((r = read(fd, buf + n, PIDS_MAX - 1 - n)) > 0 || (r < 0 && errno == EINTR)))
         if (r > 0)
             n += (size_t)r;
     close(fd);
     buf[n] = '\0';
-    if (n == 0)
-        return -1;
-    for (char *p = buf; *p;) {
+    int found = n == 0 ? -1 : 0;
+    for (char *p = buf; *p && found == 0;) {
         char *end;
         unsigned long v = strtoul(p, &end, 10);
         if (end != p && v == pid)
-            return 1;
+            found = 1;
         p = *end ? end + 1 : end;
     }
-    return 0;
+    free(buf);
+    return found;
 }
 
 /* The path of cgroup v1 controller `ctl` in a /proc/<pid>/cgroup text, into out. */
@@ -168,8 +173,7 @@ static int same_ns(const char *proc, unsigned int pid, const char *ns)
 
 int vgpu_pid_is_ours(long mode, unsigned int pid)
 {
-    char path[4096];
-    static __thread char text[8192];
+    char path[4096], text[8192];
     if (vgpu_mode_is(mode, VGPU_MODE_CLIENT))
         return pid_in_pids_config(pid);
     if (mode != 0 && vgpu_mode_is(mode, VGPU_MODE_OPEN_KERNEL)) {
@@ -218,13 +222,15 @@ static int nvml_sum(nvmlDevice_t dev, long mode, unsigned long long *sum)
     static void *slots[2];
     static const char *const names[2] = {"nvmlDeviceGetComputeRunningProcesses",
                                          "nvmlDeviceGetGraphicsRunningProcesses"};
-    static __thread nvmlProcessInfo_v1_t all[2 * MAX_PROCS];
+    nvmlProcessInfo_v1_t *all = malloc(2 * MAX_PROCS * sizeof(*all));
     unsigned int total = 0;
+    if (all == NULL)
+        return -1;
     for (int k = 0; k < 2; k++) {
         list_fn fn = vgpu_real_cached(&slots[k], VGPU_LIB_NVML, names[k]);
         if (fn == NULL) {
             if (k == 0)
-                return -1;
+                goto fail;
             continue;
         }
         unsigned int count = MAX_PROCS;
@@ -232,7 +238,7 @@ static int nvml_sum(nvmlDevice_t dev, long mode, unsigned long long *sum)
         if (r == NVML_ERROR_NOT_SUPPORTED && k == 1)
             continue;
         if (r != NVML_SUCCESS)
-            return -1;
+            goto fail;
         total += count;
     }
     *sum = 0;
@@ -244,11 +250,15 @@ static int nvml_sum(nvmlDevice_t dev, long mode, unsigned long long *sum)
             continue;
         int ours = vgpu_pid_is_ours(mode, all[i].pid);
         if (ours < 0)
-            return -1;
+            goto fail;
         if (ours)
             *sum += all[i].usedGpuMemory;
     }
+    free(all);
     return 0;
+fail:
+    free(all);
+    return -1;
 }
 
 int vgpu_usage(int host, unsigned long long *nvml_used, unsigned long long *ledger_used)

@@ -72,3 +72,12 @@ def test_free_retires_the_charge(container: Container) -> None:
     # Five rounds of alloc + free of the whole limit: each free gave its charge back.
     assert got["rounds"] == "5"
     assert ledger(container.root) == {}
+
+
+def test_threads_of_one_process_lose_no_ledger_update(container: Container) -> None:
+    holder = container.start("threads", "8", "100", str(MIB), CUDA_MEM_LIMIT_0="1024m")
+    try:
+        assert read_result(holder, ("allocated",))["allocated"] == "800"
+        assert ledger(container.root) == {holder.pid: 800 * MIB}
+    finally:
+        holder.communicate(timeout=30)

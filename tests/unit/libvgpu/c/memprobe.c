@@ -12,10 +12,13 @@
  *   memprobe host SIZE                    cuMemHostAlloc and cuMemHostRegister_v2 of SIZE
  *   memprobe nvml                         NVML mode calls and nvmlDeviceGetMemoryInfo_v2
  *   memprobe bench N SIZE                 ns per cuMemAlloc_v2 + cuMemFree_v2 pair, N pairs
+ *   memprobe threads T N SIZE             T threads x N rounds: keep one managed SIZE, free another;
+ *                                         then wait for EOF
  *   memprobe take SIZE                    one allocation of SIZE, then wait for stdin EOF
  * DOOR: direct dlsym next gpa gpa2 gpa2ptsz v1 pitch managed async asyncptsz pool create array */
 #define _GNU_SOURCE
 #include <dlfcn.h>
+#include <pthread.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -54,6 +57,7 @@ typedef CUresult (*gpa2_t)(const char *, void **, int, unsigned long long, int *
 
 static void *libcuda;
 static int device = -1; /* the CUdevice of ordinal 0 */
+static void *ctx0;      /* its primary context */
 
 static void *proc(const char *door, const char *sym, unsigned long long flags)
 {
@@ -134,6 +138,24 @@ static void setup(void)
         fprintf(stderr, "setup failed: %s\n", dlerror());
         exit(3);
     }
+    ctx0 = ctx;
+}
+
+static long thread_n;
+static size_t thread_size;
+
+static void *managed_worker(void *arg)
+{
+    CUdeviceptr keep, drop;
+    long ok = 0;
+    cuCtxSetCurrent(ctx0);
+    /* Keep one, free one: frees (not under the device lock) race with the other threads. */
+    for (long i = 0; i < thread_n; i++) {
+        ok += alloc_one("managed", thread_size, &keep) == 0;
+        if (alloc_one("managed", thread_size, &drop) == 0)
+            cuMemFree_v2(drop);
+    }
+    return (void *)ok;
 }
 
 static void wait_eof(void)
@@ -294,6 +316,21 @@ int main(int argc, char **argv)
         clock_gettime(CLOCK_MONOTONIC, &b);
         double ns = ((b.tv_sec - a.tv_sec) * 1e9 + (b.tv_nsec - a.tv_nsec)) / (double)n;
         printf("ns_per_pair %.0f\n", ns);
+    } else if (strcmp(argv[1], "threads") == 0 && argc == 5) {
+        int t = atoi(argv[2]);
+        pthread_t tids[64];
+        long ok = 0;
+        thread_n = atol(argv[3]);
+        thread_size = strtoull(argv[4], NULL, 0);
+        for (int i = 0; i < t && i < 64; i++)
+            pthread_create(&tids[i], NULL, managed_worker, NULL);
+        for (int i = 0; i < t && i < 64; i++) {
+            void *r;
+            pthread_join(tids[i], &r);
+            ok += (long)r;
+        }
+        printf("allocated %ld\n", ok);
+        wait_eof();
     } else if (strcmp(argv[1], "take") == 0 && argc == 3) {
         CUdeviceptr p;
         printf("rc %d\n", alloc_one("direct", strtoull(argv[2], NULL, 0), &p));
