@@ -58,8 +58,9 @@ static struct vgpu_vmem_node *ledger(int create)
     if (fd >= 0) {
         fchmod(fd, 0666);
         ofd_lock(fd, F_WRLCK, 0, VGPU_VMEM_DEVICES_OFFSET); /* the header */
-        struct stat st;
-        if (fstat(fd, &st) == 0 && st.st_size < (off_t)VGPU_VMEM_FILE_SIZE)
+        /* lseek, not fstat: no GLIBC_2.33 symbol (see glibc_compat.h). */
+        off_t size = lseek(fd, 0, SEEK_END);
+        if (size >= 0 && size < (off_t)VGPU_VMEM_FILE_SIZE)
             if (ftruncate(fd, VGPU_VMEM_FILE_SIZE) < 0) {
                 close(fd);
                 fd = -1;
