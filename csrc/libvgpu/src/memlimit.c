@@ -176,13 +176,32 @@ int vgpu_pid_is_ours(long mode, unsigned int pid)
     char path[4096], text[8192];
     if (vgpu_mode_is(mode, VGPU_MODE_CLIENT))
         return pid_in_pids_config(pid);
-    if (mode != 0 && vgpu_mode_is(mode, VGPU_MODE_OPEN_KERNEL)) {
-        /* NVML reports PIDs of our namespace: /proc/<pid> is one of ours when it shares our mount
-         * and cgroup namespaces and maps the driver. */
-        const char *proc = vgpu_path(VGPU_PATH_PROC);
-        if (!same_ns(proc, pid, "mnt") || !same_ns(proc, pid, "cgroup"))
+    int open_kernel = mode != 0 && vgpu_mode_is(mode, VGPU_MODE_OPEN_KERNEL);
+    int v2 = mode != 0 && vgpu_mode_is(mode, VGPU_MODE_CGROUPV2);
+    int v1 = mode != 0 && vgpu_mode_is(mode, VGPU_MODE_CGROUPV1);
+    /* With the open kernel module NVML reports PIDs of our own namespace, so they are looked up in
+     * our /proc; otherwise they are host PIDs, looked up in the host's /proc mounted for us. */
+    const char *procs = vgpu_path(open_kernel ? VGPU_PATH_PROC : VGPU_PATH_HOST_PROC);
+    if (v2 || v1) {
+        snprintf(path, sizeof(path), "%s/%u/cgroup", procs, pid);
+        if (read_file(path, text, sizeof(text)) <= 0)
+            return 0; /* gone, or not visible: not ours */
+        if (v2)
+            /* Seen through our cgroup namespace, a process of our own cgroup reads "0::/". */
+            return strncmp(text, "0::/\n", 5) == 0 || strcmp(text, "0::/") == 0;
+        char ours[4096], theirs[4096], self[8192];
+        snprintf(path, sizeof(path), "%s/self/cgroup", vgpu_path(VGPU_PATH_PROC));
+        if (read_file(path, self, sizeof(self)) <= 0 || v1_path(self, "memory", ours, sizeof(ours)) < 0 ||
+            v1_path(text, "memory", theirs, sizeof(theirs)) < 0)
             return 0;
-        snprintf(path, sizeof(path), "%s/%u/maps", proc, pid);
+        return strcmp(ours, theirs) == 0;
+    }
+    if (open_kernel) {
+        /* /proc/<pid> is one of ours when it shares our mount and cgroup namespaces and maps the
+         * driver. */
+        if (!same_ns(procs, pid, "mnt") || !same_ns(procs, pid, "cgroup"))
+            return 0;
+        snprintf(path, sizeof(path), "%s/%u/maps", procs, pid);
         FILE *f = fopen(path, "re");
         if (f == NULL)
             return 0;
@@ -192,20 +211,6 @@ int vgpu_pid_is_ours(long mode, unsigned int pid)
             hit = strstr(line, "nvidia") != NULL;
         fclose(f);
         return hit;
-    }
-    if (mode != 0 && (vgpu_mode_is(mode, VGPU_MODE_CGROUPV2) || vgpu_mode_is(mode, VGPU_MODE_CGROUPV1))) {
-        snprintf(path, sizeof(path), "%s/%u/cgroup", vgpu_path(VGPU_PATH_HOST_PROC), pid);
-        if (read_file(path, text, sizeof(text)) <= 0)
-            return 0; /* gone, or not visible: not ours */
-        if (vgpu_mode_is(mode, VGPU_MODE_CGROUPV2))
-            /* Seen through our cgroup namespace, a process of our own cgroup reads "0::/". */
-            return strncmp(text, "0::/\n", 5) == 0 || strcmp(text, "0::/") == 0;
-        char ours[4096], theirs[4096], self[8192];
-        snprintf(path, sizeof(path), "%s/self/cgroup", vgpu_path(VGPU_PATH_PROC));
-        if (read_file(path, self, sizeof(self)) <= 0 || v1_path(self, "memory", ours, sizeof(ours)) < 0 ||
-            v1_path(text, "memory", theirs, sizeof(theirs)) < 0)
-            return 0;
-        return strcmp(ours, theirs) == 0;
     }
     return 1; /* host mode: every process on the device */
 }

@@ -229,3 +229,9 @@ def test_nvml_calls_of_a_limited_device(container: Container) -> None:
     assert got["mem2_rc"] == "0" and int(got["mem2_total"]) == LIMIT
     parts = int(got["mem2_used"]) + int(got["mem2_reserved"]) + int(got["mem2_free"])
     assert parts == LIMIT
+
+
+def test_a_process_in_both_nvml_lists_counts_once(container: Container) -> None:
+    """FAKE_GPU_GRAPHICS=1: every process also shows as a graphics process."""
+    got = container.run("fill", "direct", str(128 * MIB), CUDA_MEM_LIMIT_0="1024m", FAKE_GPU_GRAPHICS="1")
+    assert got["count"] == "8"
