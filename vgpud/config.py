@@ -18,6 +18,7 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
+from vgpud.artifacts import DEFAULT_LIBRARY_SOURCE, DEFAULT_REGISTER_CLIENT_SOURCE
 from vgpud.gates import FeatureGates, gates_help, parse_feature_gates
 from vgpud.gpu.source import BUILTIN_PROFILES, GPU_BACKENDS, GpuSource, gpu_profile
 from vgpud.options import ConfigError, Option, add_arguments, resolve
@@ -229,20 +230,20 @@ OPTIONS: tuple[Option, ...] = (
         "--library-source",
         "LIBRARY_SOURCE",
         absolute_path,
-        None,
-        "libvgpu-control.so to install into the manager root as the control library containers load",
+        str(DEFAULT_LIBRARY_SOURCE),
+        "libvgpu-control.so to install into the manager root as the control library containers load; "
+        "vgpud refuses to start without it",
         "FILE",
-        unset="none installed; an empty placeholder keeps the mount valid",
     ),
     Option(
         "register_client_source",
         "--register-client-source",
         "REGISTER_CLIENT_SOURCE",
         absolute_path,
-        None,
-        "vgpu-register to install as <manager root>/registry/vgpu-register, the client the library runs",
+        str(DEFAULT_REGISTER_CLIENT_SOURCE),
+        "vgpu-register to install as <manager root>/registry/vgpu-register and device-client (the "
+        "reference's name), the client the library runs; vgpud refuses to start without it",
         "FILE",
-        unset="none installed",
     ),
     Option(
         "shutdown_timeout",
@@ -292,6 +293,16 @@ OPTIONS: tuple[Option, ...] = (
         "SECONDS",
     ),
     Option(
+        "usage_interval",
+        "--usage-interval",
+        "USAGE_INTERVAL",
+        int_in(0, 86400),
+        "10",
+        "seconds between reads of each vGPU container's library files (limits, ledger, shared bucket) "
+        "for the metrics and the debug state; 0 = off",
+        "SECONDS",
+    ),
+    Option(
         "log_level",
         "--log-level",
         "LOG_LEVEL",
@@ -338,14 +349,15 @@ class Settings:
     gpu_profile: Path | None
     nvml_library: Path | None
     kubeconfig: Path | None
-    library_source: Path | None
-    register_client_source: Path | None
+    library_source: Path
+    register_client_source: Path
     shutdown_timeout: int
     metrics_address: tuple[str, int] | None
     #: a path, SOCKET_OFF, or None for the default (`debug_socket_path`)
     debug_socket: Path | str | None
     debug_address: tuple[str, int] | None
     drift_interval: int
+    usage_interval: int
     log_level: str
     root_prefix: Path | None = field(default=None)
 

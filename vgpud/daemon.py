@@ -33,7 +33,7 @@ from vgpud.grpcserve import serve
 from vgpud.health import HealthService
 from vgpud.kube import KubeApi, KubeError
 from vgpud.kube.client import KubeClient
-from vgpud.nodesetup import cgroup_v2, prepare_manager_root
+from vgpud.nodesetup import NodeSetupError, cgroup_v2, prepare_manager_root
 from vgpud.nri.conn import Dialer, Identity, probe, run_session
 from vgpud.nri.hooks import NriHooks
 from vgpud.observe.app import ObserveApp
@@ -42,6 +42,7 @@ from vgpud.observe.hub import StreamHub
 from vgpud.observe.metrics import NodeMetrics
 from vgpud.observe.serve import run_debug_server, run_metrics_server
 from vgpud.observe.state import DebugState, NodeParts, StreamStats
+from vgpud.observe.usage import UsageReader
 from vgpud.partition.assigner import Mode
 from vgpud.partition.eager import EagerAssigner
 from vgpud.partition.layout import Layout
@@ -102,13 +103,15 @@ class Node:
 
 @dataclass
 class Observability:
-    """The readers of the node's state: metrics, the debug endpoint with its stream, the drift check."""
+    """The readers of the node's state: metrics, the debug endpoint with its stream, the drift check,
+    the reader of each container's library files."""
 
     parts: NodeParts
     metrics: NodeMetrics
     hub: StreamHub
     state: DebugState
     drift: DriftChecker | None
+    usage: UsageReader | None
 
 
 def build_observability(
@@ -134,12 +137,14 @@ def build_observability(
     )
     stream = StreamStats()
     drift = DriftChecker(parts, settings.drift_interval) if settings.drift_interval > 0 else None
+    usage = UsageReader(parts, settings.usage_interval) if settings.usage_interval > 0 else None
     return Observability(
         parts=parts,
-        metrics=NodeMetrics(parts, stream=stream, drift=drift),
+        metrics=NodeMetrics(parts, stream=stream, drift=drift, usage=usage),
         hub=StreamHub(recorder, stream),
-        state=DebugState(parts, stream=stream, drift=drift),
+        state=DebugState(parts, stream=stream, drift=drift, usage=usage),
         drift=drift,
+        usage=usage,
     )
 
 
@@ -189,6 +194,9 @@ def check_node(settings: Settings) -> Startup | None:
             layout, LIBRARY_VERSION, settings.library_source, settings.register_client_source
         )
         boot_id = read_boot_id()
+    except NodeSetupError as err:
+        log.error("%s", err)
+        return None
     except OSError as err:
         log.error("cannot set up the manager root %s: %s", settings.manager_dir, err)
         return None
@@ -385,6 +393,8 @@ def _start_observability(node: Node, policies: tuple[Restart, HealthAfter]) -> N
         supervise("debug-http", serve, *policies)
     if observe.drift is not None:
         supervise("drift", observe.drift.run, *policies)
+    if observe.usage is not None:
+        supervise("usage", observe.usage.run, *policies)
 
 
 async def _serve_dra(node: Node, ready: Ready) -> None:

@@ -220,6 +220,59 @@ BUILD_INFO = MetricName(
     ("version", "python"),
 )
 
+# --------------------------------------------------------------------------------------------------
+# Each container's limits and usage, as the library's files in its directory say (vgpud.observe.usage).
+# Labels: claim_uid; partition (`<pod UID>_<container>` in lazy mode, the partition key in eager mode);
+# index (host NVML index) and uuid of the device.
+
+#: vgpu.config: the memory limit the library enforces (absent when it enforces none)
+CONTAINER_MEMORY_LIMIT = MetricName(
+    "vgpud_container_memory_limit_bytes",
+    "Device memory limit of a vGPU container, as its library's vgpu.config says.",
+    ("claim_uid", "partition", "index", "uuid"),
+)
+
+#: vgpu.config: the hard core limit the library enforces, percent (absent when it enforces none)
+CONTAINER_CORE_LIMIT = MetricName(
+    "vgpud_container_core_limit_percent",
+    "Core (SM) limit of a vGPU container in percent, as its library's vgpu.config says.",
+    ("claim_uid", "partition", "index", "uuid"),
+)
+
+#: vmem_node.config: bytes charged to the container that NVML does not report (managed, async, capture)
+CONTAINER_LEDGER_BYTES = MetricName(
+    "vgpud_container_ledger_bytes",
+    "Device memory a vGPU container's library charges in its ledger (what NVML does not report).",
+    ("claim_uid", "partition", "index", "uuid"),
+)
+
+#: vmem_node.config: processes with a live ledger entry
+CONTAINER_LEDGER_PROCESSES = MetricName(
+    "vgpud_container_ledger_processes",
+    "Processes of a vGPU container with a live entry in its library's ledger.",
+    ("claim_uid", "partition", "index", "uuid"),
+)
+
+#: sm_node.config: the container's SM utilization at the shared bucket's last sample (0..1)
+CONTAINER_SM_UTILIZATION = MetricName(
+    "vgpud_container_sm_utilization_ratio",
+    "SM utilization of a vGPU container at its shared bucket's last sample (0..1).",
+    ("claim_uid", "partition", "index", "uuid"),
+)
+
+#: library files of a container that the last read found but could not read or parse
+CONTAINER_FILE_ERRORS = MetricName(
+    "vgpud_container_file_errors",
+    "Library files of a vGPU container the last usage read could not read or parse.",
+    ("claim_uid", "partition"),
+)
+
+#: completed passes of the usage reader
+USAGE_READS = MetricName(
+    "vgpud_usage_reads_total",
+    "Passes of vgpud's reader of each container's library files.",
+)
+
 ALL: tuple[MetricName, ...] = (
     WEBHOOK_REVIEWS,
     WEBHOOK_REVIEW_DURATION,
@@ -249,4 +302,11 @@ ALL: tuple[MetricName, ...] = (
     STREAM_CLIENTS,
     STREAM_DROPS,
     BUILD_INFO,
+    CONTAINER_MEMORY_LIMIT,
+    CONTAINER_CORE_LIMIT,
+    CONTAINER_LEDGER_BYTES,
+    CONTAINER_LEDGER_PROCESSES,
+    CONTAINER_SM_UTILIZATION,
+    CONTAINER_FILE_ERRORS,
+    USAGE_READS,
 )

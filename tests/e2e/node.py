@@ -44,7 +44,7 @@ NODE_NAME = "e2e-node"
 READY_TIMEOUT_S = 120.0
 STOP_TIMEOUT_S = 15.0
 SERVING = 1
-INSTALL_HINT = "run hack/install-kube.sh and hack/install-node.sh (the test command does it)"
+INSTALL_HINT = "run make build, hack/install-kube.sh and hack/install-node.sh (the test command does it)"
 
 
 def node_env() -> dict[str, str]:
@@ -63,7 +63,8 @@ def node_available() -> bool:
     need = ("CONTAINERD_BIN", "CTR_BIN", "RUNC_BIN", "BUSYBOX_IMAGE_TAR", "PAUSE_IMAGE_TAR")
     have_node = all(key in env and Path(env[key]).exists() for key in need)
     have_kube = all(binary(name) for name in ("etcd", "kube-apiserver", "kube-scheduler", "kubelet"))
-    return have_node and have_kube and (BUILD / "libvgpu/vgpu-register").exists()
+    built = all((BUILD / "libvgpu" / name).exists() for name in ("vgpu-register", "libvgpu-control.so"))
+    return have_node and have_kube and built
 
 
 # --------------------------------------------------------------------------------------------------
@@ -543,11 +544,7 @@ state = "{w}/c/state"
         }
 
     def start_vgpud(self) -> None:
-        # The register client lives next to the registry socket (contract "Registry": the registry
-        # dir holds "socket + register client"); a node install puts it there.
-        registry = self.manager_dir / "registry"
-        registry.mkdir(parents=True, exist_ok=True)
-        shutil.copy2(BUILD / "libvgpu/vgpu-register", registry / "vgpu-register")
+        # vgpud installs the control library and the register client from build/libvgpu itself
         if not self.vgpud_port:
             self.vgpud_port = free_port()
         if not self.metrics_port:

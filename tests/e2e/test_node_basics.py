@@ -55,8 +55,18 @@ def test_one_container_one_claim(node: LocalNode) -> None:
         assert env["MANAGER_CLIENT_REGISTER_UUID"]
 
     mounts = w.container_mounts(node, cid)
-    for path in ("/etc/vgpu-manager/config", "/etc/vgpu-manager/registry", w.PIDS_FILE, "/tmp/.vgpu_lock"):
+    for path in (
+        "/etc/vgpu-manager/config",
+        "/etc/vgpu-manager/registry",
+        w.PIDS_FILE,
+        "/tmp/.vgpu_lock",
+        "/tmp/.vmem_node",
+        "/tmp/.sm_node",
+        "/etc/vgpu-manager/driver/libvgpu-control.so",
+    ):
         assert path in mounts, mounts
+    registry = node.manager_dir / "registry"
+    assert (registry / "device-client").read_bytes() == (registry / "vgpu-register").read_bytes()
     assert mounts[w.PIDS_FILE].startswith("ro")
     subdirs = w.claim_subdirs(node, uid)
     if node.nri:

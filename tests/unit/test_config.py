@@ -89,6 +89,7 @@ def test_observability_defaults_and_switches(short_tmp: Path) -> None:
     assert s.debug_socket_path == Path("/var/lib/kubelet/plugins/manager.nvidia.com/debug.sock")
     assert s.debug_address is None
     assert s.drift_interval == 60
+    assert s.usage_interval == 10
     s = _settings(
         [
             "--node-name",
@@ -100,11 +101,12 @@ def test_observability_defaults_and_switches(short_tmp: Path) -> None:
             "--debug-socket",
             "off",
         ],
-        {"DEBUG_ADDRESS": "[::1]:9465", "DRIFT_INTERVAL": "0"},
+        {"DEBUG_ADDRESS": "[::1]:9465", "DRIFT_INTERVAL": "0", "USAGE_INTERVAL": "0"},
     )
     assert s.metrics_address is None and s.debug_socket_path is None
     assert s.debug_address == ("::1", 9465)
     assert s.drift_interval == 0
+    assert s.usage_interval == 0
     s = _settings(["--node-name", "n", "--root-prefix", str(short_tmp), "--metrics-address", "0.0.0.0:0"])
     assert s.metrics_address == ("0.0.0.0", 0)
     assert s.debug_socket_path == short_tmp / "var/lib/kubelet/plugins/manager.nvidia.com/debug.sock"

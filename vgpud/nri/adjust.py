@@ -7,6 +7,7 @@ from pathlib import Path
 from vgpud._pb.nri.pkg.api.v1alpha1 import ContainerAdjustment, KeyValue, Mount
 from vgpud.partition.assigner import InjectionPlan
 from vgpud.partition.layout import Mount as LayoutMount
+from vgpud.partition.libstate import clear_library_state
 from vgpud.partition.pidsfile import reset_pids_file
 
 
@@ -25,7 +26,10 @@ def adjustment(plan: InjectionPlan) -> ContainerAdjustment:
 
 
 def make_directories(plan: InjectionPlan) -> None:
-    """Blocking: the container's directories and an empty pids.config (in place, never replaced)."""
+    """Blocking: the container's directories, no ledger or shared bucket of an earlier instance of
+    the container (its processes are gone; sm_node.lock stays), and an empty pids.config (in place,
+    never replaced)."""
     for directory in plan.paths.directories:
         Path(directory).mkdir(parents=True, exist_ok=True, mode=0o755)
+    clear_library_state(plan.paths)
     reset_pids_file(Path(plan.paths.config))

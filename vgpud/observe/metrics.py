@@ -33,6 +33,7 @@ from vgpud.recorder import HookCall, Outcome
 
 if TYPE_CHECKING:
     from vgpud.observe.drift import DriftChecker
+    from vgpud.observe.usage import UsageReader
 
 #: 100 us (a skipped CreateContainer) to 2 s (the runtime's NRI deadline) and beyond (DRA Prepare)
 HOOK_BUCKETS = (
@@ -67,7 +68,14 @@ def registry_result(call: HookCall) -> str:
 class NodeMetrics:
     """Built once per `vgpud run`; `exposition()` is what `/metrics` serves."""
 
-    def __init__(self, parts: NodeParts, *, stream: StreamStats, drift: DriftChecker | None = None) -> None:
+    def __init__(
+        self,
+        parts: NodeParts,
+        *,
+        stream: StreamStats,
+        drift: DriftChecker | None = None,
+        usage: UsageReader | None = None,
+    ) -> None:
         self.registry = CollectorRegistry()
         ProcessCollector(registry=self.registry)
         self.calls = Counter(
@@ -86,7 +94,7 @@ class NodeMetrics:
             names.REGISTRY_REQUESTS.labels,
             registry=self.registry,
         )
-        self.registry.register(StateCollector(parts, stream, drift))
+        self.registry.register(StateCollector(parts, stream, drift, usage))
         self._children: dict[tuple[str, str, str], tuple[Counter, Histogram]] = {}
         parts.recorder.add_listener(self.observe)
 
@@ -125,10 +133,13 @@ def _counter(name: names.MetricName, value: float | None = None) -> CounterMetri
 class StateCollector(Collector):
     """Reads the daemon's state at scrape time."""
 
-    def __init__(self, parts: NodeParts, stream: StreamStats, drift: DriftChecker | None) -> None:
+    def __init__(
+        self, parts: NodeParts, stream: StreamStats, drift: DriftChecker | None, usage: UsageReader | None
+    ) -> None:
         self._parts = parts
         self._stream = stream
         self._drift = drift
+        self._usage = usage
 
     def collect(self) -> Iterator[Metric]:
         parts = self._parts
@@ -157,6 +168,7 @@ class StateCollector(Collector):
         if parts.nri is not None:
             yield from self._nri()
         yield from self._drift_metrics()
+        yield from self._usage_metrics()
         yield _gauge(names.STREAM_CLIENTS, self._stream.clients)
         closed = _counter(names.STREAM_DROPS)
         for reason, count in sorted(self._stream.closed.items()):
@@ -199,3 +211,28 @@ class StateCollector(Collector):
         yield detected
         yield current
         yield _gauge(names.PARTITION_CONFLICTS, status.conflicts or 0)  # lazy mode: none by construction
+
+    def _usage_metrics(self) -> Iterator[Metric]:
+        """The usage reader's last pass: one sample per container and device (nothing when it is off)."""
+        if self._usage is None:
+            return
+        status = self._usage.status()
+        yield _counter(names.USAGE_READS, status.reads)
+        memory, core = _gauge(names.CONTAINER_MEMORY_LIMIT), _gauge(names.CONTAINER_CORE_LIMIT)
+        ledger, processes = _gauge(names.CONTAINER_LEDGER_BYTES), _gauge(names.CONTAINER_LEDGER_PROCESSES)
+        sm, errors = _gauge(names.CONTAINER_SM_UTILIZATION), _gauge(names.CONTAINER_FILE_ERRORS)
+        for container in status.containers:
+            owner = [container.target.claim_uid, container.target.partition]
+            errors.add_metric(owner, len(container.usage.errors))
+            for device in container.usage.devices:
+                labels = [*owner, str(device.index), device.uuid]
+                if device.memory_limited:
+                    memory.add_metric(labels, device.memory_limit)
+                if device.core_limited:
+                    core.add_metric(labels, device.core_limit)
+                if container.usage.has_ledger:
+                    ledger.add_metric(labels, device.ledger_bytes)
+                    processes.add_metric(labels, device.ledger_processes)
+                if device.sm_util_permille is not None:
+                    sm.add_metric(labels, device.sm_util_permille / 1000)
+        yield from (memory, core, ledger, processes, sm, errors)

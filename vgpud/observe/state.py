@@ -26,6 +26,13 @@ Shape (every key always present; a section that does not apply to this node is n
                                                                            client registration only
     drift:       {interval_seconds, checks, last_check, differences: [{kind, subject, detail}],
                   detected: {kind: n}, partition_conflicts, last_error}   when the self-check runs
+    usage:       {interval_seconds, reads, last_read,
+                  containers: {"<claim UID>/<partition>": {claim_uid, partition, pod_uid, container,
+                               directory, files: {vgpu_config, vmem_node, sm_node},
+                               devices: {index: {uuid, memory_limit_bytes, core_limit_percent,
+                                                 ledger_bytes, ledger_processes,
+                                                 sm_utilization_permille}},
+                               errors: [...]}}}                            when the usage reader runs
     stream:      {clients, closed: {reason: n}}
     calls:       {last_seq, recent: [HookCall...]}
 
@@ -53,6 +60,7 @@ if TYPE_CHECKING:
     from vgpud.dra.partitions import ClaimPartitions
     from vgpud.nri.hooks import NriHooks
     from vgpud.observe.drift import DriftChecker
+    from vgpud.observe.usage import UsageReader
     from vgpud.registry.server import RegistryServer
     from vgpud.supervisor import ComponentHealth, HealthRegistry
 
@@ -209,11 +217,13 @@ class DebugState:
         *,
         stream: StreamStats,
         drift: DriftChecker | None = None,
+        usage: UsageReader | None = None,
         partitions_timeout: float = PARTITIONS_TIMEOUT,
     ) -> None:
         self.parts = parts
         self.stream = stream
         self.drift = drift
+        self.usage = usage
         self._partitions_timeout = partitions_timeout
 
     async def snapshot(self, *, calls: int = 20) -> JsonObject:
@@ -233,6 +243,7 @@ class DebugState:
             "partition_errors": None,
             "register_uuids": None,
             "drift": self.drift.status().to_dict() if self.drift is not None else None,
+            "usage": self.usage.status().to_dict() if self.usage is not None else None,
             "stream": {"clients": self.stream.clients, "closed": dict(self.stream.closed)},
             "calls": {
                 "last_seq": parts.recorder.last_seq,

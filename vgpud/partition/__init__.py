@@ -8,7 +8,9 @@ Pure code (no I/O, no Trio) shared by the DRA plugin, the NRI plugin, the regist
 - `assigner` the `PartitionAssigner` interface both modes implement, and its result types
 - `layout`   every host path, container path and env name
 - `edits`    per-device env (limits) keyed by host NVML index, from quantities (the client library's parser)
+- `libfiles` the byte layouts of the library's vgpu.config, vmem_node.config and sm_node.config
 
-`pidsfile` is the one module here that touches the filesystem (the in-place pids.config reset). This
-package imports none of them eagerly, so importing one algorithm module pulls in no I/O code.
+`pidsfile` (the in-place pids.config reset) and `libstate` (clearing and reading the library's files in
+a partition directory) are the modules here that touch the filesystem. This package imports none of
+them eagerly, so importing one algorithm module pulls in no I/O code.
 """

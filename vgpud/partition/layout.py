@@ -23,6 +23,8 @@ REGISTRY_DIR = "registry"
 REGISTRY_SOCKET = "socket.sock"
 #: the register client in the registry dir: the library runs `/etc/vgpu-manager/registry/vgpu-register`
 REGISTER_CLIENT = "vgpu-register"
+#: the same client under the reference's name, for library builds that exec `registry/device-client`
+REGISTER_CLIENT_REFERENCE = "device-client"
 WATCHER_DIR = "watcher"
 CONFIG_DIR = "config"
 VGPU_LOCK_DIR = "vgpu_lock"

@@ -12,6 +12,7 @@ from tests.draharness import BOOT, GPUS, NODE, REF, Harness, single_container_cl
 from vgpud.dra.cdi import spec_path
 from vgpud.dra.checkpoint import CheckpointStore, ClaimEntry, PrepareState
 from vgpud.dra.claimindex import ClaimRef
+from vgpud.partition import libfiles as F
 
 
 @pytest.fixture
@@ -60,6 +61,24 @@ async def test_prepare_writes_spec_dirs_and_checkpoint(h: Harness) -> None:
     assert h.checkpoint()[o.CLAIM_UID]["checkpointState"] == "PrepareCompleted"
     assert h.driver.index.is_vgpu_claim_prepared(o.CLAIM_UID, o.NAMESPACE)
     assert not h.driver.index.is_vgpu_claim_prepared(o.CLAIM_UID, "another-namespace")
+
+
+async def test_prepare_starts_the_partition_without_a_ledger_or_bucket(h: Harness) -> None:
+    """Issue 13 item 4 (eager): files the library left in a claim directory before Prepare (a crash
+    between Unprepare's steps, a reused UID) are gone after it: Prepare recreates the claim directory."""
+    claim, pod = single_container_claim()
+    h.kube.add_claim(claim)
+    h.kube.add_pod(pod)
+    stale = h.claim_dir() / "pod-stale" / "vmem_node"
+    stale.mkdir(parents=True)
+    (stale / "vmem_node.config").write_bytes(F.build_vmem_node({0: [F.LedgerEntry(1, 1 << 30)]}))
+    out = await h.driver.prepare([REF])
+    assert out[o.CLAIM_UID].error == ""
+    (cdi_device,) = h.spec()["devices"]
+    mounts = {m["containerPath"]: Path(m["hostPath"]) for m in cdi_device["containerEdits"]["mounts"]}
+    assert mounts["/tmp/.vmem_node"].is_dir() and mounts["/tmp/.sm_node"].is_dir()
+    assert list(mounts["/tmp/.vmem_node"].iterdir()) == [] and list(mounts["/tmp/.sm_node"].iterdir()) == []
+    assert not stale.exists()
 
 
 async def test_repeated_prepare_returns_the_same_devices_without_redoing_work(h: Harness) -> None:

@@ -23,6 +23,7 @@ from vgpud.nri.envs import env_value
 from vgpud.nri.events import event_mask, known_events_mask
 from vgpud.nri.hooks import Code, HookError, NriHooks
 from vgpud.nri.sync import SyncBatch, decode_sync
+from vgpud.partition import libfiles as F
 from vgpud.partition.layout import Layout
 from vgpud.partition.lazy import LazyAssigner
 from vgpud.recorder import Recorder
@@ -234,6 +235,42 @@ async def test_removing_a_stale_instance_keeps_the_running_instances_directory(h
     await hooks.remove_container(RemoveContainerRequest(pod=pod(), container=instance("second")))
     assert not container_dir(hooks).exists()
     assert hooks.cache.get(POD_UID, "main") is None and len(hooks.runtime) == 0
+
+
+async def test_a_restarted_instance_starts_without_the_earlier_ledger_and_bucket(hooks: NriHooks) -> None:
+    """Issue 13 item 4: CreateContainer deletes vmem_node.config and sm_node.config of the earlier
+    instance (its processes are gone) and keeps sm_node.lock (a sampler may hold it)."""
+    await hooks.create_container(CreateContainerRequest(pod=pod(), container=instance("first")))
+    base = container_dir(hooks)
+    ledger = base / "vmem_node" / "vmem_node.config"
+    ledger.write_bytes(F.build_vmem_node({0: [F.LedgerEntry(4242, 1 << 30)]}))
+    bucket = base / "sm_node" / "sm_node.config"
+    bucket.write_bytes(F.build_sm_node(F.SmNode(sampler_pid=4242)))
+    lock = base / "sm_node" / "sm_node.lock"
+    lock.write_bytes(b"")
+    lock_inode = lock.stat().st_ino
+    other = base / "vmem_node" / "notes"
+    other.write_text("the library's, not ours")
+    await hooks.create_container(CreateContainerRequest(pod=pod(), container=instance("second")))
+    assert not ledger.exists() and not bucket.exists()
+    assert lock.stat().st_ino == lock_inode
+    assert other.read_text() == "the library's, not ours"
+
+
+async def test_what_a_workload_left_in_place_of_the_ledger_goes_unfollowed(
+    hooks: NriHooks, tmp_path: Path
+) -> None:
+    await hooks.create_container(CreateContainerRequest(pod=pod(), container=instance("first")))
+    base = container_dir(hooks)
+    precious = tmp_path / "precious"
+    precious.write_text("keep")
+    (base / "vmem_node" / "vmem_node.config").symlink_to(precious)
+    (base / "sm_node" / "sm_node.config").mkdir()
+    (base / "sm_node" / "sm_node.config" / "x").write_text("x")
+    await hooks.create_container(CreateContainerRequest(pod=pod(), container=instance("second")))
+    assert not (base / "vmem_node" / "vmem_node.config").is_symlink()
+    assert not (base / "sm_node" / "sm_node.config").exists()
+    assert precious.read_text() == "keep"
 
 
 async def test_a_stale_instance_known_only_from_its_env_keeps_the_directory(hooks: NriHooks) -> None:

@@ -19,6 +19,7 @@ from vgpud.observe.hub import StreamHub
 from vgpud.observe.metrics import NodeMetrics
 from vgpud.observe.serve import run_debug_server
 from vgpud.observe.state import DebugState, NodeParts, StreamStats
+from vgpud.observe.usage import UsageReader
 from vgpud.partition.lazy import LazyAssigner
 from vgpud.registry.server import RegistryServer
 from vgpud.supervisor import HealthRegistry, HealthState
@@ -30,6 +31,7 @@ class Node:
     parts: NodeParts
     stream: StreamStats
     drift: DriftChecker
+    usage: UsageReader
     metrics: NodeMetrics
     hub: StreamHub
     state: DebugState
@@ -87,9 +89,11 @@ def make_node(
     )
     stream = StreamStats()
     drift = DriftChecker(parts, interval=1.0)
-    metrics = NodeMetrics(parts, stream=stream, drift=drift)
+    usage = UsageReader(parts, interval=1.0)
+    metrics = NodeMetrics(parts, stream=stream, drift=drift, usage=usage)
     hub = StreamHub(h.recorder, stream, buffer=stream_buffer)
-    return Node(h, parts, stream, drift, metrics, hub, DebugState(parts, stream=stream, drift=drift))
+    state = DebugState(parts, stream=stream, drift=drift, usage=usage)
+    return Node(h, parts, stream, drift, usage, metrics, hub, state)
 
 
 @asynccontextmanager

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from tests.purity import run_without_io
 
-PURE_MODULES = ["model", "eager", "lazy", "assigner", "layout", "edits"]
+PURE_MODULES = ["model", "eager", "lazy", "assigner", "layout", "edits", "libfiles"]
 
 BODY = """
     import importlib
@@ -39,6 +39,10 @@ BODY = """
     assert lazy.resolve(RegisterQuery(pod_uid=pod.uid, container="main"),
                         ResolveFacts(cached_claim_uid=claim.uid, cache_synced=True)) == plan.target
     device_env(0, "GPU-x", total_memory=1 << 34, consumed_capacity={"cores": "40", "memory": "4Gi"})
+    from vgpud.partition import libfiles as F
+    assert F.parse_vmem_node(F.build_vmem_node({1: [F.LedgerEntry(5, 6)]})).used(1) == 6
+    assert F.parse_vgpu_config(F.build_vgpu_config(F.VgpuConfig(pod_uid="p"))).pod_uid == "p"
+    assert F.parse_sm_node(F.build_sm_node(F.SmNode(sampler_pid=2))).sampler_pid == 2
 
     loaded = [m for m in set(sys.modules) - before
               if m.startswith(("vgpud.partition.pidsfile", "trio", "kubernetes", "grpclib"))]
