@@ -18,6 +18,17 @@ __asm__(".symver dladdr,dladdr@" VGPU_GLIBC_BASE);
 __asm__(".symver dlvsym,dlvsym@" VGPU_GLIBC_BASE);
 __asm__(".symver pthread_once,pthread_once@" VGPU_GLIBC_BASE);
 __asm__(".symver pthread_mutex_trylock,pthread_mutex_trylock@" VGPU_GLIBC_BASE);
+__asm__(".symver pthread_create,pthread_create@" VGPU_GLIBC_BASE);
+__asm__(".symver pthread_join,pthread_join@" VGPU_GLIBC_BASE);
+__asm__(".symver pthread_sigmask,pthread_sigmask@" VGPU_GLIBC_BASE);
 #endif
+
+/* fstat became a real libc symbol only in GLIBC_2.33 (before, an inline over __fxstat): call the
+ * system call instead, whose struct stat is glibc's on x86-64 and arm64. */
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+static inline int vgpu_fstat(int fd, struct stat *st) { return (int)syscall(SYS_fstat, fd, st); }
+#define fstat vgpu_fstat
 
 #endif
