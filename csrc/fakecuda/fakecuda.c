@@ -12,7 +12,7 @@
  *                                         read at cuInit like the real driver's; enumeration is by
  *                                         PCI bus id, as the real one for identical GPUs
  *   FAKE_CUDA_TRACE=1                     one stderr line per cuGetExportTable call and per
- *                                         cuGetProcAddress lookup that finds nothing
+ *                                         cuGetProcAddress lookup (what it returned)
  *
  * This file: init, errors, devices, contexts, entry points. fakemem.c: memory; fakeexec.c: streams,
  * events, modules, launches, graphs; fakeprocs.c: the versioned entry point table.
@@ -267,6 +267,9 @@ EXPORT CUresult cuGetProcAddress_v2(const char *symbol, void **pfn, int cudaVers
     }
     *pfn = pick->fn;
     if (symbolStatus) *symbolStatus = CU_GET_PROC_ADDRESS_SUCCESS;
+    if (tracing())
+        fprintf(stderr, "fakecuda: cuGetProcAddress(\"%s\", %d, %llu) = %s\n", symbol, cudaVersion,
+                (unsigned long long)flags, pick->name);
     return CUDA_SUCCESS;
 }
 

@@ -193,7 +193,8 @@ EXPORT CUresult cuEventElapsedTime(float *ms, CUevent start, CUevent end) {
         return CUDA_ERROR_INVALID_HANDLE;
     uint64_t now = fs_now_ns();
     if (now < start->at_ns || now < end->at_ns) return CUDA_ERROR_NOT_READY;
-    *ms = (float)(((double)end->at_ns - (double)start->at_ns) / 1e6);
+    /* the difference first: nanoseconds since 1970 are past a double's precision */
+    *ms = (float)((double)(int64_t)(end->at_ns - start->at_ns) / 1e6);
     return CUDA_SUCCESS;
 }
 

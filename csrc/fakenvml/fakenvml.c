@@ -3,13 +3,17 @@
  *
  * It serves the GPUs of a vgpud GPU profile, the same YAML file the mock backend reads, so that
  * vgpud's NVML backend runs its real code path (nvidia-ml-py -> ctypes -> this library) in CI and
- * must produce the same inventory as the mock backend.
+ * must produce the same inventory as the mock backend. What the fake libcuda (csrc/fakecuda) does
+ * shows here through their shared state (csrc/fakestate): used memory, the compute and graphics
+ * process lists, and process / device utilization from simulated kernel time.
  *
  *   FAKE_NVML_PROFILE=/path/to/profile.yaml   read at nvmlInit* when not already initialized
+ *   FAKE_GPU_STATE=/path                      the state shared with the fake libcuda (unset: none,
+ *                                             no process uses the GPUs)
  *
- * The profile is a flat YAML subset, defined in vgpud/gpu/profile.py; this parser implements exactly
- * that grammar (the Python side additionally checks that PyYAML agrees). A missing or unparsable
- * profile makes nvmlInit* fail with NVML_ERROR_UNKNOWN, print one "fakenvml: ..." line to stderr, and
+ * The profile is a flat YAML subset, defined in vgpud/gpu/profile.py and parsed by
+ * csrc/fakestate/profile.c. A missing or unparsable profile (or state file) makes nvmlInit* fail
+ * with NVML_ERROR_UNKNOWN, print one "fakenvml: ..." line to stderr, and
  * nvmlErrorString(NVML_ERROR_UNKNOWN) then says why.
  *
  * Struct layouts follow nvml.h (and nvidia-ml-py's ctypes mirrors of it). Not thread-safe: callers
@@ -133,7 +137,7 @@ EXPORT nvmlReturn_t nvmlInit(void) { return nvmlInitWithFlags(0); }
 
 EXPORT nvmlReturn_t nvmlShutdown(void) {
     REQUIRE_INIT();
-    init_count--;
+    if (--init_count == 0) fs_detach();
     return NVML_SUCCESS;
 }
 
@@ -426,9 +430,62 @@ EXPORT nvmlReturn_t nvmlDeviceGetHandleByUUID(const char *uuid, nvmlDevice_t *de
     return NVML_ERROR_NOT_FOUND;
 }
 
-/* The compute mode: always NVML_COMPUTEMODE_DEFAULT (0); setting it is not simulated. */
+/* nvmlProcessesUtilizationInfo_t (v1) and its entries. */
+typedef struct {
+    unsigned long long timeStamp;
+    unsigned int pid, smUtil, memUtil, encUtil, decUtil, jpgUtil, ofaUtil;
+} nvmlProcessUtilizationInfo_v1_t;
+
+typedef struct {
+    unsigned int version;
+    unsigned int processSamplesCount;
+    unsigned long long lastSeenTimeStamp;
+    nvmlProcessUtilizationInfo_v1_t *procUtilArray;
+} nvmlProcessesUtilizationInfo_v1_t;
+#define nvmlProcessesUtilizationInfo_v1 ((unsigned int)(sizeof(nvmlProcessesUtilizationInfo_v1_t) | (1 << 24)))
+
+_Static_assert(sizeof(nvmlProcessUtilizationInfo_v1_t) == 40, "nvmlProcessUtilizationInfo_v1_t layout");
+_Static_assert(nvmlProcessesUtilizationInfo_v1 == 0x01000018, "nvmlProcessesUtilizationInfo_v1 version");
+
+/* The newer form of nvmlDeviceGetProcessUtilization: the same samples, the same rules. */
+EXPORT nvmlReturn_t nvmlDeviceGetProcessesUtilizationInfo(nvmlDevice_t device, nvmlProcessesUtilizationInfo_v1_t *info) {
+    REQUIRE_DEVICE(device, info);
+    if (info->version != nvmlProcessesUtilizationInfo_v1) return NVML_ERROR_ARGUMENT_VERSION_MISMATCH;
+    nvmlProcessUtilizationSample_t samples[MAX_PROCS];
+    unsigned int n = MAX_PROCS;
+    nvmlReturn_t rc = nvmlDeviceGetProcessUtilization(device, samples, &n, info->lastSeenTimeStamp);
+    if (rc != NVML_SUCCESS) return rc;
+    if (info->procUtilArray == NULL || info->processSamplesCount < n) {
+        info->processSamplesCount = n;
+        return NVML_ERROR_INSUFFICIENT_SIZE;
+    }
+    for (unsigned int i = 0; i < n; i++)
+        info->procUtilArray[i] = (nvmlProcessUtilizationInfo_v1_t){samples[i].timeStamp, samples[i].pid, samples[i].smUtil,
+                                                                    0, 0, 0, 0, 0};
+    info->processSamplesCount = n;
+    return NVML_SUCCESS;
+}
+
+/* The compute mode: NVML_COMPUTEMODE_DEFAULT (0) until set, per process (no driver keeps it). */
+static unsigned int compute_modes[FAKE_MAX_GPUS];
+
 EXPORT nvmlReturn_t nvmlDeviceGetComputeMode(nvmlDevice_t device, unsigned int *mode) {
     REQUIRE_DEVICE(device, mode);
-    *mode = 0;
+    *mode = compute_modes[device->index];
+    return NVML_SUCCESS;
+}
+
+/* DEFAULT 0, EXCLUSIVE_THREAD 1 (deprecated), PROHIBITED 2, EXCLUSIVE_PROCESS 3. */
+EXPORT nvmlReturn_t nvmlDeviceSetComputeMode(nvmlDevice_t device, unsigned int mode) {
+    REQUIRE_INIT();
+    if (!valid(device) || mode > 3) return NVML_ERROR_INVALID_ARGUMENT;
+    compute_modes[device->index] = mode;
+    return NVML_SUCCESS;
+}
+
+/* Persistence mode: enabled (1), as on data-centre GPUs. */
+EXPORT nvmlReturn_t nvmlDeviceGetPersistenceMode(nvmlDevice_t device, unsigned int *mode) {
+    REQUIRE_DEVICE(device, mode);
+    *mode = 1;
     return NVML_SUCCESS;
 }

@@ -91,6 +91,12 @@ static void reap(void) {
 static void lock(void) {
     pthread_mutex_lock(&mutex);
     file_lock(F_WRLCK);
+}
+
+/* lock(), then drop dead pids: for what reads or charges memory, as a real driver frees a process's
+ * memory when it dies. Not on the launch path: kill(2) per slot is too dear there. */
+static void lock_reaped(void) {
+    lock();
     reap();
 }
 
@@ -186,6 +192,15 @@ out:
     return rc;
 }
 
+void fs_detach(void) {
+    pthread_mutex_lock(&mutex);
+    if (state) munmap(state, sizeof *state);
+    if (state_fd >= 0) close(state_fd);
+    state = NULL;
+    state_fd = -1;
+    pthread_mutex_unlock(&mutex);
+}
+
 static fs_slot *find_slot(unsigned int dev, int pid, int create) {
     fs_slot *free_slot = NULL;
     for (int i = 0; i < FS_MAX_SLOTS; i++) {
@@ -206,12 +221,17 @@ static void drop_if_idle(fs_slot *s) {
 
 static int valid_dev(unsigned int dev) { return state && dev < state->count; }
 
-int fs_mem_alloc(unsigned int dev, uint64_t bytes) {
-    if (!valid_dev(dev)) return -1;
-    lock();
+static uint64_t device_used(unsigned int dev) {
     uint64_t used = 0;
     for (int i = 0; i < FS_MAX_SLOTS; i++)
         if (state->slot[i].pid != 0 && state->slot[i].dev == dev) used += state->slot[i].bytes;
+    return used;
+}
+
+int fs_mem_alloc(unsigned int dev, uint64_t bytes) {
+    if (!valid_dev(dev)) return -1;
+    lock_reaped();
+    uint64_t used = device_used(dev);
     int rc = -1;
     fs_slot *s;
     if (used <= state->dev[dev].total && bytes <= state->dev[dev].total - used &&
@@ -236,10 +256,8 @@ void fs_mem_free(unsigned int dev, uint64_t bytes) {
 
 uint64_t fs_mem_used(unsigned int dev) {
     if (!valid_dev(dev)) return 0;
-    lock();
-    uint64_t used = 0;
-    for (int i = 0; i < FS_MAX_SLOTS; i++)
-        if (state->slot[i].pid != 0 && state->slot[i].dev == dev) used += state->slot[i].bytes;
+    lock_reaped();
+    uint64_t used = device_used(dev);
     unlock();
     return used;
 }
@@ -265,7 +283,7 @@ void fs_context(unsigned int dev, int present) {
 unsigned int fs_processes(unsigned int dev, uint32_t flags, fs_proc *out, unsigned int max) {
     if (!valid_dev(dev)) return 0;
     unsigned int n = 0;
-    lock();
+    lock_reaped();
     for (int i = 0; i < FS_MAX_SLOTS; i++) {
         fs_slot *s = &state->slot[i];
         if (s->pid == 0 || s->dev != dev) continue;
@@ -324,7 +342,7 @@ uint64_t fs_launch(unsigned int dev, uint64_t cost_ns) {
 unsigned int fs_busy_by_pid(unsigned int dev, uint64_t t0, uint64_t t1, fs_busy *out, unsigned int max) {
     if (!valid_dev(dev)) return 0;
     unsigned int n = 0;
-    lock();
+    lock_reaped();
     for (int i = 0; i < FS_MAX_SLOTS; i++) {
         fs_slot *s = &state->slot[i];
         if (s->pid == 0 || s->dev != dev) continue;

@@ -8,7 +8,8 @@
  * the kernel busy time each pid added (spans of wall time, serialized per device as if the kernels
  * ran one after another), so utilization is a rate over a window. Every access holds a pthread
  * mutex (threads) and an OFD lock on the file (processes; the kernel drops it when a holder dies).
- * Slots of dead pids (kill(pid, 0) == ESRCH, or a zombie) are dropped on every locked access.
+ * Slots of dead pids (kill(pid, 0) == ESRCH, or a zombie) are dropped by every call that reads
+ * or charges memory or reads busy time, as a real driver frees a dead process's memory.
  */
 #ifndef FAKESTATE_STATE_H
 #define FAKESTATE_STATE_H
@@ -33,6 +34,10 @@ typedef struct {
 
 /* Map the state for `profile` (idempotent). 0, or -1 with *why set. */
 int fs_attach(const fake_profile *profile, char *why, unsigned long why_size);
+
+/* Unmap the state (the NVML fake's last nvmlShutdown), so the next fs_attach maps the state of
+ * the then current FAKE_GPU_STATE and profile. Callers make sure no other thread is using it. */
+void fs_detach(void);
 
 /* CLOCK_REALTIME in ns: NVML's timestamps are wall-clock microseconds. */
 uint64_t fs_now_ns(void);

@@ -40,8 +40,8 @@ static int admit(int host, unsigned long long bytes, int *fd)
 
 #define MISSING(fn) ((fn) == NULL ? CUDA_ERROR_NOT_FOUND : CUDA_SUCCESS)
 
-/* Managed memory standing in for device memory past real_memory: charged to the ledger, since
- * NVML does not show it as this process's device memory. */
+/* Managed memory standing in for device memory past real_memory: charged to the ledger, as every
+ * managed allocation on a limited device (cuMemAllocManaged below). */
 static CUresult alloc_oversold(CUdeviceptr *dptr, size_t bytes, int host)
 {
     __typeof__(&cuMemAllocManaged) managed = REAL_CU(cuMemAllocManaged);
@@ -128,10 +128,16 @@ VGPU_EXPORT CUresult cuMemAllocManaged(CUdeviceptr *dptr, size_t bytesize, unsig
     __typeof__(&cuMemAllocManaged) real = REAL_CU(cuMemAllocManaged);
     if (real == NULL)
         return CUDA_ERROR_NOT_FOUND;
-    int fd;
-    if (admit(vgpu_host_of_current(), bytesize, &fd) < 0)
+    int host = vgpu_host_of_current(), fd;
+    if (admit(host, bytesize, &fd) < 0)
         return CUDA_ERROR_OUT_OF_MEMORY;
     CUresult r = real(dptr, bytesize, flags);
+    /* NVML does not show managed memory as the process's device memory: the ledger carries it
+     * (UVA) until it is freed, so the next allocation of any process of the container sees it. */
+    if (r == CUDA_SUCCESS && limited(host)) {
+        vgpu_ledger_add(host, bytesize);
+        vgpu_ledger_track(*dptr, bytesize, host);
+    }
     vgpu_devunlock(fd);
     return r;
 }
@@ -406,28 +412,12 @@ VGPU_EXPORT CUresult cuMemHostRegister_v2(void *p, size_t bytesize, unsigned int
     return real == NULL ? CUDA_ERROR_NOT_FOUND : host_register(real, p, bytesize, flags);
 }
 
-VGPU_EXPORT CUresult cuMemHostRegister(void *p, unsigned int bytesize, unsigned int flags)
+/* cuMemHostRegister (CUDA 4.0) already took size_t; _v2 (6.5) keeps the signature. */
+VGPU_EXPORT CUresult cuMemHostRegister(void *p, size_t bytesize, unsigned int flags)
 {
     vgpu_init();
     __typeof__(&cuMemHostRegister) real = REAL_CU(cuMemHostRegister);
-    if (real == NULL)
-        return CUDA_ERROR_NOT_FOUND;
-    int host = vgpu_host_of_current();
-    if (!limited(host))
-        return real(p, bytesize, flags);
-    int fd = vgpu_devlock(host);
-    if (fd < 0)
-        return CUDA_ERROR_OUT_OF_MEMORY;
-    CUresult r = real(p, bytesize, flags);
-    if (r == CUDA_SUCCESS && over_after(host)) {
-        static void *slot;
-        CUresult (*unregister)(void *) = vgpu_real_cached(&slot, VGPU_LIB_CUDA, "cuMemHostUnregister");
-        if (unregister != NULL)
-            unregister(p);
-        r = CUDA_ERROR_OUT_OF_MEMORY;
-    }
-    vgpu_devunlock(fd);
-    return r;
+    return real == NULL ? CUDA_ERROR_NOT_FOUND : host_register(real, p, bytesize, flags);
 }
 
 /* --- limited views --------------------------------------------------------------------------- */

@@ -18,6 +18,9 @@
 static int ledger_fd = -1;
 static struct vgpu_vmem_node *node;
 static pthread_mutex_t open_lock = PTHREAD_MUTEX_INITIALIZER;
+/* The byte locks are OFD locks on our one descriptor, which every thread shares: they exclude
+ * other processes only, so threads of this process also take this mutex. */
+static pthread_mutex_t update_lock = PTHREAD_MUTEX_INITIALIZER;
 
 static int ofd_lock(int fd, short type, off_t start, off_t len)
 {
@@ -55,8 +58,9 @@ static struct vgpu_vmem_node *ledger(int create)
     if (fd >= 0) {
         fchmod(fd, 0666);
         ofd_lock(fd, F_WRLCK, 0, VGPU_VMEM_DEVICES_OFFSET); /* the header */
-        struct stat st;
-        if (fstat(fd, &st) == 0 && st.st_size < (off_t)VGPU_VMEM_FILE_SIZE)
+        /* lseek, not fstat: no GLIBC_2.33 symbol (see glibc_compat.h). */
+        off_t size = lseek(fd, 0, SEEK_END);
+        if (size >= 0 && size < (off_t)VGPU_VMEM_FILE_SIZE)
             if (ftruncate(fd, VGPU_VMEM_FILE_SIZE) < 0) {
                 close(fd);
                 fd = -1;
@@ -100,11 +104,15 @@ static int pid_alive(int pid)
     return !(close_paren != NULL && close_paren[1] == ' ' && close_paren[2] == 'Z');
 }
 
-/* Under the device's byte lock: apply `delta` to `pid` (signed), or reap. */
-static void update(int host, int pid, long long delta, int drop)
+/* Under the device's byte lock: apply `delta` to `pid` (signed), or drop its entry. `in_signal`:
+ * called from a signal handler, so give up rather than wait for a lock the interrupted thread
+ * may hold (a dead PID's entry is reaped later anyway). */
+static void update(int host, int pid, long long delta, int drop, int in_signal)
 {
-    struct vgpu_vmem_node *n = ledger(delta > 0);
+    struct vgpu_vmem_node *n = in_signal ? __atomic_load_n(&node, __ATOMIC_ACQUIRE) : ledger(delta > 0);
     if (n == NULL || host < 0 || host >= VGPU_MAX_DEVICES)
+        return;
+    if (in_signal ? pthread_mutex_trylock(&update_lock) != 0 : pthread_mutex_lock(&update_lock) != 0)
         return;
     struct vgpu_vmem_device *d = &n->devices[host];
     ofd_lock(ledger_fd, F_WRLCK, (off_t)VGPU_VMEM_LOCK_OFFSET(host), 1);
@@ -126,17 +134,18 @@ static void update(int host, int pid, long long delta, int drop)
         }
     }
     ofd_lock(ledger_fd, F_UNLCK, (off_t)VGPU_VMEM_LOCK_OFFSET(host), 1);
+    pthread_mutex_unlock(&update_lock);
 }
 
 int vgpu_ledger_add(int host, unsigned long long bytes)
 {
     if (ledger(1) == NULL)
         return -1;
-    update(host, getpid(), (long long)bytes, 0);
+    update(host, getpid(), (long long)bytes, 0, 0);
     return 0;
 }
 
-void vgpu_ledger_sub(int host, unsigned long long bytes) { update(host, getpid(), -(long long)bytes, 0); }
+void vgpu_ledger_sub(int host, unsigned long long bytes) { update(host, getpid(), -(long long)bytes, 0, 0); }
 
 unsigned long long vgpu_ledger_sum(int host, int reap)
 {
@@ -144,6 +153,7 @@ unsigned long long vgpu_ledger_sum(int host, int reap)
     if (n == NULL || host < 0 || host >= VGPU_MAX_DEVICES)
         return 0;
     struct vgpu_vmem_device *d = &n->devices[host];
+    pthread_mutex_lock(&update_lock);
     ofd_lock(ledger_fd, F_WRLCK, (off_t)VGPU_VMEM_LOCK_OFFSET(host), 1);
     unsigned long long sum = 0;
     for (uint32_t i = 0; i < d->processes_size && i < VGPU_VMEM_MAX_PROCESSES;) {
@@ -155,6 +165,7 @@ unsigned long long vgpu_ledger_sum(int host, int reap)
         sum += d->processes[i++].used;
     }
     ofd_lock(ledger_fd, F_UNLCK, (off_t)VGPU_VMEM_LOCK_OFFSET(host), 1);
+    pthread_mutex_unlock(&update_lock);
     return sum;
 }
 
@@ -198,19 +209,21 @@ int vgpu_ledger_untrack(unsigned long long dptr, int *host, unsigned long long *
     return 0;
 }
 
-void vgpu_ledger_drop_self(void)
+static void drop_self(int in_signal)
 {
     if (__atomic_load_n(&node, __ATOMIC_ACQUIRE) == NULL)
         return; /* never charged anything */
     for (int h = 0; h < VGPU_MAX_DEVICES; h++)
-        update(h, getpid(), 0, 1);
+        update(h, getpid(), 0, 1, in_signal);
 }
+
+void vgpu_ledger_drop_self(void) { drop_self(0); }
 
 static struct sigaction old_term, old_int, old_abrt;
 
 static void on_signal(int sig)
 {
-    vgpu_ledger_drop_self();
+    drop_self(1);
     struct sigaction *old = sig == SIGTERM ? &old_term : sig == SIGINT ? &old_int : &old_abrt;
     if ((old->sa_flags & SA_SIGINFO) == 0 && old->sa_handler != SIG_DFL && old->sa_handler != SIG_IGN) {
         old->sa_handler(sig);
@@ -248,9 +261,18 @@ void vgpu_ledger_install_exit_handlers(void)
 
 void vgpu_ledger_after_fork(void)
 {
-    /* The child owns no ledger entries and no allocations of the parent; the mapping and fd stay
-     * valid (shared file), so only the list goes. The nodes are leaked rather than freed: another
-     * parent thread may have been mid-update when it forked. */
+    /* The child owns no ledger entries and no allocations of the parent. Its inherited descriptor
+     * shares the parent's open file description, hence the parent's OFD locks: it must open its
+     * own. The list nodes are leaked rather than freed: another parent thread may have been
+     * mid-update when it forked, and so the mutexes start afresh. */
     tracked_list = NULL;
     pthread_mutex_init(&track_lock, NULL);
+    pthread_mutex_init(&update_lock, NULL);
+    pthread_mutex_init(&open_lock, NULL);
+    if (node != NULL)
+        munmap(node, VGPU_VMEM_FILE_SIZE);
+    if (ledger_fd >= 0)
+        close(ledger_fd);
+    node = NULL;
+    ledger_fd = -1;
 }

@@ -110,24 +110,29 @@ static int pid_in_pids_config(unsigned int pid)
         struct timespec ts = {0, 100000};
         nanosleep(&ts, NULL);
     }
-    static __thread char buf[1 << 16];
     size_t n = 0;
+    enum { PIDS_MAX = 1 << 20 };
+    char *buf = malloc(PIDS_MAX);
+    if (buf == NULL) {
+        close(fd);
+        return -1;
+    }
     ssize_t r;
-    while (n < sizeof(buf) - 1 && ((r = read(fd, buf + n, sizeof(buf) - 1 - n)) > 0 || (r < 0 && errno == EINTR)))
+    while (n < PIDS_MAX - 1 && ((r = read(fd, buf + n, PIDS_MAX - 1 - n)) > 0 || (r < 0 && errno == EINTR)))
         if (r > 0)
             n += (size_t)r;
     close(fd);
     buf[n] = '\0';
-    if (n == 0)
-        return -1;
-    for (char *p = buf; *p;) {
+    int found = n == 0 ? -1 : 0;
+    for (char *p = buf; *p && found == 0;) {
         char *end;
         unsigned long v = strtoul(p, &end, 10);
         if (end != p && v == pid)
-            return 1;
+            found = 1;
         p = *end ? end + 1 : end;
     }
-    return 0;
+    free(buf);
+    return found;
 }
 
 /* The path of cgroup v1 controller `ctl` in a /proc/<pid>/cgroup text, into out. */
@@ -168,17 +173,35 @@ static int same_ns(const char *proc, unsigned int pid, const char *ns)
 
 int vgpu_pid_is_ours(long mode, unsigned int pid)
 {
-    char path[4096];
-    static __thread char text[8192];
+    char path[4096], text[8192];
     if (vgpu_mode_is(mode, VGPU_MODE_CLIENT))
         return pid_in_pids_config(pid);
-    if (mode != 0 && vgpu_mode_is(mode, VGPU_MODE_OPEN_KERNEL)) {
-        /* NVML reports PIDs of our namespace: /proc/<pid> is one of ours when it shares our mount
-         * and cgroup namespaces and maps the driver. */
-        const char *proc = vgpu_path(VGPU_PATH_PROC);
-        if (!same_ns(proc, pid, "mnt") || !same_ns(proc, pid, "cgroup"))
+    int open_kernel = mode != 0 && vgpu_mode_is(mode, VGPU_MODE_OPEN_KERNEL);
+    int v2 = mode != 0 && vgpu_mode_is(mode, VGPU_MODE_CGROUPV2);
+    int v1 = mode != 0 && vgpu_mode_is(mode, VGPU_MODE_CGROUPV1);
+    /* With the open kernel module NVML reports PIDs of our own namespace, so they are looked up in
+     * our /proc; otherwise they are host PIDs, looked up in the host's /proc mounted for us. */
+    const char *procs = vgpu_path(open_kernel ? VGPU_PATH_PROC : VGPU_PATH_HOST_PROC);
+    if (v2 || v1) {
+        snprintf(path, sizeof(path), "%s/%u/cgroup", procs, pid);
+        if (read_file(path, text, sizeof(text)) <= 0)
+            return 0; /* gone, or not visible: not ours */
+        if (v2)
+            /* Seen through our cgroup namespace, a process of our own cgroup reads "0::/". */
+            return strncmp(text, "0::/\n", 5) == 0 || strcmp(text, "0::/") == 0;
+        char ours[4096], theirs[4096], self[8192];
+        snprintf(path, sizeof(path), "%s/self/cgroup", vgpu_path(VGPU_PATH_PROC));
+        if (read_file(path, self, sizeof(self)) <= 0 || v1_path(self, "memory", ours, sizeof(ours)) < 0 ||
+            v1_path(text, "memory", theirs, sizeof(theirs)) < 0)
             return 0;
-        snprintf(path, sizeof(path), "%s/%u/maps", proc, pid);
+        return strcmp(ours, theirs) == 0;
+    }
+    if (open_kernel) {
+        /* /proc/<pid> is one of ours when it shares our mount and cgroup namespaces and maps the
+         * driver. */
+        if (!same_ns(procs, pid, "mnt") || !same_ns(procs, pid, "cgroup"))
+            return 0;
+        snprintf(path, sizeof(path), "%s/%u/maps", procs, pid);
         FILE *f = fopen(path, "re");
         if (f == NULL)
             return 0;
@@ -188,20 +211,6 @@ int vgpu_pid_is_ours(long mode, unsigned int pid)
             hit = strstr(line, "nvidia") != NULL;
         fclose(f);
         return hit;
-    }
-    if (mode != 0 && (vgpu_mode_is(mode, VGPU_MODE_CGROUPV2) || vgpu_mode_is(mode, VGPU_MODE_CGROUPV1))) {
-        snprintf(path, sizeof(path), "%s/%u/cgroup", vgpu_path(VGPU_PATH_HOST_PROC), pid);
-        if (read_file(path, text, sizeof(text)) <= 0)
-            return 0; /* gone, or not visible: not ours */
-        if (vgpu_mode_is(mode, VGPU_MODE_CGROUPV2))
-            /* Seen through our cgroup namespace, a process of our own cgroup reads "0::/". */
-            return strncmp(text, "0::/\n", 5) == 0 || strcmp(text, "0::/") == 0;
-        char ours[4096], theirs[4096], self[8192];
-        snprintf(path, sizeof(path), "%s/self/cgroup", vgpu_path(VGPU_PATH_PROC));
-        if (read_file(path, self, sizeof(self)) <= 0 || v1_path(self, "memory", ours, sizeof(ours)) < 0 ||
-            v1_path(text, "memory", theirs, sizeof(theirs)) < 0)
-            return 0;
-        return strcmp(ours, theirs) == 0;
     }
     return 1; /* host mode: every process on the device */
 }
@@ -218,13 +227,15 @@ static int nvml_sum(nvmlDevice_t dev, long mode, unsigned long long *sum)
     static void *slots[2];
     static const char *const names[2] = {"nvmlDeviceGetComputeRunningProcesses",
                                          "nvmlDeviceGetGraphicsRunningProcesses"};
-    static __thread nvmlProcessInfo_v1_t all[2 * MAX_PROCS];
+    nvmlProcessInfo_v1_t *all = malloc(2 * MAX_PROCS * sizeof(*all));
     unsigned int total = 0;
+    if (all == NULL)
+        return -1;
     for (int k = 0; k < 2; k++) {
         list_fn fn = vgpu_real_cached(&slots[k], VGPU_LIB_NVML, names[k]);
         if (fn == NULL) {
             if (k == 0)
-                return -1;
+                goto fail;
             continue;
         }
         unsigned int count = MAX_PROCS;
@@ -232,7 +243,7 @@ static int nvml_sum(nvmlDevice_t dev, long mode, unsigned long long *sum)
         if (r == NVML_ERROR_NOT_SUPPORTED && k == 1)
             continue;
         if (r != NVML_SUCCESS)
-            return -1;
+            goto fail;
         total += count;
     }
     *sum = 0;
@@ -244,11 +255,15 @@ static int nvml_sum(nvmlDevice_t dev, long mode, unsigned long long *sum)
             continue;
         int ours = vgpu_pid_is_ours(mode, all[i].pid);
         if (ours < 0)
-            return -1;
+            goto fail;
         if (ours)
             *sum += all[i].usedGpuMemory;
     }
+    free(all);
     return 0;
+fail:
+    free(all);
+    return -1;
 }
 
 int vgpu_usage(int host, unsigned long long *nvml_used, unsigned long long *ledger_used)

@@ -56,3 +56,10 @@ def exported(lib: Path) -> dict[str, str]:
         name, _, version = parts[2].partition("@")
         symbols[name] = version.lstrip("@")
     return symbols
+
+
+def required_glibc(lib: Path) -> tuple[int, ...]:
+    """The newest GLIBC_x.y version any imported symbol needs."""
+    out = _run("objdump", "-T", str(lib))
+    versions = [tuple(int(p) for p in v.split(".")) for v in re.findall(r"\(GLIBC_([0-9.]+)\)", out)]
+    return max(versions, default=(0,))

@@ -90,3 +90,16 @@ def test_both_abi_variants_exported(lib: Path) -> None:
     )
     for base in bases:
         assert base in symbols and f"{base}_v2" in symbols, base
+
+
+def test_loads_on_old_glibc(lib: Path) -> None:
+    """It goes into arbitrary images (CUDA 11 on Ubuntu 20.04 has glibc 2.31): nothing of
+    GLIBC_2.33/2.34 (stat, libdl/libpthread merged into libc), and libdl/libpthread are NEEDED so
+    the original symbol versions resolve there."""
+    assert elfcheck.required_glibc(lib) <= (2, 17)
+    dynamic = subprocess.run(["readelf", "-d", str(lib)], capture_output=True, text=True, check=True).stdout
+    assert "[libdl.so.2]" in dynamic and "[libpthread.so.0]" in dynamic
+
+
+def test_checker_sees_a_new_glibc_symbol(bad_lib: Path) -> None:
+    assert elfcheck.required_glibc(bad_lib) >= (2, 34)  # dlsym@GLIBC_2.34 from this toolchain
