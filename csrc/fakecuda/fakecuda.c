@@ -34,6 +34,7 @@ static char load_why[640];
 
 static pthread_mutex_t init_mutex = PTHREAD_MUTEX_INITIALIZER;
 static int initialized;
+static int forked_after_init; /* a fork child of an initialized process: the driver refuses it */
 static int visible[FAKE_MAX_GPUS]; /* ordinal -> NVML index */
 static int visible_count;
 
@@ -50,7 +51,17 @@ static int tracing(void) {
     return t && strcmp(t, "1") == 0;
 }
 
+/* As with the real driver, CUDA initialized before fork() does not work in the child: every call,
+ * cuInit included, returns CUDA_ERROR_NOT_INITIALIZED there. */
+static void after_fork_child(void) {
+    if (initialized) {
+        initialized = 0;
+        forked_after_init = 1;
+    }
+}
+
 static void load(void) {
+    pthread_atfork(NULL, NULL, after_fork_child);
     const char *path = getenv("FAKE_NVML_PROFILE");
     if (path == NULL || path[0] == '\0') {
         snprintf(load_why, sizeof load_why, "FAKE_NVML_PROFILE is not set: it names the GPU profile to serve");
@@ -146,6 +157,7 @@ static void apply_visible_devices(void) {
 
 EXPORT CUresult cuInit(unsigned int flags) {
     if (flags != 0) return CUDA_ERROR_INVALID_VALUE;
+    if (forked_after_init) return CUDA_ERROR_NOT_INITIALIZED;
     if (loaded() != CUDA_SUCCESS) {
         fprintf(stderr, "fakecuda: %s\n", load_why);
         return CUDA_ERROR_UNKNOWN;

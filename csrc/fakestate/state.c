@@ -52,6 +52,23 @@ typedef struct {
 static pthread_mutex_t mutex = PTHREAD_MUTEX_INITIALIZER;
 static fs_file *state;
 static int state_fd = -1;
+static char state_path[4096];
+static pthread_once_t atfork_once = PTHREAD_ONCE_INIT;
+
+/* fork: the child inherits the parent's open file description, and OFD locks held through one
+ * description do not exclude each other, so the child opens the file anew. The mutex is held
+ * across fork so that no other thread's critical section is cut in half in the child. */
+static void before_fork(void) { pthread_mutex_lock(&mutex); }
+static void after_fork_parent(void) { pthread_mutex_unlock(&mutex); }
+static void after_fork_child(void) {
+    if (state_fd >= 0) {
+        int fd = open(state_path, O_RDWR | O_CLOEXEC);
+        close(state_fd);
+        state_fd = fd; /* -1 if the file is gone: then the child's accesses go unlocked */
+    }
+    pthread_mutex_unlock(&mutex);
+}
+static void register_atfork(void) { pthread_atfork(before_fork, after_fork_parent, after_fork_child); }
 
 uint64_t fs_now_ns(void) {
     struct timespec ts;
@@ -127,6 +144,7 @@ static int matches(const fs_file *f, const fake_profile *p) {
 }
 
 int fs_attach(const fake_profile *profile, char *why, unsigned long why_size) {
+    pthread_once(&atfork_once, register_atfork);
     pthread_mutex_lock(&mutex);
     int rc = 0;
     if (state) goto out;
@@ -149,6 +167,7 @@ int fs_attach(const fake_profile *profile, char *why, unsigned long why_size) {
         goto out;
     }
     state_fd = fd;
+    snprintf(state_path, sizeof state_path, "%s", path);
     struct stat st;
     if (file_lock(F_WRLCK) < 0 || fstat(fd, &st) < 0) {
         snprintf(why, why_size, "FAKE_GPU_STATE %.200s: lock: %s", path, strerror(errno));

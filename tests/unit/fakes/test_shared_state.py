@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+import json
 import os
 import signal
+import subprocess
 import time
 from pathlib import Path
 
+import pytest
+
+from tests.support import built
 from tests.unit.fakes.conftest import Env
 from tests.unit.fakes.gpu import GIB, Child, run, start
 
@@ -198,3 +203,42 @@ def test_pynvml_reads_the_shared_state(gpu_env: Env) -> None:
     assert (report["used"], report["free"]) == (GIB, 7 * GIB)
     assert report["util"] == report["infos"] == [[pid, True]]
     assert report["idle"] == "not found"
+
+
+FORKED = """
+cuda.init()
+cuda.use(0)
+cuda.alloc(GIB)
+r, w = os.pipe()
+pid = os.fork()
+if pid == 0:
+    codes = [cuda("cuInit", 0), cuda("cuMemAlloc_v2", ref(u64()), sz(1))]
+    codes.append(cuda("cuDeviceGetCount", ref(ctypes.c_int())))
+    os.write(w, json.dumps(codes).encode())
+    os._exit(0)
+os.waitpid(pid, 0)
+emit(child=json.loads(os.read(r, 100)), parent=cuda.mem_info())
+"""
+
+
+def test_a_fork_child_cannot_use_the_parents_driver(gpu_env: Env) -> None:
+    report = run("import json\n" + FORKED, gpu_env(memory_gib=8))
+    assert report == {"child": [3, 3, 3], "parent": [7 * GIB, 8 * GIB]}  # CUDA_ERROR_NOT_INITIALIZED
+
+
+def test_forked_processes_queue_kernels_without_losing_one(gpu_env: Env) -> None:
+    # a parent and its fork child each queue n one-microsecond kernels behind a 1 s kernel, in C:
+    # their launches must exclude each other (each process opens the state file for itself), so
+    # every one lands after the one before it, none on top of another
+    driver = built("fakecuda/tests/fork_race")
+    env = gpu_env(FAKE_GPU_NS_PER_BLOCK="1000")
+    done = subprocess.run(
+        [str(driver), env["FAKE_CUDA_LIB"], "100000"],
+        env={**os.environ, **env},
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )
+    report = json.loads(done.stdout)
+    assert report["ms"] == pytest.approx(report["expected"], abs=0.0005)
