@@ -541,6 +541,7 @@ state = "{w}/c/state"
             "METRICS_ADDRESS": f"127.0.0.1:{self.metrics_port}",
             "DEBUG_SOCKET": str(self.debug_socket),
             "DRIFT_INTERVAL": str(self.drift_interval),
+            "USAGE_INTERVAL": "1",
         }
 
     def start_vgpud(self) -> None:

@@ -9,6 +9,8 @@ import urllib.parse
 from tests.e2e import workload as w
 from tests.e2e.node import DRIVER, LocalNode
 from tests.kubeapi import log_tail
+from vgpud import metrics_names as names
+from vgpud.partition import libfiles as F
 
 GiB = 1 << 30
 
@@ -75,6 +77,15 @@ def test_one_container_one_claim(node: LocalNode) -> None:
         assert len(subdirs) == 1 and subdirs[0].startswith("pod-") and subdirs[0].endswith("-app/main")
     assert node.cdi_spec(uid).exists()
     assert uid in w.checkpoint_claims(node)
+
+    # the usage reader shows what the library's vgpu.config in the container's directory says
+    limits = [F.DeviceLimits()] * 16
+    limits[int(index)] = F.DeviceLimits(
+        uuid="GPU-e2e", total_memory=4 * GiB, memory_limit=True, activate=True
+    )
+    config = node.claim_dir(uid) / subdirs[0] / "config" / F.VGPU_CONFIG_FILE
+    config.write_bytes(F.build_vgpu_config(F.VgpuConfig(devices=tuple(limits))))
+    w.wait_for(lambda: node.metric(names.CONTAINER_MEMORY_LIMIT.name) == 4 * GiB, what="the usage metrics")
 
     reg = w.register_from_container(node, cid)
     assert reg.returncode == 0, reg.output
