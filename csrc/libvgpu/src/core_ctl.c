@@ -1,0 +1,82 @@
+/* The scale-free rate controller of the core limit (see core_ctl.h). */
+#include "core_ctl.h"
+
+#define TRIM_GAIN 0.05   /* per cycle, on the relative error: slow, it corrects a bias */
+#define TRIM_BAND 0.5    /* integrate only within +-50 % of the target: transients are the model's */
+#define TRIM_MIN 0.5
+#define TRIM_MAX 2.0
+#define MIN_UTIL 0.5     /* below this the gain estimate is noise */
+#define SMOOTH 0.5       /* weight of a new gain estimate */
+#define CAP_CYCLES 2.0  /* the bucket holds at most this many cycles of refill */
+#define FIRST_PERIOD 0.1 /* seconds: the cycle assumed before the first one is measured */
+/* The first rate refills target % of the ceiling per second: low for a real GPU (the first
+ * measurement raises it within a cycle or two), so the start never bursts far above the limit. */
+#define FIRST_RATE_SECONDS 1.0
+/* NVML's window: utilisation of the last second is compared with the tokens consumed in the last
+ * second, zero before the first cycle (a young process has consumed nothing earlier). */
+#define NVML_WINDOW 1.0
+
+void core_ctl_init(struct core_ctl *c, double hard, double soft, int64_t ceiling)
+{
+    *c = (struct core_ctl){.hard = hard, .soft = soft > hard ? soft : 0, .ceiling = (double)ceiling, .trim = 1.0};
+    c->rate = c->ceiling * (hard / 100.0) / FIRST_RATE_SECONDS;
+    c->period = FIRST_PERIOD;
+}
+
+double core_ctl_target(const struct core_ctl *c)
+{
+    return c->soft > 0 && c->quiet >= CORE_CTL_QUIET_CYCLES ? c->soft : c->hard;
+}
+
+int64_t core_ctl_cap(const struct core_ctl *c)
+{
+    double cap = CAP_CYCLES * c->rate * c->trim * c->period;
+    return (int64_t)(cap < c->ceiling ? cap : c->ceiling);
+}
+
+static double clamp(double v, double lo, double hi)
+{
+    return v < lo ? lo : v > hi ? hi : v;
+}
+
+int64_t core_ctl_step(struct core_ctl *c, double util, double external, double consumed, bool throttled,
+                      double dt)
+{
+    if (dt <= 0)
+        return 0;
+    c->period = dt;
+    c->quiet = external > CORE_CTL_EXTERNAL_BUSY ? 0 : c->quiet + 1;
+    if (c->quiet > CORE_CTL_QUIET_CYCLES)
+        c->quiet = CORE_CTL_QUIET_CYCLES;
+    double target = core_ctl_target(c);
+
+    c->consumed[c->pos] = consumed > 0 ? consumed : 0;
+    c->seconds[c->pos] = dt;
+    c->pos = (c->pos + 1) % CORE_CTL_WINDOW;
+    if (c->filled < CORE_CTL_WINDOW)
+        c->filled++;
+
+    if (util >= MIN_UTIL) {
+        double tokens = 0, seconds = 0;
+        for (int i = 0; i < c->filled; i++) {
+            tokens += c->consumed[i];
+            seconds += c->seconds[i];
+        }
+        if (seconds < NVML_WINDOW)
+            seconds = NVML_WINDOW;
+        if (tokens > 0) {
+            double model = target * (tokens / seconds) / util; /* target / gain */
+            c->rate = c->measured ? (1 - SMOOTH) * c->rate + SMOOTH * model : model;
+            c->measured = true;
+        }
+        double err = (target - util) / target;
+        /* The trim integrates only with a full window behind it: the start is the model's. */
+        if (throttled && c->filled == CORE_CTL_WINDOW && util < 99 && err < TRIM_BAND && err > -TRIM_BAND)
+            c->trim = clamp(c->trim * (1 + TRIM_GAIN * err), TRIM_MIN, TRIM_MAX);
+    }
+    double add = c->rate * c->trim * dt;
+    /* More than a full bucket per cycle is capped by the refill anyway; bound it so the int64 holds. */
+    if (add > 4 * c->ceiling + 1)
+        add = 4 * c->ceiling + 1;
+    return (int64_t)add;
+}

@@ -1,0 +1,119 @@
+/* The launch hooks of the core limit: each charges its grid's block count to the bucket of the
+ * current context's device (waiting while it is empty), then calls the driver. Graph launches are
+ * in core_graph.c. */
+#include "core_abi.h"
+#include "core_limit.h"
+#include "vgpu_state.h"
+
+static unsigned long long blocks3(unsigned int x, unsigned int y, unsigned int z)
+{
+    return (unsigned long long)x * y * z;
+}
+
+#define LAUNCH_HOOK(name)                                                                                      \
+    VGPU_EXPORT CUresult name(CUfunction f, unsigned int gx, unsigned int gy, unsigned int gz, unsigned int bx, \
+                              unsigned int by, unsigned int bz, unsigned int shmem, CUstream s, void **params,  \
+                              void **extra)                                                                    \
+    {                                                                                                          \
+        vgpu_init();                                                                                           \
+        __typeof__(&name) real = REAL_CU(name);                                                                \
+        if (real == NULL)                                                                                      \
+            return CUDA_ERROR_NOT_FOUND;                                                                       \
+        vgpu_core_charge_current(blocks3(gx, gy, gz));                                                         \
+        return real(f, gx, gy, gz, bx, by, bz, shmem, s, params, extra);                                       \
+    }
+LAUNCH_HOOK(cuLaunchKernel)
+LAUNCH_HOOK(cuLaunchKernel_ptsz)
+
+#define LAUNCH_EX_HOOK(name)                                                                     \
+    VGPU_EXPORT CUresult name(const CUlaunchConfig *config, CUfunction f, void **params, void **extra) \
+    {                                                                                            \
+        vgpu_init();                                                                             \
+        __typeof__(&name) real = REAL_CU(name);                                                  \
+        if (real == NULL)                                                                        \
+            return CUDA_ERROR_NOT_FOUND;                                                         \
+        if (config != NULL)                                                                      \
+            vgpu_core_charge_current(blocks3(config->gridDimX, config->gridDimY, config->gridDimZ)); \
+        return real(config, f, params, extra);                                                   \
+    }
+LAUNCH_EX_HOOK(cuLaunchKernelEx)
+LAUNCH_EX_HOOK(cuLaunchKernelEx_ptsz)
+
+#define COOPERATIVE_HOOK(name)                                                                                 \
+    VGPU_EXPORT CUresult name(CUfunction f, unsigned int gx, unsigned int gy, unsigned int gz, unsigned int bx, \
+                              unsigned int by, unsigned int bz, unsigned int shmem, CUstream s, void **params)  \
+    {                                                                                                          \
+        vgpu_init();                                                                                           \
+        __typeof__(&name) real = REAL_CU(name);                                                                \
+        if (real == NULL)                                                                                      \
+            return CUDA_ERROR_NOT_FOUND;                                                                       \
+        vgpu_core_charge_current(blocks3(gx, gy, gz));                                                         \
+        return real(f, gx, gy, gz, bx, by, bz, shmem, s, params);                                              \
+    }
+COOPERATIVE_HOOK(cuLaunchCooperativeKernel)
+COOPERATIVE_HOOK(cuLaunchCooperativeKernel_ptsz)
+
+/* cuLaunch runs a 1 x 1 grid; cuLaunchGrid(Async) a w x h one (legacy API, block shape set before). */
+VGPU_EXPORT CUresult cuLaunch(CUfunction f)
+{
+    vgpu_init();
+    __typeof__(&cuLaunch) real = REAL_CU(cuLaunch);
+    if (real == NULL)
+        return CUDA_ERROR_NOT_FOUND;
+    vgpu_core_charge_current(1);
+    return real(f);
+}
+
+static unsigned long long blocks2(int w, int h)
+{
+    return w > 0 && h > 0 ? (unsigned long long)w * (unsigned long long)h : 0;
+}
+
+VGPU_EXPORT CUresult cuLaunchGrid(CUfunction f, int w, int h)
+{
+    vgpu_init();
+    __typeof__(&cuLaunchGrid) real = REAL_CU(cuLaunchGrid);
+    if (real == NULL)
+        return CUDA_ERROR_NOT_FOUND;
+    vgpu_core_charge_current(blocks2(w, h));
+    return real(f, w, h);
+}
+
+VGPU_EXPORT CUresult cuLaunchGridAsync(CUfunction f, int w, int h, CUstream s)
+{
+    vgpu_init();
+    __typeof__(&cuLaunchGridAsync) real = REAL_CU(cuLaunchGridAsync);
+    if (real == NULL)
+        return CUDA_ERROR_NOT_FOUND;
+    vgpu_core_charge_current(blocks2(w, h));
+    return real(f, w, h, s);
+}
+
+/* Each entry runs on its stream's context's device: charged there (the context pushed to ask). */
+VGPU_EXPORT CUresult cuLaunchCooperativeKernelMultiDevice(CUDA_LAUNCH_PARAMS *list, unsigned int n,
+                                                          unsigned int flags)
+{
+    vgpu_init();
+    __typeof__(&cuLaunchCooperativeKernelMultiDevice) real = REAL_CU(cuLaunchCooperativeKernelMultiDevice);
+    if (real == NULL)
+        return CUDA_ERROR_NOT_FOUND;
+    if (list != NULL && vgpu_core_any_limit()) {
+        static void *ctx_slot, *push_slot, *pop_slot;
+        cu_stream_get_ctx_fn get_ctx = vgpu_real_cached(&ctx_slot, VGPU_LIB_CUDA, "cuStreamGetCtx");
+        cu_ctx_push_fn push = vgpu_real_cached(&push_slot, VGPU_LIB_CUDA, "cuCtxPushCurrent_v2");
+        cu_ctx_pop_fn pop = vgpu_real_cached(&pop_slot, VGPU_LIB_CUDA, "cuCtxPopCurrent_v2");
+        for (unsigned int i = 0; i < n; i++) {
+            unsigned long long blocks = blocks3(list[i].gridDimX, list[i].gridDimY, list[i].gridDimZ);
+            CUcontext ctx, popped;
+            if (get_ctx && push && pop && get_ctx(list[i].hStream, &ctx) == CUDA_SUCCESS &&
+                push(ctx) == CUDA_SUCCESS) {
+                int host = vgpu_host_of_current();
+                pop(&popped);
+                vgpu_core_charge(host, blocks);
+            } else {
+                vgpu_core_charge_current(blocks);
+            }
+        }
+    }
+    return real(list, n, flags);
+}

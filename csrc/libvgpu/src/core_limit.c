@@ -1,0 +1,213 @@
+/* The core limit's process state: settings, per-device buckets, watcher threads, the NVML sampler
+ * (see core_limit.h). */
+#include "core_limit.h"
+
+#include <stdlib.h>
+#include <sys/time.h>
+#include <time.h>
+
+#include "core_abi.h"
+#include "core_bucket.h"
+#include "core_env.h"
+#include "core_util.h"
+#include "core_watch.h"
+#include "memlimit.h"
+#include "vgpu_paths.h"
+#include "vgpu_state.h"
+
+#define WAIT_NS 10000000L /* a refused launch retries every 10 ms */
+#define MAX_WATCHERS ((VGPU_MAX_DEVICES + CORE_WATCH_PER_THREAD - 1) / CORE_WATCH_PER_THREAD)
+
+enum { DEV_UNSET = 0, DEV_READY = 1, DEV_UNAVAILABLE = 2 };
+
+static pthread_once_t once = PTHREAD_ONCE_INIT;
+static struct core_env env;
+static bool any_limit;
+static struct core_shared shared;
+static bool shared_ok;
+static pthread_mutex_t setup_lock = PTHREAD_MUTEX_INITIALIZER;
+static struct core_device devs[VGPU_MAX_DEVICES];
+static int dev_state[VGPU_MAX_DEVICES];
+static struct core_watcher watchers[MAX_WATCHERS];
+static int n_devices; /* devices handed to watchers so far */
+
+static uint64_t mono_ns(void *ctx)
+{
+    (void)ctx;
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+static int pid_is_ours(void *ctx, unsigned int pid)
+{
+    (void)ctx;
+    return vgpu_pid_is_ours(vgpu_cfg()->mode, pid);
+}
+
+/* nvmlDeviceGetProcessUtilization(dev, now - 1 s) over the container's PIDs; NOT_FOUND (no sample
+ * in that second) is an idle GPU, not an error. */
+static int nvml_sample(void *ctx, int host, double *util, double *external)
+{
+    (void)ctx;
+    static void *slot;
+    nvml_get_process_utilization_fn get =
+        vgpu_real_cached(&slot, VGPU_LIB_NVML, "nvmlDeviceGetProcessUtilization");
+    nvmlDevice_t dev = vgpu_nvml_of_host(host);
+    if (get == NULL || dev == NULL)
+        return -1;
+    struct timeval tv;
+    gettimeofday(&tv, NULL);
+    unsigned long long since = (unsigned long long)tv.tv_sec * 1000000ull + (unsigned long long)tv.tv_usec - 1000000ull;
+    nvmlProcessUtilizationSample_t stack[64], *buf = stack;
+    unsigned int count = 64;
+    nvmlReturn_t rc = get(dev, buf, &count, since);
+    if (rc == NVML_ERROR_INSUFFICIENT_SIZE && count > 0) {
+        buf = malloc(sizeof(*buf) * count);
+        if (buf == NULL)
+            return -1;
+        rc = get(dev, buf, &count, since);
+    }
+    int result = 0;
+    if (rc == NVML_ERROR_NOT_FOUND) {
+        *util = 0;
+        *external = 0;
+    } else if (rc != NVML_SUCCESS) {
+        result = -1;
+    } else {
+        struct core_proc_sample *s = malloc(sizeof(*s) * (count ? count : 1));
+        if (s == NULL) {
+            result = -1;
+        } else {
+            for (unsigned int i = 0; i < count; i++)
+                s[i] = (struct core_proc_sample){buf[i].pid, buf[i].smUtil, buf[i].encUtil, buf[i].decUtil};
+            core_util_sum(s, count, pid_is_ours, NULL, util, external);
+            free(s);
+        }
+    }
+    if (buf != stack)
+        free(buf);
+    return result;
+}
+
+static const struct core_watch_ops nvml_ops = {.sample = nvml_sample, .now_ns = mono_ns, .ctx = NULL};
+
+/* The child of a fork has none of the parent's threads: its devices are set up again at its first
+ * charge (new local buckets, new watchers), and it drops its copy of the sampler lock. */
+static void after_fork_child(void)
+{
+    pthread_mutex_init(&setup_lock, NULL);
+    for (int i = 0; i < VGPU_MAX_DEVICES; i++)
+        dev_state[i] = DEV_UNSET;
+    for (int i = 0; i < MAX_WATCHERS; i++)
+        watchers[i] = (struct core_watcher){0};
+    n_devices = 0;
+    if (shared_ok)
+        core_shared_after_fork(&shared);
+}
+
+static void core_init(void)
+{
+    vgpu_init();
+    char err[256];
+    if (core_env_parse(&env, vgpu_env, NULL, err, sizeof(err)) < 0) {
+        vgpu_log("core limit off: %s", err);
+        return;
+    }
+    for (int i = 0; i < VGPU_MAX_DEVICES; i++)
+        any_limit = any_limit || env.hard[i] > 0;
+    if (any_limit && env.shared_bucket) {
+        shared_ok = core_shared_open(&shared, vgpu_path(VGPU_PATH_SM_NODE_DIR), err, sizeof(err)) == 0;
+        if (!shared_ok)
+            vgpu_log("shared SM bucket unavailable, each process limits itself: %s", err);
+    }
+    pthread_atfork(NULL, NULL, after_fork_child);
+}
+
+/* The CUDA device of host index `host`, by UUID (never by ordinal). */
+static int cudev_of_host(int host, CUdevice *out)
+{
+    static void *count_slot, *get_slot;
+    cu_device_get_count_fn count_fn = vgpu_real_cached(&count_slot, VGPU_LIB_CUDA, "cuDeviceGetCount");
+    cu_device_get_fn get_fn = vgpu_real_cached(&get_slot, VGPU_LIB_CUDA, "cuDeviceGet");
+    int n = 0;
+    if (count_fn == NULL || get_fn == NULL || count_fn(&n) != CUDA_SUCCESS)
+        return -1;
+    for (int i = 0; i < n; i++) {
+        CUdevice dev;
+        if (get_fn(&dev, i) == CUDA_SUCCESS && vgpu_host_of_cudev(dev) == host) {
+            *out = dev;
+            return 0;
+        }
+    }
+    return -1;
+}
+
+/* Sets up host device `host` (under setup_lock): its ceiling from the driver, its bucket, and its
+ * place in a watcher thread (started with its first device). */
+static void setup_device(int host)
+{
+    static void *attr_slot;
+    cu_device_get_attribute_fn attr = vgpu_real_cached(&attr_slot, VGPU_LIB_CUDA, "cuDeviceGetAttribute");
+    CUdevice dev;
+    int sms = 0, threads = 0;
+    if (attr == NULL || cudev_of_host(host, &dev) < 0 ||
+        attr(&sms, CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, dev) != CUDA_SUCCESS ||
+        attr(&threads, CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_MULTIPROCESSOR, dev) != CUDA_SUCCESS ||
+        core_bucket_ceiling(sms, threads) <= 0) {
+        vgpu_log("core limit of device %d not applied: cannot read its SM count", host);
+        __atomic_store_n(&dev_state[host], DEV_UNAVAILABLE, __ATOMIC_RELEASE);
+        return;
+    }
+    int64_t ceiling = core_bucket_ceiling(sms, threads);
+    struct core_device *d = &devs[host];
+    struct vgpu_sm_device *sd = NULL;
+    if (shared_ok) {
+        struct core_ctl probe; /* the first share, as the controller would start */
+        core_ctl_init(&probe, env.hard[host], env.soft[host], ceiling);
+        sd = core_shared_device(&shared, host, ceiling, env.hard[host], env.soft[host],
+                                (int64_t)(probe.rate * probe.period));
+    }
+    core_device_init(d, host, env.hard[host], env.soft[host], ceiling, sd, mono_ns(NULL));
+    struct core_watcher *w = &watchers[n_devices / CORE_WATCH_PER_THREAD];
+    w->sh = shared_ok ? &shared : NULL;
+    w->ops = &nvml_ops;
+    w->devs[w->count] = d;
+    __atomic_store_n(&w->count, w->count + 1, __ATOMIC_RELEASE);
+    if (n_devices++ % CORE_WATCH_PER_THREAD == 0 && core_watcher_start(w) != 0)
+        vgpu_log("core limit watcher thread not started: device %d keeps its last rate", host);
+    __atomic_store_n(&dev_state[host], DEV_READY, __ATOMIC_RELEASE);
+}
+
+bool vgpu_core_any_limit(void)
+{
+    pthread_once(&once, core_init);
+    return any_limit;
+}
+
+void vgpu_core_charge(int host, unsigned long long blocks)
+{
+    if (host < 0 || host >= VGPU_MAX_DEVICES || !vgpu_core_any_limit() || env.hard[host] <= 0)
+        return;
+    int state = __atomic_load_n(&dev_state[host], __ATOMIC_ACQUIRE);
+    if (state == DEV_UNSET) {
+        pthread_mutex_lock(&setup_lock);
+        if (__atomic_load_n(&dev_state[host], __ATOMIC_ACQUIRE) == DEV_UNSET)
+            setup_device(host);
+        pthread_mutex_unlock(&setup_lock);
+        state = __atomic_load_n(&dev_state[host], __ATOMIC_ACQUIRE);
+    }
+    if (state != DEV_READY)
+        return;
+    while (!core_bucket_try_charge(devs[host].tokens, blocks)) {
+        struct timespec ts = {0, WAIT_NS};
+        nanosleep(&ts, NULL);
+    }
+}
+
+void vgpu_core_charge_current(unsigned long long blocks)
+{
+    if (!vgpu_core_any_limit())
+        return;
+    vgpu_core_charge(vgpu_host_of_current(), blocks);
+}

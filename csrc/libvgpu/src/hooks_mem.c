@@ -1,0 +1,511 @@
+/* Allocation, free and memory-info hooks (reference §1 table, §2). Every allocation on a limited
+ * device is decided and performed under the device's lock file, so the next allocator's NVML
+ * read sees it; a refusal is CUDA_ERROR_OUT_OF_MEMORY before the driver is called. */
+#include <limits.h>
+#include <string.h>
+
+#include "cuda_abi.h"
+#include "ledger.h"
+#include "memlimit.h"
+#include "vgpu_state.h"
+
+VGPU_EXPORT CUresult cuMemAllocManaged(CUdeviceptr *dptr, size_t bytesize, unsigned int flags);
+
+static int limited(int host) { return host >= 0 && vgpu_cfg()->dev[host].mem_limit > 0; }
+
+static int oversold(int host)
+{
+    const struct vgpu_device_cfg *d = &vgpu_cfg()->dev[host];
+    return d->mem_ratio > 1.0 || d->mem_oversold;
+}
+
+/* The admission of `bytes` on `host`: VGPU_PASS (unlimited), or the decision with the lock in *fd.
+ * A refusal has released the lock already. */
+#define VGPU_PASS 2
+static int admit(int host, unsigned long long bytes, int *fd)
+{
+    *fd = -1;
+    if (!limited(host))
+        return VGPU_PASS;
+    *fd = vgpu_devlock(host);
+    if (*fd < 0)
+        return -1;
+    int d = vgpu_mem_decide(host, bytes);
+    if (d < 0) {
+        vgpu_devunlock(*fd);
+        *fd = -1;
+    }
+    return d;
+}
+
+#define MISSING(fn) ((fn) == NULL ? CUDA_ERROR_NOT_FOUND : CUDA_SUCCESS)
+
+/* Managed memory standing in for device memory past real_memory: charged to the ledger, as every
+ * managed allocation on a limited device (cuMemAllocManaged below). */
+static CUresult alloc_oversold(CUdeviceptr *dptr, size_t bytes, int host)
+{
+    __typeof__(&cuMemAllocManaged) managed = REAL_CU(cuMemAllocManaged);
+    if (managed == NULL)
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    CUresult r = managed(dptr, bytes, CU_MEM_ATTACH_GLOBAL);
+    if (r == CUDA_SUCCESS) {
+        vgpu_ledger_add(host, bytes);
+        vgpu_ledger_track(*dptr, bytes, host);
+    }
+    return r;
+}
+
+VGPU_EXPORT CUresult cuMemAlloc_v2(CUdeviceptr *dptr, size_t bytesize)
+{
+    vgpu_init();
+    __typeof__(&cuMemAlloc_v2) real = REAL_CU(cuMemAlloc_v2);
+    if (real == NULL)
+        return CUDA_ERROR_NOT_FOUND;
+    int host = vgpu_host_of_current(), fd;
+    int d = admit(host, bytesize, &fd);
+    if (d < 0)
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    CUresult r = d == 1 ? alloc_oversold(dptr, bytesize, host) : real(dptr, bytesize);
+    if (r == CUDA_ERROR_OUT_OF_MEMORY && d == 0 && oversold(host))
+        r = alloc_oversold(dptr, bytesize, host); /* the driver is out: spill to managed memory */
+    vgpu_devunlock(fd);
+    return r;
+}
+
+VGPU_EXPORT CUresult cuMemAlloc(CUdeviceptr_v1 *dptr, unsigned int bytesize)
+{
+    vgpu_init();
+    __typeof__(&cuMemAlloc) real = REAL_CU(cuMemAlloc);
+    if (real == NULL)
+        return CUDA_ERROR_NOT_FOUND;
+    int fd;
+    if (admit(vgpu_host_of_current(), bytesize, &fd) < 0)
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    CUresult r = real(dptr, bytesize);
+    vgpu_devunlock(fd);
+    return r;
+}
+
+/* The driver pads each row to its pitch alignment (at most 512 bytes on current GPUs). */
+static unsigned long long pitch_bytes(unsigned long long width, unsigned long long height)
+{
+    return ((width + 511) & ~511ULL) * (height ? height : 1);
+}
+
+VGPU_EXPORT CUresult cuMemAllocPitch_v2(CUdeviceptr *dptr, size_t *pitch, size_t width, size_t height,
+                                        unsigned int elem)
+{
+    vgpu_init();
+    __typeof__(&cuMemAllocPitch_v2) real = REAL_CU(cuMemAllocPitch_v2);
+    if (real == NULL)
+        return CUDA_ERROR_NOT_FOUND;
+    int fd;
+    if (admit(vgpu_host_of_current(), pitch_bytes(width, height), &fd) < 0)
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    CUresult r = real(dptr, pitch, width, height, elem);
+    vgpu_devunlock(fd);
+    return r;
+}
+
+VGPU_EXPORT CUresult cuMemAllocPitch(CUdeviceptr_v1 *dptr, unsigned int *pitch, unsigned int width,
+                                     unsigned int height, unsigned int elem)
+{
+    vgpu_init();
+    __typeof__(&cuMemAllocPitch) real = REAL_CU(cuMemAllocPitch);
+    if (real == NULL)
+        return CUDA_ERROR_NOT_FOUND;
+    int fd;
+    if (admit(vgpu_host_of_current(), pitch_bytes(width, height), &fd) < 0)
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    CUresult r = real(dptr, pitch, width, height, elem);
+    vgpu_devunlock(fd);
+    return r;
+}
+
+VGPU_EXPORT CUresult cuMemAllocManaged(CUdeviceptr *dptr, size_t bytesize, unsigned int flags)
+{
+    vgpu_init();
+    __typeof__(&cuMemAllocManaged) real = REAL_CU(cuMemAllocManaged);
+    if (real == NULL)
+        return CUDA_ERROR_NOT_FOUND;
+    int host = vgpu_host_of_current(), fd;
+    if (admit(host, bytesize, &fd) < 0)
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    CUresult r = real(dptr, bytesize, flags);
+    /* NVML does not show managed memory as the process's device memory: the ledger carries it
+     * (UVA) until it is freed, so the next allocation of any process of the container sees it. */
+    if (r == CUDA_SUCCESS && limited(host)) {
+        vgpu_ledger_add(host, bytesize);
+        vgpu_ledger_track(*dptr, bytesize, host);
+    }
+    vgpu_devunlock(fd);
+    return r;
+}
+
+#define ASYNC_ALLOC(name)                                                                      \
+    VGPU_EXPORT CUresult name(CUdeviceptr *dptr, size_t bytesize, CUstream stream)             \
+    {                                                                                          \
+        vgpu_init();                                                                           \
+        __typeof__(&name) real = REAL_CU(name);                                                \
+        if (real == NULL)                                                                      \
+            return CUDA_ERROR_NOT_FOUND;                                                       \
+        int fd;                                                                                \
+        if (admit(vgpu_host_of_current(), bytesize, &fd) < 0)                                  \
+            return CUDA_ERROR_OUT_OF_MEMORY;                                                   \
+        CUresult r = real(dptr, bytesize, stream);                                             \
+        vgpu_devunlock(fd);                                                                    \
+        return r;                                                                              \
+    }
+ASYNC_ALLOC(cuMemAllocAsync)
+ASYNC_ALLOC(cuMemAllocAsync_ptsz)
+
+#define POOL_ALLOC(name)                                                                       \
+    VGPU_EXPORT CUresult name(CUdeviceptr *dptr, size_t bytesize, CUmemoryPool pool, CUstream stream) \
+    {                                                                                          \
+        vgpu_init();                                                                           \
+        __typeof__(&name) real = REAL_CU(name);                                                \
+        if (real == NULL)                                                                      \
+            return CUDA_ERROR_NOT_FOUND;                                                       \
+        int fd;                                                                                \
+        if (admit(vgpu_host_of_current(), bytesize, &fd) < 0)                                  \
+            return CUDA_ERROR_OUT_OF_MEMORY;                                                   \
+        CUresult r = real(dptr, bytesize, pool, stream);                                       \
+        vgpu_devunlock(fd);                                                                    \
+        return r;                                                                              \
+    }
+POOL_ALLOC(cuMemAllocFromPoolAsync)
+POOL_ALLOC(cuMemAllocFromPoolAsync_ptsz)
+
+VGPU_EXPORT CUresult cuMemCreate(CUmemGenericAllocationHandle *handle, size_t size, const CUmemAllocationProp *prop,
+                                 unsigned long long flags)
+{
+    vgpu_init();
+    __typeof__(&cuMemCreate) real = REAL_CU(cuMemCreate);
+    if (real == NULL)
+        return CUDA_ERROR_NOT_FOUND;
+    /* Only device memory counts, on the device the properties name (host locations carry no
+     * device id). */
+    int host = prop != NULL && prop->location.type == CU_MEM_LOCATION_TYPE_DEVICE
+                   ? vgpu_host_of_cudev(prop->location.id)
+                   : -1;
+    int fd;
+    if (admit(host, size, &fd) < 0)
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    CUresult r = real(handle, size, prop, flags);
+    vgpu_devunlock(fd);
+    return r;
+}
+
+/* --- frees: retire ledger charges ------------------------------------------------------------- */
+
+static void retire(CUdeviceptr dptr)
+{
+    int host;
+    unsigned long long bytes;
+    if (vgpu_ledger_untrack(dptr, &host, &bytes))
+        vgpu_ledger_sub(host, bytes);
+}
+
+VGPU_EXPORT CUresult cuMemFree_v2(CUdeviceptr dptr)
+{
+    vgpu_init();
+    __typeof__(&cuMemFree_v2) real = REAL_CU(cuMemFree_v2);
+    if (real == NULL)
+        return CUDA_ERROR_NOT_FOUND;
+    CUresult r = real(dptr);
+    if (r == CUDA_SUCCESS)
+        retire(dptr);
+    return r;
+}
+
+VGPU_EXPORT CUresult cuMemFree(CUdeviceptr_v1 dptr)
+{
+    vgpu_init();
+    __typeof__(&cuMemFree) real = REAL_CU(cuMemFree);
+    return real == NULL ? CUDA_ERROR_NOT_FOUND : real(dptr);
+}
+
+#define ASYNC_FREE(name)                                                                       \
+    VGPU_EXPORT CUresult name(CUdeviceptr dptr, CUstream stream)                               \
+    {                                                                                          \
+        vgpu_init();                                                                           \
+        __typeof__(&name) real = REAL_CU(name);                                                \
+        if (real == NULL)                                                                      \
+            return CUDA_ERROR_NOT_FOUND;                                                       \
+        CUresult r = real(dptr, stream);                                                       \
+        if (r == CUDA_SUCCESS)                                                                 \
+            retire(dptr);                                                                      \
+        return r;                                                                              \
+    }
+ASYNC_FREE(cuMemFreeAsync)
+ASYNC_FREE(cuMemFreeAsync_ptsz)
+
+/* --- arrays: pre-check with the size the descriptor implies ---------------------------------- */
+
+static unsigned long long format_bytes(int format)
+{
+    switch (format) {
+    case CU_AD_FORMAT_UNSIGNED_INT8:
+    case CU_AD_FORMAT_SIGNED_INT8: return 1;
+    case CU_AD_FORMAT_UNSIGNED_INT16:
+    case CU_AD_FORMAT_SIGNED_INT16:
+    case CU_AD_FORMAT_HALF: return 2;
+    default: return 4; /* 32-bit formats; the rarer packed/block formats are no larger per channel */
+    }
+}
+
+static unsigned long long array_bytes(unsigned long long w, unsigned long long h, unsigned long long d,
+                                      unsigned int channels, int format)
+{
+    return (w ? w : 1) * (h ? h : 1) * (d ? d : 1) * (channels ? channels : 1) * format_bytes(format);
+}
+
+static CUresult array_admit(unsigned long long bytes, int *fd)
+{
+    return admit(vgpu_host_of_current(), bytes, fd) < 0 ? CUDA_ERROR_OUT_OF_MEMORY : CUDA_SUCCESS;
+}
+
+VGPU_EXPORT CUresult cuArrayCreate_v2(CUarray *arr, const CUDA_ARRAY_DESCRIPTOR *desc)
+{
+    vgpu_init();
+    __typeof__(&cuArrayCreate_v2) real = REAL_CU(cuArrayCreate_v2);
+    if (real == NULL)
+        return CUDA_ERROR_NOT_FOUND;
+    if (desc == NULL)
+        return real(arr, desc);
+    int fd;
+    if (array_admit(array_bytes(desc->Width, desc->Height, 1, desc->NumChannels, desc->Format), &fd))
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    CUresult r = real(arr, desc);
+    vgpu_devunlock(fd);
+    return r;
+}
+
+VGPU_EXPORT CUresult cuArrayCreate(CUarray *arr, const CUDA_ARRAY_DESCRIPTOR_v1 *desc)
+{
+    vgpu_init();
+    __typeof__(&cuArrayCreate) real = REAL_CU(cuArrayCreate);
+    if (real == NULL)
+        return CUDA_ERROR_NOT_FOUND;
+    if (desc == NULL)
+        return real(arr, desc);
+    int fd;
+    if (array_admit(array_bytes(desc->Width, desc->Height, 1, desc->NumChannels, desc->Format), &fd))
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    CUresult r = real(arr, desc);
+    vgpu_devunlock(fd);
+    return r;
+}
+
+VGPU_EXPORT CUresult cuArray3DCreate_v2(CUarray *arr, const CUDA_ARRAY3D_DESCRIPTOR *desc)
+{
+    vgpu_init();
+    __typeof__(&cuArray3DCreate_v2) real = REAL_CU(cuArray3DCreate_v2);
+    if (real == NULL)
+        return CUDA_ERROR_NOT_FOUND;
+    if (desc == NULL)
+        return real(arr, desc);
+    int fd;
+    if (array_admit(array_bytes(desc->Width, desc->Height, desc->Depth, desc->NumChannels, desc->Format), &fd))
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    CUresult r = real(arr, desc);
+    vgpu_devunlock(fd);
+    return r;
+}
+
+VGPU_EXPORT CUresult cuArray3DCreate(CUarray *arr, const CUDA_ARRAY3D_DESCRIPTOR_v1 *desc)
+{
+    vgpu_init();
+    __typeof__(&cuArray3DCreate) real = REAL_CU(cuArray3DCreate);
+    if (real == NULL)
+        return CUDA_ERROR_NOT_FOUND;
+    if (desc == NULL)
+        return real(arr, desc);
+    int fd;
+    if (array_admit(array_bytes(desc->Width, desc->Height, desc->Depth, desc->NumChannels, desc->Format), &fd))
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    CUresult r = real(arr, desc);
+    vgpu_devunlock(fd);
+    return r;
+}
+
+VGPU_EXPORT CUresult cuMipmappedArrayCreate(CUmipmappedArray *arr, const CUDA_ARRAY3D_DESCRIPTOR *desc,
+                                            unsigned int levels)
+{
+    vgpu_init();
+    __typeof__(&cuMipmappedArrayCreate) real = REAL_CU(cuMipmappedArrayCreate);
+    if (real == NULL)
+        return CUDA_ERROR_NOT_FOUND;
+    if (desc == NULL)
+        return real(arr, desc, levels);
+    /* Every level halves each dimension: the chain is at most 4/3 of level 0 for 2D (8/7 3D). */
+    unsigned long long base = array_bytes(desc->Width, desc->Height, desc->Depth, desc->NumChannels, desc->Format);
+    unsigned long long bytes = levels > 1 ? base + base / 3 : base;
+    int fd;
+    if (array_admit(bytes, &fd))
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    CUresult r = real(arr, desc, levels);
+    vgpu_devunlock(fd);
+    return r;
+}
+
+/* --- pinned host memory: post-check ---------------------------------------------------------- */
+
+/* After the driver pinned host memory: is the container now over its limit on the current
+ * device (pinned pages cost device-visible resources the driver accounts to the context)? */
+static int over_after(int host)
+{
+    unsigned long long used, vmem;
+    return vgpu_usage(host, &used, &vmem) == 0 && used + vmem > vgpu_cfg()->dev[host].total_memory;
+}
+
+VGPU_EXPORT CUresult cuMemHostAlloc(void **pp, size_t bytesize, unsigned int flags)
+{
+    vgpu_init();
+    __typeof__(&cuMemHostAlloc) real = REAL_CU(cuMemHostAlloc);
+    if (real == NULL)
+        return CUDA_ERROR_NOT_FOUND;
+    int host = vgpu_host_of_current();
+    if (!limited(host))
+        return real(pp, bytesize, flags);
+    int fd = vgpu_devlock(host);
+    if (fd < 0)
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    CUresult r = real(pp, bytesize, flags);
+    if (r == CUDA_SUCCESS && over_after(host)) {
+        static void *slot;
+        CUresult (*free_host)(void *) = vgpu_real_cached(&slot, VGPU_LIB_CUDA, "cuMemFreeHost");
+        if (free_host != NULL)
+            free_host(*pp);
+        *pp = NULL;
+        r = CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    vgpu_devunlock(fd);
+    return r;
+}
+
+static CUresult host_register(CUresult (*real)(void *, size_t, unsigned int), void *p, size_t bytesize,
+                              unsigned int flags)
+{
+    int host = vgpu_host_of_current();
+    if (!limited(host))
+        return real(p, bytesize, flags);
+    int fd = vgpu_devlock(host);
+    if (fd < 0)
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    CUresult r = real(p, bytesize, flags);
+    if (r == CUDA_SUCCESS && over_after(host)) {
+        static void *slot;
+        CUresult (*unregister)(void *) = vgpu_real_cached(&slot, VGPU_LIB_CUDA, "cuMemHostUnregister");
+        if (unregister != NULL)
+            unregister(p);
+        r = CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    vgpu_devunlock(fd);
+    return r;
+}
+
+VGPU_EXPORT CUresult cuMemHostRegister_v2(void *p, size_t bytesize, unsigned int flags)
+{
+    vgpu_init();
+    __typeof__(&cuMemHostRegister_v2) real = REAL_CU(cuMemHostRegister_v2);
+    return real == NULL ? CUDA_ERROR_NOT_FOUND : host_register(real, p, bytesize, flags);
+}
+
+/* cuMemHostRegister (CUDA 4.0) already took size_t; _v2 (6.5) keeps the signature. */
+VGPU_EXPORT CUresult cuMemHostRegister(void *p, size_t bytesize, unsigned int flags)
+{
+    vgpu_init();
+    __typeof__(&cuMemHostRegister) real = REAL_CU(cuMemHostRegister);
+    return real == NULL ? CUDA_ERROR_NOT_FOUND : host_register(real, p, bytesize, flags);
+}
+
+/* --- limited views --------------------------------------------------------------------------- */
+
+/* Replace (free, total) by the container's view of `host`; never an error. */
+static void view(int host, unsigned long long *free_, unsigned long long *total)
+{
+    if (!limited(host))
+        return;
+    const struct vgpu_device_cfg *d = &vgpu_cfg()->dev[host];
+    unsigned long long used, vmem, t, f;
+    if (vgpu_usage(host, &used, &vmem) < 0) {
+        /* Usage unknown: the limit still caps what is shown. */
+        vgpu_limited_view(d->mem_limit, oversold(host), *total, 0, &t, &f);
+        *free_ = *free_ < f ? *free_ : f;
+        *total = t;
+        return;
+    }
+    vgpu_limited_view(d->mem_limit, oversold(host), *total, used + vmem, &t, &f);
+    *total = t;
+    *free_ = f;
+}
+
+VGPU_EXPORT CUresult cuMemGetInfo_v2(size_t *free_, size_t *total)
+{
+    vgpu_init();
+    __typeof__(&cuMemGetInfo_v2) real = REAL_CU(cuMemGetInfo_v2);
+    if (real == NULL)
+        return CUDA_ERROR_NOT_FOUND;
+    CUresult r = real(free_, total);
+    if (r != CUDA_SUCCESS || free_ == NULL || total == NULL)
+        return r;
+    unsigned long long f = *free_, t = *total;
+    view(vgpu_host_of_current(), &f, &t);
+    *free_ = f;
+    *total = t;
+    return r;
+}
+
+VGPU_EXPORT CUresult cuMemGetInfo(unsigned int *free_, unsigned int *total)
+{
+    vgpu_init();
+    __typeof__(&cuMemGetInfo) real = REAL_CU(cuMemGetInfo);
+    __typeof__(&cuMemGetInfo_v2) real2 = REAL_CU(cuMemGetInfo_v2);
+    if (real == NULL || real2 == NULL)
+        return real == NULL ? CUDA_ERROR_NOT_FOUND : real(free_, total);
+    size_t f, t;
+    CUresult r = real2(&f, &t);
+    if (r != CUDA_SUCCESS || free_ == NULL || total == NULL)
+        return r != CUDA_SUCCESS ? r : real(free_, total);
+    unsigned long long ff = f, tt = t;
+    view(vgpu_host_of_current(), &ff, &tt);
+    *free_ = ff > UINT_MAX ? UINT_MAX : (unsigned int)ff;
+    *total = tt > UINT_MAX ? UINT_MAX : (unsigned int)tt;
+    return r;
+}
+
+static unsigned long long total_view(int host, unsigned long long physical)
+{
+    if (!limited(host))
+        return physical;
+    unsigned long long t, f;
+    vgpu_limited_view(vgpu_cfg()->dev[host].mem_limit, oversold(host), physical, 0, &t, &f);
+    return t;
+}
+
+VGPU_EXPORT CUresult cuDeviceTotalMem_v2(size_t *bytes, CUdevice dev)
+{
+    vgpu_init();
+    __typeof__(&cuDeviceTotalMem_v2) real = REAL_CU(cuDeviceTotalMem_v2);
+    if (real == NULL)
+        return CUDA_ERROR_NOT_FOUND;
+    CUresult r = real(bytes, dev);
+    if (r == CUDA_SUCCESS && bytes != NULL)
+        *bytes = total_view(vgpu_host_of_cudev(dev), *bytes);
+    return r;
+}
+
+VGPU_EXPORT CUresult cuDeviceTotalMem(unsigned int *bytes, CUdevice dev)
+{
+    vgpu_init();
+    __typeof__(&cuDeviceTotalMem) real = REAL_CU(cuDeviceTotalMem);
+    if (real == NULL)
+        return CUDA_ERROR_NOT_FOUND;
+    CUresult r = real(bytes, dev);
+    if (r == CUDA_SUCCESS && bytes != NULL) {
+        unsigned long long t = total_view(vgpu_host_of_cudev(dev), *bytes);
+        *bytes = t > UINT_MAX ? UINT_MAX : (unsigned int)t;
+    }
+    return r;
+}

@@ -1,0 +1,224 @@
+/* Lazy initialisation and the device mapping (vgpu_state.h). */
+#include <pthread.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "ledger.h"
+#include "loader.h"
+#include "vgpu_paths.h"
+#include "vgpu_state.h"
+
+/* The library links without crtbeginS.o (-nostartfiles: no DT_INIT, no .init_array), which is
+ * where __dso_handle normally lives; atexit (libc_nonshared) names this object by it. */
+void *__dso_handle __attribute__((visibility("hidden"))) = &__dso_handle;
+
+void vgpu_log(const char *fmt, ...)
+{
+    char line[1024];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(line, sizeof(line), fmt, ap);
+    va_end(ap);
+    fprintf(stderr, "vgpu: %s\n", line);
+}
+
+static struct vgpu_env_config cfg;
+static pthread_once_t global_once = PTHREAD_ONCE_INIT;
+static int process_ready; /* this process ran the loader; cleared in a forked child */
+static pthread_mutex_t process_lock = PTHREAD_MUTEX_INITIALIZER;
+
+#define MAX_CUDEV 64
+/* -2: not looked up yet; -1: not ours. Reset after fork (ordinals are per process). */
+static int cudev_host[MAX_CUDEV];
+static struct {
+    nvmlDevice_t handle;
+    int host;
+} nvml_map[VGPU_MAX_DEVICES * 2];
+static pthread_mutex_t map_lock = PTHREAD_MUTEX_INITIALIZER;
+
+static void reset_caches(void)
+{
+    for (int i = 0; i < MAX_CUDEV; i++)
+        __atomic_store_n(&cudev_host[i], -2, __ATOMIC_RELAXED);
+    memset(nvml_map, 0, sizeof(nvml_map));
+}
+
+static void atfork_prepare(void)
+{
+    pthread_mutex_lock(&process_lock);
+    pthread_mutex_lock(&map_lock);
+}
+
+static void atfork_parent(void)
+{
+    pthread_mutex_unlock(&map_lock);
+    pthread_mutex_unlock(&process_lock);
+}
+
+static void atfork_child(void)
+{
+    pthread_mutex_unlock(&map_lock);
+    pthread_mutex_unlock(&process_lock);
+    reset_caches();
+    vgpu_ledger_after_fork();
+    __atomic_store_n(&process_ready, 0, __ATOMIC_RELEASE);
+}
+
+static void global_init(void)
+{
+    char err[256];
+    reset_caches();
+    if (vgpu_config_parse(&cfg, vgpu_env, NULL, err, sizeof(err)) < 0) {
+        vgpu_log("FATAL: %s", err);
+        abort();
+    }
+    pthread_atfork(atfork_prepare, atfork_parent, atfork_child);
+    vgpu_ledger_install_exit_handlers();
+}
+
+/* The loader once per process: registration (client mode) and the partition directories. */
+static void process_init(void)
+{
+    struct loader_env env = {
+        .getenv = vgpu_env,
+        .getenv_ctx = NULL,
+        .paths =
+            {
+                .config_dir = vgpu_path(VGPU_PATH_CONFIG_DIR),
+                .pids_config = vgpu_path(VGPU_PATH_PIDS_CONFIG),
+                .vgpu_lock_dir = vgpu_path(VGPU_PATH_LOCK_DIR),
+                .vmem_node_dir = vgpu_path(VGPU_PATH_VMEM_NODE_DIR),
+                .sm_node_dir = vgpu_path(VGPU_PATH_SM_NODE_DIR),
+                .register_client = vgpu_path(VGPU_PATH_REGISTER_CLIENT),
+                .registry_socket = vgpu_path(VGPU_PATH_REGISTRY_SOCKET),
+            },
+    };
+    struct loader_result r;
+    if (vgpu_loader_init(&env, &vgpu_default_ops, &r) != VGPU_LOADER_OK)
+        abort(); /* the FATAL line is on stderr already */
+}
+
+void vgpu_init(void)
+{
+    if (__atomic_load_n(&process_ready, __ATOMIC_ACQUIRE))
+        return;
+    pthread_once(&global_once, global_init);
+    pthread_mutex_lock(&process_lock);
+    if (!__atomic_load_n(&process_ready, __ATOMIC_RELAXED)) {
+        process_init();
+        __atomic_store_n(&process_ready, 1, __ATOMIC_RELEASE);
+    }
+    pthread_mutex_unlock(&process_lock);
+}
+
+const struct vgpu_env_config *vgpu_cfg(void)
+{
+    vgpu_init();
+    return &cfg;
+}
+
+void vgpu_format_uuid(const unsigned char b[16], char out[41])
+{
+    snprintf(out, 41, "GPU-%02x%02x%02x%02x-%02x%02x-%02x%02x-%02x%02x-%02x%02x%02x%02x%02x%02x", b[0], b[1],
+             b[2], b[3], b[4], b[5], b[6], b[7], b[8], b[9], b[10], b[11], b[12], b[13], b[14], b[15]);
+}
+
+static int host_of_uuid(const char *uuid)
+{
+    for (int i = 0; i < VGPU_MAX_DEVICES; i++)
+        if (cfg.dev[i].uuid[0] != '\0' && strcasecmp(cfg.dev[i].uuid, uuid) == 0)
+            return i;
+    return -1;
+}
+
+int vgpu_host_of_cudev(CUdevice dev)
+{
+    vgpu_init();
+    if (dev >= 0 && dev < MAX_CUDEV) {
+        int h = __atomic_load_n(&cudev_host[dev], __ATOMIC_ACQUIRE);
+        if (h != -2)
+            return h;
+    }
+    static void *slot, *slot2;
+    cu_device_get_uuid_fn get = vgpu_real_cached(&slot2, VGPU_LIB_CUDA, "cuDeviceGetUuid_v2");
+    if (get == NULL)
+        get = vgpu_real_cached(&slot, VGPU_LIB_CUDA, "cuDeviceGetUuid");
+    CUuuid u;
+    if (get == NULL || get(&u, dev) != CUDA_SUCCESS)
+        return -1; /* not cached: a later call may succeed (e.g. after cuInit) */
+    char s[41];
+    vgpu_format_uuid((const unsigned char *)u.bytes, s);
+    int h = host_of_uuid(s);
+    if (dev >= 0 && dev < MAX_CUDEV)
+        __atomic_store_n(&cudev_host[dev], h, __ATOMIC_RELEASE);
+    return h;
+}
+
+int vgpu_host_of_current(void)
+{
+    static void *slot;
+    cu_ctx_get_device_fn get = vgpu_real_cached(&slot, VGPU_LIB_CUDA, "cuCtxGetDevice");
+    CUdevice dev;
+    if (get == NULL || get(&dev) != CUDA_SUCCESS)
+        return -1;
+    return vgpu_host_of_cudev(dev);
+}
+
+int vgpu_host_of_nvml(nvmlDevice_t h)
+{
+    vgpu_init();
+    pthread_mutex_lock(&map_lock);
+    for (size_t i = 0; i < sizeof(nvml_map) / sizeof(nvml_map[0]); i++) {
+        if (nvml_map[i].handle == h) {
+            int host = nvml_map[i].host;
+            pthread_mutex_unlock(&map_lock);
+            return host;
+        }
+    }
+    pthread_mutex_unlock(&map_lock);
+    static void *slot;
+    nvml_get_uuid_fn get = vgpu_real_cached(&slot, VGPU_LIB_NVML, "nvmlDeviceGetUUID");
+    char uuid[NVML_DEVICE_UUID_V2_BUFFER_SIZE];
+    if (get == NULL || get(h, uuid, sizeof(uuid)) != NVML_SUCCESS)
+        return -1;
+    int host = host_of_uuid(uuid);
+    pthread_mutex_lock(&map_lock);
+    for (size_t i = 0; i < sizeof(nvml_map) / sizeof(nvml_map[0]); i++) {
+        if (nvml_map[i].handle == NULL) {
+            nvml_map[i].handle = h;
+            nvml_map[i].host = host;
+            break;
+        }
+    }
+    pthread_mutex_unlock(&map_lock);
+    return host;
+}
+
+static pthread_once_t nvml_once = PTHREAD_ONCE_INIT;
+static int nvml_ok;
+
+static void nvml_init(void)
+{
+    static void *slot;
+    nvml_init_fn init = vgpu_real_cached(&slot, VGPU_LIB_NVML, "nvmlInit_v2");
+    nvml_ok = init != NULL && init() == NVML_SUCCESS;
+    if (!nvml_ok)
+        vgpu_log("error: cannot initialise NVML; container memory usage cannot be read");
+}
+
+nvmlDevice_t vgpu_nvml_of_host(int host)
+{
+    vgpu_init();
+    pthread_once(&nvml_once, nvml_init);
+    if (!nvml_ok || host < 0 || host >= VGPU_MAX_DEVICES || cfg.dev[host].uuid[0] == '\0')
+        return NULL;
+    static void *slot;
+    nvml_get_handle_by_uuid_fn get = vgpu_real_cached(&slot, VGPU_LIB_NVML, "nvmlDeviceGetHandleByUUID");
+    nvmlDevice_t h = NULL;
+    if (get == NULL || get(cfg.dev[host].uuid, &h) != NVML_SUCCESS)
+        return NULL;
+    return h;
+}

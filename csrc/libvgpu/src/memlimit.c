@@ -1,0 +1,305 @@
+/* See memlimit.h. */
+#include "memlimit.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <sched.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/file.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "ledger.h"
+#include "loader.h"
+#include "vgpu_paths.h"
+#include "vgpu_state.h"
+
+static long long now_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (long long)ts.tv_sec * 1000000000LL + ts.tv_nsec;
+}
+
+#define LOCK_TIMEOUT_NS (10LL * 1000000000LL)
+
+int vgpu_devlock(int host)
+{
+    char path[4096];
+    snprintf(path, sizeof(path), "%s/vgpu_%d.lock", vgpu_path(VGPU_PATH_LOCK_DIR), host);
+    int fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0666);
+    if (fd < 0) {
+        vgpu_log("error: cannot open %s: %s", path, strerror(errno));
+        return -1;
+    }
+    fchmod(fd, 0666);
+    /* Whole file, OFD (per open file: excludes the threads of this process too, and the kernel
+     * drops it when the holder dies, SIGKILL included). */
+    struct flock fl = {.l_type = F_WRLCK, .l_whence = SEEK_SET, .l_start = 0, .l_len = 0};
+    int cmd = F_OFD_SETLK;
+    long long start = now_ns(), round = start;
+    long sleep_ns = 200000;
+    for (int tries = 0;; tries++) {
+        if (fcntl(fd, cmd, &fl) == 0)
+            return fd;
+        if (errno == EINVAL && cmd == F_OFD_SETLK) {
+            cmd = F_SETLK;
+            continue;
+        }
+        if (errno != EAGAIN && errno != EACCES && errno != EINTR)
+            break;
+        long long t = now_ns();
+        if (t - start > LOCK_TIMEOUT_NS) {
+            vgpu_log("error: %s held by another process for over 10 s", path);
+            close(fd);
+            return -1;
+        }
+        if (tries < 4) {
+            sched_yield();
+            continue;
+        }
+        if (t - round > 50000000LL) { /* reset the backoff every 50 ms */
+            round = t;
+            sleep_ns = 200000;
+        }
+        struct timespec ts = {0, sleep_ns};
+        nanosleep(&ts, NULL);
+        if (sleep_ns < 1000000)
+            sleep_ns *= 2;
+    }
+    vgpu_log("error: cannot lock %s: %s", path, strerror(errno));
+    close(fd);
+    return -1;
+}
+
+void vgpu_devunlock(int fd)
+{
+    if (fd >= 0)
+        close(fd); /* closing the only descriptor of the open file releases its OFD lock */
+}
+
+/* --- container membership ---------------------------------------------------------------------- */
+
+static int read_file(const char *path, char *buf, size_t cap)
+{
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0)
+        return -1;
+    size_t n = 0;
+    ssize_t r;
+    while (n < cap - 1 && ((r = read(fd, buf + n, cap - 1 - n)) > 0 || (r < 0 && errno == EINTR)))
+        if (r > 0)
+            n += (size_t)r;
+    close(fd);
+    buf[n] = '\0';
+    return (int)n;
+}
+
+/* pids.config under flock(LOCK_SH|LOCK_NB) retried for about 1 ms, else unlocked (the writer never
+ * truncates first). 1 listed, 0 not, -1 unreadable or empty (fail closed). */
+static int pid_in_pids_config(unsigned int pid)
+{
+    const char *path = vgpu_path(VGPU_PATH_PIDS_CONFIG);
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0)
+        return -1;
+    for (int i = 0; i < 10 && flock(fd, LOCK_SH | LOCK_NB) < 0; i++) {
+        struct timespec ts = {0, 100000};
+        nanosleep(&ts, NULL);
+    }
+    size_t n = 0;
+    enum { PIDS_MAX = 1 << 20 };
+    char *buf = malloc(PIDS_MAX);
+    if (buf == NULL) {
+        close(fd);
+        return -1;
+    }
+    ssize_t r;
+    while (n < PIDS_MAX - 1 && ((r = read(fd, buf + n, PIDS_MAX - 1 - n)) > 0 || (r < 0 && errno == EINTR)))
+        if (r > 0)
+            n += (size_t)r;
+    close(fd);
+    buf[n] = '\0';
+    int found = n == 0 ? -1 : 0;
+    for (char *p = buf; *p && found == 0;) {
+        char *end;
+        unsigned long v = strtoul(p, &end, 10);
+        if (end != p && v == pid)
+            found = 1;
+        p = *end ? end + 1 : end;
+    }
+    free(buf);
+    return found;
+}
+
+/* The path of cgroup v1 controller `ctl` in a /proc/<pid>/cgroup text, into out. */
+static int v1_path(const char *text, const char *ctl, char *out, size_t cap)
+{
+    for (const char *line = text; line && *line;) {
+        const char *nl = strchr(line, '\n');
+        size_t len = nl ? (size_t)(nl - line) : strlen(line);
+        const char *c1 = memchr(line, ':', len);
+        const char *c2 = c1 ? memchr(c1 + 1, ':', len - (size_t)(c1 + 1 - line)) : NULL;
+        if (c2 != NULL) {
+            /* controllers field: comma list between the colons */
+            size_t cl = (size_t)(c2 - c1 - 1), n = strlen(ctl);
+            for (const char *p = c1 + 1; p < c2;) {
+                const char *comma = memchr(p, ',', (size_t)(c2 - p));
+                size_t w = comma ? (size_t)(comma - p) : (size_t)(c2 - p);
+                if (w == n && strncmp(p, ctl, n) == 0) {
+                    snprintf(out, cap, "%.*s", (int)(len - (size_t)(c2 + 1 - line)), c2 + 1);
+                    return 0;
+                }
+                p += w + 1;
+            }
+            (void)cl;
+        }
+        line = nl ? nl + 1 : NULL;
+    }
+    return -1;
+}
+
+static int same_ns(const char *proc, unsigned int pid, const char *ns)
+{
+    char a[4096], b[256], la[256], lb[256];
+    snprintf(a, sizeof(a), "%s/%u/ns/%s", proc, pid, ns);
+    snprintf(b, sizeof(b), "/proc/self/ns/%s", ns);
+    ssize_t na = readlink(a, la, sizeof(la) - 1), nb = readlink(b, lb, sizeof(lb) - 1);
+    return na > 0 && nb > 0 && na == nb && memcmp(la, lb, (size_t)na) == 0;
+}
+
+int vgpu_pid_is_ours(long mode, unsigned int pid)
+{
+    char path[4096], text[8192];
+    if (vgpu_mode_is(mode, VGPU_MODE_CLIENT))
+        return pid_in_pids_config(pid);
+    int open_kernel = mode != 0 && vgpu_mode_is(mode, VGPU_MODE_OPEN_KERNEL);
+    int v2 = mode != 0 && vgpu_mode_is(mode, VGPU_MODE_CGROUPV2);
+    int v1 = mode != 0 && vgpu_mode_is(mode, VGPU_MODE_CGROUPV1);
+    /* With the open kernel module NVML reports PIDs of our own namespace, so they are looked up in
+     * our /proc; otherwise they are host PIDs, looked up in the host's /proc mounted for us. */
+    const char *procs = vgpu_path(open_kernel ? VGPU_PATH_PROC : VGPU_PATH_HOST_PROC);
+    if (v2 || v1) {
+        snprintf(path, sizeof(path), "%s/%u/cgroup", procs, pid);
+        if (read_file(path, text, sizeof(text)) <= 0)
+            return 0; /* gone, or not visible: not ours */
+        if (v2)
+            /* Seen through our cgroup namespace, a process of our own cgroup reads "0::/". */
+            return strncmp(text, "0::/\n", 5) == 0 || strcmp(text, "0::/") == 0;
+        char ours[4096], theirs[4096], self[8192];
+        snprintf(path, sizeof(path), "%s/self/cgroup", vgpu_path(VGPU_PATH_PROC));
+        if (read_file(path, self, sizeof(self)) <= 0 || v1_path(self, "memory", ours, sizeof(ours)) < 0 ||
+            v1_path(text, "memory", theirs, sizeof(theirs)) < 0)
+            return 0;
+        return strcmp(ours, theirs) == 0;
+    }
+    if (open_kernel) {
+        /* /proc/<pid> is one of ours when it shares our mount and cgroup namespaces and maps the
+         * driver. */
+        if (!same_ns(procs, pid, "mnt") || !same_ns(procs, pid, "cgroup"))
+            return 0;
+        snprintf(path, sizeof(path), "%s/%u/maps", procs, pid);
+        FILE *f = fopen(path, "re");
+        if (f == NULL)
+            return 0;
+        char line[1024];
+        int hit = 0;
+        while (!hit && fgets(line, sizeof(line), f))
+            hit = strstr(line, "nvidia") != NULL;
+        fclose(f);
+        return hit;
+    }
+    return 1; /* host mode: every process on the device */
+}
+
+/* --- usage ----------------------------------------------------------------------------------- */
+
+typedef nvmlReturn_t (*list_fn)(nvmlDevice_t, unsigned int *, nvmlProcessInfo_v1_t *);
+
+#define MAX_PROCS 1024
+
+/* Σ usedGpuMemory of our PIDs over the compute and graphics lists (a PID in both once). */
+static int nvml_sum(nvmlDevice_t dev, long mode, unsigned long long *sum)
+{
+    static void *slots[2];
+    static const char *const names[2] = {"nvmlDeviceGetComputeRunningProcesses",
+                                         "nvmlDeviceGetGraphicsRunningProcesses"};
+    nvmlProcessInfo_v1_t *all = malloc(2 * MAX_PROCS * sizeof(*all));
+    unsigned int total = 0;
+    if (all == NULL)
+        return -1;
+    for (int k = 0; k < 2; k++) {
+        list_fn fn = vgpu_real_cached(&slots[k], VGPU_LIB_NVML, names[k]);
+        if (fn == NULL) {
+            if (k == 0)
+                goto fail;
+            continue;
+        }
+        unsigned int count = MAX_PROCS;
+        nvmlReturn_t r = fn(dev, &count, all + total);
+        if (r == NVML_ERROR_NOT_SUPPORTED && k == 1)
+            continue;
+        if (r != NVML_SUCCESS)
+            goto fail;
+        total += count;
+    }
+    *sum = 0;
+    for (unsigned int i = 0; i < total; i++) {
+        int dup = 0;
+        for (unsigned int j = 0; j < i && !dup; j++)
+            dup = all[j].pid == all[i].pid;
+        if (dup || all[i].usedGpuMemory == NVML_VALUE_NOT_AVAILABLE)
+            continue;
+        int ours = vgpu_pid_is_ours(mode, all[i].pid);
+        if (ours < 0)
+            goto fail;
+        if (ours)
+            *sum += all[i].usedGpuMemory;
+    }
+    free(all);
+    return 0;
+fail:
+    free(all);
+    return -1;
+}
+
+int vgpu_usage(int host, unsigned long long *nvml_used, unsigned long long *ledger_used)
+{
+    nvmlDevice_t dev = vgpu_nvml_of_host(host);
+    if (dev == NULL || nvml_sum(dev, vgpu_cfg()->mode, nvml_used) < 0)
+        return -1;
+    *ledger_used = vgpu_ledger_sum(host, 0);
+    return 0;
+}
+
+int vgpu_mem_decide(int host, unsigned long long req)
+{
+    const struct vgpu_device_cfg *d = &vgpu_cfg()->dev[host];
+    unsigned long long used, vmem;
+    if (vgpu_usage(host, &used, &vmem) < 0) {
+        vgpu_log("error: cannot read the memory usage of device %d; refusing the allocation", host);
+        return -1;
+    }
+    if (used + vmem + req > d->total_memory) {
+        /* The ledger may hold dead PIDs' charges: reap and look again before refusing. */
+        if (vmem == 0)
+            return -1;
+        vmem = vgpu_ledger_sum(host, 1);
+        if (used + vmem + req > d->total_memory)
+            return -1;
+    }
+    if (d->mem_ratio > 1.0 && used + req > d->real_memory)
+        return 1;
+    return 0;
+}
+
+void vgpu_limited_view(unsigned long long limit, int oversold, unsigned long long physical, unsigned long long used,
+                       unsigned long long *total, unsigned long long *free_)
+{
+    unsigned long long t = limit == 0 ? physical : oversold ? limit : (limit < physical ? limit : physical);
+    *total = t;
+    *free_ = used >= t ? 0 : t - used;
+}

@@ -1,0 +1,28 @@
+/* The memory limit (reference §2): the per-device allocation lock, the container's usage, the
+ * decision, and the limited views. */
+#ifndef VGPU_MEMLIMIT_H
+#define VGPU_MEMLIMIT_H
+
+#include "real.h"
+
+/* Take the per-device OFD lock file (10 s timeout). The fd to unlock with, or -1. */
+VGPU_HIDDEN int vgpu_devlock(int host);
+VGPU_HIDDEN void vgpu_devunlock(int fd);
+
+/* The container's usage of host device `host`: Σ NVML usedGpuMemory of its processes + the
+ * ledger. 0 on success, -1 when it cannot be known (the caller fails closed). */
+VGPU_HIDDEN int vgpu_usage(int host, unsigned long long *nvml_used, unsigned long long *ledger_used);
+
+/* The decision for `req` more bytes on `host` (lock held): 0 fits, 1 fits only as managed memory
+ * past real_memory (oversubscribed), -1 does not fit / unknown usage. */
+VGPU_HIDDEN int vgpu_mem_decide(int host, unsigned long long req);
+
+/* Limited view (pure): what to report for a device with `limit` (0 = none), the physical total
+ * and the container's `used`. */
+VGPU_HIDDEN void vgpu_limited_view(unsigned long long limit, int oversold, unsigned long long physical,
+                                   unsigned long long used, unsigned long long *total, unsigned long long *free_);
+
+/* Whether PID `pid` (as NVML reports it) belongs to this container under `mode`. -1: cannot tell. */
+VGPU_HIDDEN int vgpu_pid_is_ours(long mode, unsigned int pid);
+
+#endif

@@ -1,0 +1,107 @@
+"""Fixtures for the control library tests: the built library, the fake driver + NVML (csrc/
+fakecuda, csrc/fakenvml) sharing one simulated GPU state, and the memprobe driver program."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+from tests.support import REPO, built
+from tests.unit.libvgpu.cbuild import compile_c
+
+PROFILE = REPO / "vgpud" / "gpu" / "profiles" / "a100-40gb-x2.yaml"
+UUIDS = ("GPU-2db41dd2-f9b4-4c97-9654-9baa4a150479", "GPU-bdad1e16-755f-41d4-985c-16737eb6e907")
+PHYSICAL = 42949672960
+MIB = 1 << 20
+
+
+@dataclass
+class Container:
+    """One simulated container: its env (library paths in a temp dir) over a shared fake GPU."""
+
+    root: Path
+    lib: Path
+    probe: Path
+    env: dict[str, str] = field(default_factory=dict)
+
+    def run(self, *args: str, preload: bool = True, timeout: float = 60, **extra: str) -> dict[str, str]:
+        """Run memprobe to completion; its `key value` lines as a dict."""
+        proc = subprocess.run(
+            [str(self.probe), *args],
+            env=self.environ(preload, **extra),
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            check=False,
+        )
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+        return parse(proc.stdout)
+
+    def start(self, *args: str, preload: bool = True, **extra: str) -> subprocess.Popen[str]:
+        """Start memprobe (a HOLD command waits for its stdin to close)."""
+        return subprocess.Popen(
+            [str(self.probe), *args],
+            env=self.environ(preload, **extra),
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+
+    def environ(self, preload: bool = True, **extra: str) -> dict[str, str]:
+        env = dict(self.env)
+        if preload:
+            env["LD_PRELOAD"] = str(self.lib)
+        env.update(extra)
+        return env
+
+
+def parse(text: str) -> dict[str, str]:
+    return dict(line.split(" ", 1) for line in text.splitlines() if " " in line)
+
+
+def read_result(proc: subprocess.Popen[str], keys: tuple[str, ...] = ("total",)) -> dict[str, str]:
+    """Read a holding memprobe's lines until every key is there (it then waits for EOF)."""
+    assert proc.stdout is not None
+    got: dict[str, str] = {}
+    while not all(k in got for k in keys):
+        line = proc.stdout.readline()
+        assert line, f"memprobe exited early: {proc.stderr.read() if proc.stderr else ''}"
+        got.update(parse(line))
+    return got
+
+
+@pytest.fixture(scope="session")
+def fakes() -> tuple[Path, Path]:
+    return built("fakecuda/libcuda.so.1"), built("fakenvml/libnvidia-ml.so.1")
+
+
+@pytest.fixture(scope="session")
+def probe(tmp_path_factory: pytest.TempPathFactory, fakes: tuple[Path, Path]) -> Path:
+    source = (Path(__file__).parent / "c" / "memprobe.c").read_text()
+    cuda_dir = fakes[0].parent
+    out = tmp_path_factory.mktemp("probe") / "memprobe"
+    return compile_c(out, source, f"-L{cuda_dir}", "-l:libcuda.so.1", f"-Wl,-rpath,{cuda_dir}")
+
+
+@pytest.fixture
+def container(tmp_path: Path, fakes: tuple[Path, Path], probe: Path) -> Container:
+    lib = built("libvgpu/libvgpu-control.so")
+    base = {k: v for k, v in os.environ.items() if not k.startswith(("CUDA_", "MANAGER_", "VGPU_", "FAKE_"))}
+    base.update(
+        LD_LIBRARY_PATH=f"{fakes[0].parent}:{fakes[1].parent}",
+        FAKE_NVML_PROFILE=str(PROFILE),
+        FAKE_GPU_STATE=str(tmp_path / "gpu.state"),
+        VGPU_CONFIG_DIR=str(tmp_path / "config"),
+        VGPU_LOCK_DIR=str(tmp_path / "lock"),
+        VGPU_VMEM_NODE_DIR=str(tmp_path / "vmem"),
+        VGPU_SM_NODE_DIR=str(tmp_path / "sm"),
+        VGPU_PROC="/proc",
+        MANAGER_VISIBLE_DEVICES=",".join(UUIDS),
+        PROBE_NVML_UUID=UUIDS[0],
+    )
+    return Container(root=tmp_path, lib=lib, probe=probe, env=base)

@@ -1,0 +1,186 @@
+"""Every launch hook charges its grid's blocks to the device's bucket, in a real process under
+LD_PRELOAD=libvgpu-control.so on the fake libcuda: the program reads the shared bucket
+(CUDA_SM_SHARED_BUCKET, sm_node.config in a temp dir) around each launch, a refill in between
+making it measure again, and prints what each call took from the bucket. Also through the pointer
+cuGetProcAddress_v2 hands out for the per-thread-stream variant, and for a graph of two kernel nodes
+and a child graph (the sum cached at instantiation, charged per cuGraphLaunch)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from tests.support import BUILD, built
+from tests.unit.libvgpu.cbuild import compile_c
+
+UUID = "GPU-0c0c0c0c-1111-4222-8333-444444444444"
+PROFILE = f"""driverVersion: 550.54.15
+cudaDriverVersion: "12.4"
+gpus:
+  - uuid: {UUID}
+    index: 0
+    minor: 0
+    productName: NVIDIA H100 80GB HBM3
+    brand: Nvidia
+    architecture: Hopper
+    memoryTotal: 85520809984
+    pciBusId: "00000000:18:00.0"
+    computeCapability: "9.0"
+"""
+
+PROGRAM = r"""
+#define _GNU_SOURCE
+#include <dlfcn.h>
+#include <fcntl.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <sys/mman.h>
+#include <unistd.h>
+typedef int CUresult;
+typedef int CUdevice;
+typedef void *CUcontext, *CUmodule, *CUfunction, *CUstream, *CUgraph, *CUgraphNode, *CUgraphExec;
+typedef unsigned U;
+typedef struct { CUfunction func; U gx, gy, gz, bx, by, bz, shmem; void **params, **extra; } NodeParams;
+typedef struct { U gx, gy, gz, bx, by, bz, shmem; CUstream s; void *attrs; U nattrs; } LaunchConfig;
+typedef struct { CUfunction f; U gx, gy, gz, bx, by, bz, shmem; CUstream s; void **params; } LaunchParams;
+typedef CUresult (*launch_fn)(CUfunction, U, U, U, U, U, U, U, CUstream, void **, void **);
+CUresult cuInit(unsigned int);
+CUresult cuDeviceGet(CUdevice *, int);
+CUresult cuDevicePrimaryCtxRetain(CUcontext *, CUdevice);
+CUresult cuCtxSetCurrent(CUcontext);
+CUresult cuModuleLoadData(CUmodule *, const void *);
+CUresult cuModuleGetFunction(CUfunction *, CUmodule, const char *);
+CUresult cuLaunchKernel(CUfunction, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned,
+                        CUstream, void **, void **);
+CUresult cuLaunchKernel_ptsz(CUfunction, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned,
+                             CUstream, void **, void **);
+CUresult cuLaunchKernelEx(const LaunchConfig *, CUfunction, void **, void **);
+CUresult cuLaunchKernelEx_ptsz(const LaunchConfig *, CUfunction, void **, void **);
+CUresult cuLaunchCooperativeKernel(CUfunction, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned,
+                                   unsigned, CUstream, void **);
+CUresult cuLaunchCooperativeKernel_ptsz(CUfunction, U, U, U, U, U, U, U, CUstream, void **);
+CUresult cuLaunchCooperativeKernelMultiDevice(LaunchParams *, unsigned, unsigned);
+CUresult cuLaunch(CUfunction);
+CUresult cuLaunchGrid(CUfunction, int, int);
+CUresult cuLaunchGridAsync(CUfunction, int, int, CUstream);
+CUresult cuGraphCreate(CUgraph *, unsigned int);
+CUresult cuGraphAddKernelNode(CUgraphNode *, CUgraph, const CUgraphNode *, size_t, const NodeParams *);
+CUresult cuGraphAddChildGraphNode(CUgraphNode *, CUgraph, const CUgraphNode *, size_t, CUgraph);
+CUresult cuGraphInstantiateWithFlags(CUgraphExec *, CUgraph, unsigned long long);
+CUresult cuGraphLaunch(CUgraphExec, CUstream);
+CUresult cuGetProcAddress_v2(const char *, void **, int, unsigned long long, int *);
+
+static const char ptx[] =
+    ".version 8.0\n.target sm_80\n.address_size 64\n.visible .entry k()\n{\n ret;\n}\n";
+static volatile int64_t *tokens;
+static volatile uint64_t *last_refill;
+
+#define OK(call) \
+    do { CUresult rc_ = (call); if (rc_) { fprintf(stderr, "%s: %d\n", #call, rc_); exit(1); } } while (0)
+/* What `call` took from the bucket, measured again when a refill came in between. */
+#define CHARGED(name, call)                                                      \
+    do {                                                                         \
+        for (;;) {                                                               \
+            uint64_t r0 = *last_refill; int64_t t0 = *tokens;                    \
+            OK(call);                                                            \
+            int64_t t1 = *tokens; uint64_t r1 = *last_refill;                    \
+            if (r0 == r1) { printf("%s %lld\n", name, (long long)(t0 - t1)); break; } \
+        }                                                                        \
+    } while (0)
+
+int main(int argc, char **argv) {
+    CUdevice dev; CUcontext ctx; CUmodule mod; CUfunction f;
+    OK(cuInit(0));
+    OK(cuDeviceGet(&dev, 0));
+    OK(cuDevicePrimaryCtxRetain(&ctx, dev));
+    OK(cuCtxSetCurrent(ctx));
+    OK(cuModuleLoadData(&mod, ptx));
+    OK(cuModuleGetFunction(&f, mod, "k"));
+    OK(cuLaunchKernel(f, 1, 1, 1, 1, 1, 1, 0, NULL, NULL, NULL)); /* sets the device's bucket up */
+    int fd = open(argv[1], O_RDWR);
+    char *map = fd < 0 ? MAP_FAILED : mmap(NULL, 8192, PROT_READ, MAP_SHARED, fd, 0);
+    if (map == MAP_FAILED) { perror(argv[1]); return 1; }
+    tokens = (volatile int64_t *)(map + 128);     /* device 0: tokens @0, last_refill_ns @8 */
+    last_refill = (volatile uint64_t *)(map + 136);
+    LaunchConfig cfg = {5, 1, 1, 1, 1, 1, 0, NULL, NULL, 0};
+    LaunchParams multi = {f, 3, 3, 1, 1, 1, 1, 0, NULL, NULL};
+    CHARGED("cuLaunchKernel", cuLaunchKernel(f, 3, 2, 1, 32, 1, 1, 0, NULL, NULL, NULL));
+    CHARGED("cuLaunchKernel_ptsz", cuLaunchKernel_ptsz(f, 7, 1, 1, 32, 1, 1, 0, NULL, NULL, NULL));
+    CHARGED("cuLaunchKernelEx", cuLaunchKernelEx(&cfg, f, NULL, NULL));
+    CHARGED("cuLaunchKernelEx_ptsz", cuLaunchKernelEx_ptsz(&cfg, f, NULL, NULL));
+    CHARGED("cuLaunchCooperativeKernel", cuLaunchCooperativeKernel(f, 9, 1, 1, 1, 1, 1, 0, NULL, NULL));
+    CHARGED("cuLaunchCooperativeKernel_ptsz",
+            cuLaunchCooperativeKernel_ptsz(f, 1, 10, 1, 1, 1, 1, 0, NULL, NULL));
+    CHARGED("cuLaunchCooperativeKernelMultiDevice", cuLaunchCooperativeKernelMultiDevice(&multi, 1, 0));
+    CHARGED("cuLaunch", cuLaunch(f));
+    CHARGED("cuLaunchGrid", cuLaunchGrid(f, 4, 3));
+    CHARGED("cuLaunchGridAsync", cuLaunchGridAsync(f, 2, 2, NULL));
+    void *p = NULL; int status = -1;
+    OK(cuGetProcAddress_v2("cuLaunchKernel", &p, 12000, 2, &status)); /* per-thread default stream */
+    Dl_info info;
+    printf("proc_owner %s\n", p && dladdr(p, &info) && info.dli_fname ? info.dli_fname : "?");
+    CHARGED("proc_ptsz", ((launch_fn)p)(f, 8, 1, 1, 1, 1, 1, 0, NULL, NULL, NULL));
+    CUgraph g, child; CUgraphNode a, b, c, inner; CUgraphExec exec;
+    NodeParams pa = {f, 10, 1, 1, 1, 1, 1, 0, NULL, NULL}, pb = {f, 11, 1, 1, 1, 1, 1, 0, NULL, NULL};
+    NodeParams pc = {f, 5, 1, 1, 1, 1, 1, 0, NULL, NULL};
+    OK(cuGraphCreate(&child, 0));
+    OK(cuGraphAddKernelNode(&inner, child, NULL, 0, &pc));
+    OK(cuGraphCreate(&g, 0));
+    OK(cuGraphAddKernelNode(&a, g, NULL, 0, &pa));
+    OK(cuGraphAddKernelNode(&b, g, &a, 1, &pb));
+    OK(cuGraphAddChildGraphNode(&c, g, &b, 1, child));
+    OK(cuGraphInstantiateWithFlags(&exec, g, 0));
+    CHARGED("cuGraphLaunch", cuGraphLaunch(exec, NULL));
+    return 0;
+}
+"""
+
+EXPECTED = {
+    "cuLaunchKernel": 6,
+    "cuLaunchKernel_ptsz": 7,
+    "cuLaunchKernelEx": 5,
+    "cuLaunchKernelEx_ptsz": 5,
+    "cuLaunchCooperativeKernel": 9,
+    "cuLaunchCooperativeKernel_ptsz": 10,
+    "cuLaunchCooperativeKernelMultiDevice": 9,
+    "cuLaunch": 1,
+    "cuLaunchGrid": 12,
+    "cuLaunchGridAsync": 4,
+    "proc_ptsz": 8,
+    "cuGraphLaunch": 26,
+}
+
+
+@pytest.mark.needs_build
+def test_each_launch_hook_charges_its_grid(tmp_path: Path) -> None:
+    fakecuda = built("fakecuda/libcuda.so.1").parent
+    program = compile_c(tmp_path / "charges", PROGRAM, f"-L{fakecuda}", "-l:libcuda.so.1")
+    (tmp_path / "profile.yaml").write_text(PROFILE)
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("CUDA_", "MANAGER_", "VGPU_", "FAKE_"))}
+    env.update(
+        LD_PRELOAD=str(built("libvgpu/libvgpu-control.so")),
+        LD_LIBRARY_PATH=f"{BUILD / 'fakecuda'}:{BUILD / 'fakenvml'}",
+        FAKE_NVML_PROFILE=str(tmp_path / "profile.yaml"),
+        FAKE_GPU_STATE=str(tmp_path / "gpu.state"),
+        MANAGER_VISIBLE_DEVICES=UUID,
+        MANAGER_COMPATIBILITY_MODE="0",
+        CUDA_CORE_LIMIT_0="90",
+        CUDA_SM_SHARED_BUCKET="true",
+        VGPU_SM_NODE_DIR=str(tmp_path / "sm"),
+    )
+    result = subprocess.run(
+        [str(program), str(tmp_path / "sm" / "sm_node.config")],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr
+    lines = dict(line.split(" ", 1) for line in result.stdout.splitlines())
+    assert lines.pop("proc_owner").endswith("libvgpu-control.so")
+    assert {name: int(value) for name, value in lines.items()} == EXPECTED

@@ -1,0 +1,86 @@
+"""Configuration sources and container membership, in real processes over the fake GPU: the
+environment of PID 1 when ours lacks a variable, the visible-device variables, bad values, and
+client mode where only the PIDs in pids.config count."""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+
+from tests.unit.libvgpu.conftest import MIB, PHYSICAL, UUIDS, Container, read_result
+
+
+def test_pid1_environ_is_the_fallback(container: Container, tmp_path: Path) -> None:
+    proc = tmp_path / "proc"
+    (proc / "1").mkdir(parents=True)
+    (proc / "1" / "environ").write_bytes(b"PATH=/bin\0CUDA_MEM_LIMIT_0=512m\0OTHER=1\0")
+    got = container.run("fill", "direct", str(128 * MIB), VGPU_PROC=str(proc))
+    assert got["count"] == "4"
+    # Our own environment wins over PID 1's.
+    got = container.run("fill", "direct", str(128 * MIB), VGPU_PROC=str(proc), CUDA_MEM_LIMIT_0="256m")
+    assert got["count"] == "2"
+
+
+def test_per_index_visible_device(container: Container) -> None:
+    env = container.env
+    del env["MANAGER_VISIBLE_DEVICES"]
+    env["MANAGER_VISIBLE_DEVICE_1"] = UUIDS[1]
+    limits = {"CUDA_MEM_LIMIT_1": "512m", "CUDA_MEM_LIMIT_0": "256m"}
+    assert container.run("fill", "direct", str(128 * MIB), CUDA_VISIBLE_DEVICES="1", **limits)["count"] == "4"
+    # Host GPU 0 is not named: not ours to limit.
+    got = container.run("info", CUDA_VISIBLE_DEVICES="0", **limits)
+    assert int(got["meminfo_total"]) == PHYSICAL
+
+
+def test_nvidia_visible_devices_is_the_last_resort(container: Container) -> None:
+    del container.env["MANAGER_VISIBLE_DEVICES"]
+    got = container.run(
+        "fill", "direct", str(128 * MIB), NVIDIA_VISIBLE_DEVICES=UUIDS[0], CUDA_MEM_LIMIT_0="384m"
+    )
+    assert got["count"] == "3"
+
+
+def test_a_bad_limit_is_fatal_at_the_first_cuda_call_only(container: Container) -> None:
+    env = container.environ(CUDA_MEM_LIMIT_0="12x")
+    subprocess.run(["/bin/sh", "-c", "true"], env=env, check=True, timeout=30)
+    proc = subprocess.run(
+        [str(container.probe), "fill", "direct", str(MIB)],
+        check=False,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    assert proc.returncode != 0
+    assert "vgpu: FATAL: CUDA_MEM_LIMIT_0 (or CUDA_MEM_LIMIT)=12x is not a size like 8192m" in proc.stderr
+
+
+def _client_mode(container: Container, tmp_path: Path) -> dict[str, str]:
+    client = tmp_path / "client.sh"
+    pids = tmp_path / "pids.config"
+    client.write_text(f"#!/bin/sh\necho $PPID >> {pids}\n")
+    client.chmod(0o755)
+    return {
+        "MANAGER_COMPATIBILITY_MODE": "236",
+        "VGPU_POD_UID": "uid",
+        "VGPU_CONTAINER_NAME": "c",
+        "VGPU_REGISTER_CLIENT": str(client),
+        "VGPU_PIDS_CONFIG": str(pids),
+        "CUDA_MEM_LIMIT_0": "1024m",
+    }
+
+
+def test_client_mode_counts_only_registered_pids(container: Container, tmp_path: Path) -> None:
+    outsider = container.start("take", str(512 * MIB), preload=False)
+    try:
+        assert read_result(outsider, ("rc",))["rc"] == "0"
+        # Host mode: every process on the GPU is ours, the outsider's 512 MiB included.
+        assert container.run("fill", "direct", str(128 * MIB), CUDA_MEM_LIMIT_0="1024m")["count"] == "4"
+        got = container.run("fill", "direct", str(128 * MIB), **_client_mode(container, tmp_path))
+        assert got["count"] == "8"
+        # The forked child registered too, and shares the limit with its parent.
+        got = container.run("fork", str(256 * MIB), **_client_mode(container, tmp_path))
+        assert (got["parent_rc"], got["count"]) == ("0", "3")
+    finally:
+        outsider.communicate(timeout=30)
+    assert len((tmp_path / "pids.config").read_text().split()) == 3  # fill, fork parent, fork child

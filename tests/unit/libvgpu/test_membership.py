@@ -1,0 +1,84 @@
+"""Which processes on the GPU are the container's, per MANAGER_COMPATIBILITY_MODE (reference §2),
+in real processes: an outsider holds 512 MiB of the fake GPU, the container's limit is 1 GiB, so
+a 128 MiB fill gets 8 chunks when the outsider is excluded and 4 when it is counted. The host
+/proc view (VGPU_HOST_PROC) is a temp dir written by the test: a wrapper shell records the
+container process's cgroup line under its PID and then execs the probe (same PID)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from tests.unit.libvgpu.conftest import MIB, Container, read_result
+
+
+def _fill_in_cgroup(container: Container, host_proc: Path, line: str, **env: str) -> str:
+    wrapper = container.root / "enter.sh"
+    wrapper.write_text(
+        f'#!/bin/sh\nmkdir -p {host_proc}/$$ && printf "{line}\\n" > {host_proc}/$$/cgroup\nexec "$@"\n'
+    )
+    wrapper.chmod(0o755)
+    probe = container.probe
+    container.probe = wrapper
+    try:
+        return container.run(str(probe), "fill", "direct", str(128 * MIB), **env)["count"]
+    finally:
+        container.probe = probe
+
+
+@pytest.mark.parametrize(("mode", "procs_var"), [("2", "VGPU_HOST_PROC"), ("102", "VGPU_PROC")])
+@pytest.mark.parametrize(("outsider_line", "expected"), [("0::/../other", "8"), ("0::/", "4")])
+def test_cgroup_v2_same_cgroup_reads_root(
+    container: Container, mode: str, procs_var: str, outsider_line: str, expected: str
+) -> None:
+    """Host PIDs are looked up in the host's /proc; with the open kernel module (102) NVML gives
+    our namespace's PIDs, looked up in our /proc."""
+    procs = container.root / "procs"
+    outsider = container.start("take", str(512 * MIB), preload=False)
+    try:
+        assert read_result(outsider, ("rc",))["rc"] == "0"
+        (procs / str(outsider.pid)).mkdir(parents=True)
+        (procs / str(outsider.pid) / "cgroup").write_text(outsider_line + "\n")
+        env = {"MANAGER_COMPATIBILITY_MODE": mode, procs_var: str(procs), "CUDA_MEM_LIMIT_0": "1g"}
+        assert _fill_in_cgroup(container, procs, "0::/", **env) == expected
+    finally:
+        outsider.communicate(timeout=30)
+
+
+@pytest.mark.parametrize(("outsider_path", "expected"), [("/pod/other", "8"), ("/pod/c1", "4")])
+def test_cgroup_v1_memory_path(container: Container, outsider_path: str, expected: str) -> None:
+    host_proc = container.root / "host_proc"
+    proc = container.root / "proc"
+    (proc / "self").mkdir(parents=True)
+    (proc / "self" / "cgroup").write_text("5:cpu,cpuacct:/pod/c1\n4:memory:/pod/c1\n")
+    outsider = container.start("take", str(512 * MIB), preload=False)
+    try:
+        assert read_result(outsider, ("rc",))["rc"] == "0"
+        (host_proc / str(outsider.pid)).mkdir(parents=True)
+        (host_proc / str(outsider.pid) / "cgroup").write_text(f"4:memory:{outsider_path}\n")
+        env = {
+            "MANAGER_COMPATIBILITY_MODE": "1",
+            "VGPU_HOST_PROC": str(host_proc),
+            "VGPU_PROC": str(proc),
+            "CUDA_MEM_LIMIT_0": "1g",
+        }
+        assert _fill_in_cgroup(container, host_proc, "4:memory:/pod/c1", **env) == expected
+    finally:
+        outsider.communicate(timeout=30)
+
+
+def test_open_kernel_module_mode_needs_the_driver_mapped(container: Container) -> None:
+    """Mode 100: NVML reports our namespace's PIDs; a process that maps no NVIDIA library (the
+    outsider links only the fake libcuda) is not one of the container's GPU processes."""
+    outsider = container.start("take", str(512 * MIB), preload=False)
+    try:
+        assert read_result(outsider, ("rc",))["rc"] == "0"
+        maps = Path(f"/proc/{outsider.pid}/maps").read_text()
+        assert "nvidia" not in maps
+        got = container.run(
+            "fill", "direct", str(128 * MIB), MANAGER_COMPATIBILITY_MODE="100", CUDA_MEM_LIMIT_0="1g"
+        )
+    finally:
+        outsider.communicate(timeout=30)
+    assert got["count"] == "8"

@@ -1,0 +1,73 @@
+"""cuGetProcAddress routing when the driver hands out a pointer the library does not know (not an
+exported symbol of libcuda): the exact-name index cannot say which function it is, so the
+library matches by name, except where the name alone does not fix the ABI."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from pathlib import Path
+
+from tests.support import built
+from tests.unit.libvgpu.cbuild import compile_c
+
+# A driver whose cuGetProcAddress answers every symbol with one internal (unexported) function.
+DRIVER = r"""
+static int internal(void) { return 0; }
+int cuInit(unsigned int flags) { (void)flags; return 0; }
+int cuGetProcAddress(const char *s, void **p, int v, unsigned long long f) {
+    (void)s; (void)v; (void)f; *p = (void *)internal; return 0;
+}
+int cuGetProcAddress_v2(const char *s, void **p, int v, unsigned long long f, int *st) {
+    (void)s; (void)v; (void)f; *p = (void *)internal; if (st) *st = 0; return 0;
+}
+"""
+
+CALLER = r"""
+#define _GNU_SOURCE
+#include <dlfcn.h>
+#include <stdio.h>
+typedef int (*gpa2_t)(const char *, void **, int, unsigned long long, int *);
+int main(void) {
+    void *cuda = dlopen("libcuda.so.1", RTLD_NOW);
+    gpa2_t gpa2 = (gpa2_t)dlsym(cuda, "cuGetProcAddress_v2");
+    const char *names[] = {"cuMemAllocAsync", "cuMemAllocAsync", "cuMemAlloc", "cuInit", "cuCtxCreate",
+                           "cuDeviceGet", NULL};
+    unsigned long long flags[] = {0, 2, 0, 0, 0, 0};
+    for (int i = 0; names[i]; i++) {
+        void *p = NULL;
+        int st;
+        Dl_info info;
+        gpa2(names[i], &p, 12000, flags[i], &st);
+        dladdr(p, &info);
+        printf("%s.%llu %s:%s\n", names[i], flags[i], info.dli_fname, info.dli_sname ? info.dli_sname : "?");
+    }
+    return 0;
+}
+"""
+
+
+def test_unknown_driver_pointers_are_matched_by_name_only_when_unambiguous(tmp_path: Path) -> None:
+    lib = built("libvgpu/libvgpu-control.so")
+    driver = compile_c(tmp_path / "libcuda.so.1", DRIVER, "-Wl,-soname,libcuda.so.1", shared=True)
+    caller = compile_c(tmp_path / "caller", CALLER)
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("CUDA_", "MANAGER_", "VGPU_"))}
+    env.update(
+        LD_PRELOAD=str(lib),
+        LD_LIBRARY_PATH=str(tmp_path),
+        VGPU_LOCK_DIR=str(tmp_path / "lock"),
+        VGPU_VMEM_NODE_DIR=str(tmp_path / "vmem"),
+        VGPU_SM_NODE_DIR=str(tmp_path / "sm"),
+        VGPU_CONFIG_DIR=str(tmp_path / "config"),
+    )
+    out = subprocess.run(
+        [str(caller)], env=env, capture_output=True, text=True, check=True, timeout=30
+    ).stdout
+    got = dict(line.split(" ", 1) for line in out.splitlines())
+    assert got["cuMemAllocAsync.0"] == f"{lib}:cuMemAllocAsync"
+    assert got["cuMemAllocAsync.2"] == f"{lib}:cuMemAllocAsync_ptsz"  # the per-thread-stream flag
+    assert got["cuInit.0"] == f"{lib}:cuInit"
+    # cuMemAlloc has a 32-bit and a size_t ABI: the base name does not say which one it is.
+    assert got["cuMemAlloc.0"].startswith(f"{driver}:")
+    assert got["cuCtxCreate.0"].startswith(f"{driver}:")
+    assert got["cuDeviceGet.0"].startswith(f"{driver}:")
