@@ -8,6 +8,7 @@
 
 #include "ledger.h"
 #include "loader.h"
+#include "memlimit.h"
 #include "vgpu_paths.h"
 #include "vgpu_state.h"
 
@@ -64,6 +65,7 @@ static void atfork_child(void)
     pthread_mutex_unlock(&process_lock);
     reset_caches();
     vgpu_ledger_after_fork();
+    vgpu_devlock_after_fork();
     __atomic_store_n(&process_ready, 0, __ATOMIC_RELEASE);
 }
 

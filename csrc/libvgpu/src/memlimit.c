@@ -3,6 +3,7 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <pthread.h>
 #include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -26,36 +27,65 @@ static long long now_ns(void)
 
 #define LOCK_TIMEOUT_NS (10LL * 1000000000LL)
 
-int vgpu_devlock(int host)
+/* One open lock file per device, kept for the life of the process: the OFD lock belongs to the
+ * open file description, which every thread shares, so a per-device mutex excludes the threads of
+ * this process and the OFD lock the other processes. A forked child shares its parent's
+ * descriptions and must open its own (vgpu_devlock_after_fork). */
+static struct {
+    pthread_mutex_t mu;
+    int fd;
+} devlocks[VGPU_MAX_DEVICES] = {[0 ... VGPU_MAX_DEVICES - 1] = {PTHREAD_MUTEX_INITIALIZER, -1}};
+
+static int open_lock_file(int host)
 {
     char path[4096];
     snprintf(path, sizeof(path), "%s/vgpu_%d.lock", vgpu_path(VGPU_PATH_LOCK_DIR), host);
-    int fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0666);
-    if (fd < 0) {
+    int fd = open(path, O_RDWR | O_CLOEXEC | O_NOFOLLOW);
+    if (fd < 0 && errno == ENOENT) {
+        fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0666);
+        if (fd >= 0)
+            fchmod(fd, 0666); /* every uid of the container takes it; the umask must not narrow it */
+    }
+    if (fd < 0)
         vgpu_log("error: cannot open %s: %s", path, strerror(errno));
+    return fd;
+}
+
+int vgpu_devlock(int host)
+{
+    if (host < 0 || host >= VGPU_MAX_DEVICES)
+        return -1;
+    long long start = now_ns();
+    struct timespec deadline;
+    clock_gettime(CLOCK_REALTIME, &deadline);
+    deadline.tv_sec += LOCK_TIMEOUT_NS / 1000000000LL;
+    if (pthread_mutex_timedlock(&devlocks[host].mu, &deadline) != 0) {
+        vgpu_log("error: device %d allocation lock held by another thread for over 10 s", host);
         return -1;
     }
-    fchmod(fd, 0666);
-    /* Whole file, OFD (per open file: excludes the threads of this process too, and the kernel
-     * drops it when the holder dies, SIGKILL included). */
+    if (devlocks[host].fd < 0)
+        devlocks[host].fd = open_lock_file(host);
+    int fd = devlocks[host].fd;
+    /* Whole file, OFD: the kernel drops it when the holder dies, SIGKILL included. */
     struct flock fl = {.l_type = F_WRLCK, .l_whence = SEEK_SET, .l_start = 0, .l_len = 0};
     int cmd = F_OFD_SETLK;
-    long long start = now_ns(), round = start;
+    long long round = start;
     long sleep_ns = 200000;
-    for (int tries = 0;; tries++) {
+    for (int tries = 0; fd >= 0; tries++) {
         if (fcntl(fd, cmd, &fl) == 0)
-            return fd;
+            return host;
         if (errno == EINVAL && cmd == F_OFD_SETLK) {
-            cmd = F_SETLK;
+            cmd = F_SETLK; /* a kernel without OFD locks */
             continue;
         }
-        if (errno != EAGAIN && errno != EACCES && errno != EINTR)
+        if (errno != EAGAIN && errno != EACCES && errno != EINTR) {
+            vgpu_log("error: cannot lock the device %d lock file: %s", host, strerror(errno));
             break;
+        }
         long long t = now_ns();
         if (t - start > LOCK_TIMEOUT_NS) {
-            vgpu_log("error: %s held by another process for over 10 s", path);
-            close(fd);
-            return -1;
+            vgpu_log("error: device %d lock file held by another process for over 10 s", host);
+            break;
         }
         if (tries < 4) {
             sched_yield();
@@ -70,15 +100,28 @@ int vgpu_devlock(int host)
         if (sleep_ns < 1000000)
             sleep_ns *= 2;
     }
-    vgpu_log("error: cannot lock %s: %s", path, strerror(errno));
-    close(fd);
+    pthread_mutex_unlock(&devlocks[host].mu);
     return -1;
 }
 
-void vgpu_devunlock(int fd)
+void vgpu_devunlock(int token)
 {
-    if (fd >= 0)
-        close(fd); /* closing the only descriptor of the open file releases its OFD lock */
+    if (token < 0 || token >= VGPU_MAX_DEVICES)
+        return;
+    struct flock fl = {.l_type = F_UNLCK, .l_whence = SEEK_SET, .l_start = 0, .l_len = 0};
+    if (fcntl(devlocks[token].fd, F_OFD_SETLK, &fl) < 0 && errno == EINVAL)
+        fcntl(devlocks[token].fd, F_SETLK, &fl);
+    pthread_mutex_unlock(&devlocks[token].mu);
+}
+
+void vgpu_devlock_after_fork(void)
+{
+    for (int i = 0; i < VGPU_MAX_DEVICES; i++) {
+        if (devlocks[i].fd >= 0)
+            close(devlocks[i].fd); /* the parent's description keeps the parent's lock */
+        devlocks[i].fd = -1;
+        pthread_mutex_init(&devlocks[i].mu, NULL);
+    }
 }
 
 /* --- container membership ---------------------------------------------------------------------- */
