@@ -25,8 +25,8 @@ static int oversold(int host)
 static int admit(int host, unsigned long long bytes, int *fd)
 {
     *fd = -1;
-    if (!limited(host))
-        return VGPU_PASS;
+    if (!limited(host) || vgpu_devlock_held())
+        return VGPU_PASS; /* unlimited, or nested inside an allocation already decided */
     *fd = vgpu_devlock(host);
     if (*fd < 0)
         return -1;
@@ -366,7 +366,7 @@ VGPU_EXPORT CUresult cuMemHostAlloc(void **pp, size_t bytesize, unsigned int fla
     if (real == NULL)
         return CUDA_ERROR_NOT_FOUND;
     int host = vgpu_host_of_current();
-    if (!limited(host))
+    if (!limited(host) || vgpu_devlock_held())
         return real(pp, bytesize, flags);
     int fd = vgpu_devlock(host);
     if (fd < 0)
@@ -388,7 +388,7 @@ static CUresult host_register(CUresult (*real)(void *, size_t, unsigned int), vo
                               unsigned int flags)
 {
     int host = vgpu_host_of_current();
-    if (!limited(host))
+    if (!limited(host) || vgpu_devlock_held())
         return real(p, bytesize, flags);
     int fd = vgpu_devlock(host);
     if (fd < 0)

@@ -36,6 +36,12 @@ static struct {
     int fd;
 } devlocks[VGPU_MAX_DEVICES] = {[0 ... VGPU_MAX_DEVICES - 1] = {PTHREAD_MUTEX_INITIALIZER, -1}};
 
+/* Allocation locks this thread holds: a driver that calls its own exported allocation functions
+ * through the PLT re-enters our hooks inside the outer allocation, already decided and locked. */
+static __thread int locks_held;
+
+int vgpu_devlock_held(void) { return locks_held > 0; }
+
 static int open_lock_file(int host)
 {
     char path[4096];
@@ -72,8 +78,10 @@ int vgpu_devlock(int host)
     long long round = start;
     long sleep_ns = 200000;
     for (int tries = 0; fd >= 0; tries++) {
-        if (fcntl(fd, cmd, &fl) == 0)
+        if (fcntl(fd, cmd, &fl) == 0) {
+            locks_held++;
             return host;
+        }
         if (errno == EINVAL && cmd == F_OFD_SETLK) {
             cmd = F_SETLK; /* a kernel without OFD locks */
             continue;
@@ -111,6 +119,7 @@ void vgpu_devunlock(int token)
     struct flock fl = {.l_type = F_UNLCK, .l_whence = SEEK_SET, .l_start = 0, .l_len = 0};
     if (fcntl(devlocks[token].fd, F_OFD_SETLK, &fl) < 0 && errno == EINVAL)
         fcntl(devlocks[token].fd, F_SETLK, &fl);
+    locks_held--;
     pthread_mutex_unlock(&devlocks[token].mu);
 }
 

@@ -9,6 +9,8 @@
  * (10 s timeout). A token for vgpu_devunlock (>= 0), or -1 when not taken. */
 VGPU_HIDDEN int vgpu_devlock(int host);
 VGPU_HIDDEN void vgpu_devunlock(int token);
+/* Whether this thread holds an allocation lock (a nested call from inside the driver). */
+VGPU_HIDDEN int vgpu_devlock_held(void);
 /* A forked child: drop the inherited lock files (they share the parent's OFD locks). */
 VGPU_HIDDEN void vgpu_devlock_after_fork(void);
 
