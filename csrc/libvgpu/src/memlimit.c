@@ -151,13 +151,13 @@ static int read_file(const char *path, char *buf, size_t cap)
 }
 
 /* pids.config under flock(LOCK_SH|LOCK_NB) retried for about 1 ms, else unlocked (the writer never
- * truncates first). 1 listed, 0 not, -1 unreadable or empty (fail closed). */
-static int pid_in_pids_config(unsigned int pid)
+ * truncates first): its text (malloc'd), or NULL when unreadable or empty (fail closed). */
+static char *load_pids_config(void)
 {
     const char *path = vgpu_path(VGPU_PATH_PIDS_CONFIG);
     int fd = open(path, O_RDONLY | O_CLOEXEC);
     if (fd < 0)
-        return -1;
+        return NULL;
     for (int i = 0; i < 10 && flock(fd, LOCK_SH | LOCK_NB) < 0; i++) {
         struct timespec ts = {0, 100000};
         nanosleep(&ts, NULL);
@@ -165,25 +165,41 @@ static int pid_in_pids_config(unsigned int pid)
     size_t n = 0;
     enum { PIDS_MAX = 1 << 20 };
     char *buf = malloc(PIDS_MAX);
-    if (buf == NULL) {
-        close(fd);
-        return -1;
-    }
     ssize_t r;
-    while (n < PIDS_MAX - 1 && ((r = read(fd, buf + n, PIDS_MAX - 1 - n)) > 0 || (r < 0 && errno == EINTR)))
+    while (buf != NULL && n < PIDS_MAX - 1 &&
+           ((r = read(fd, buf + n, PIDS_MAX - 1 - n)) > 0 || (r < 0 && errno == EINTR)))
         if (r > 0)
             n += (size_t)r;
     close(fd);
-    buf[n] = '\0';
-    int found = n == 0 ? -1 : 0;
-    for (char *p = buf; *p && found == 0;) {
+    if (buf != NULL && n == 0) {
+        free(buf);
+        buf = NULL;
+    }
+    if (buf != NULL)
+        buf[n] = '\0';
+    return buf;
+}
+
+static int pid_listed(const char *text, unsigned int pid)
+{
+    for (const char *p = text; *p;) {
         char *end;
         unsigned long v = strtoul(p, &end, 10);
         if (end != p && v == pid)
-            found = 1;
+            return 1;
         p = *end ? end + 1 : end;
     }
-    free(buf);
+    return 0;
+}
+
+/* 1 listed, 0 not, -1 unreadable or empty. */
+static int pid_in_pids_config(unsigned int pid)
+{
+    char *text = load_pids_config();
+    if (text == NULL)
+        return -1;
+    int found = pid_listed(text, pid);
+    free(text);
     return found;
 }
 
@@ -280,6 +296,7 @@ static int nvml_sum(nvmlDevice_t dev, long mode, unsigned long long *sum)
     static const char *const names[2] = {"nvmlDeviceGetComputeRunningProcesses",
                                          "nvmlDeviceGetGraphicsRunningProcesses"};
     nvmlProcessInfo_v1_t *all = malloc(2 * MAX_PROCS * sizeof(*all));
+    char *pids = NULL; /* before any goto fail */
     unsigned int total = 0;
     if (all == NULL)
         return -1;
@@ -298,6 +315,9 @@ static int nvml_sum(nvmlDevice_t dev, long mode, unsigned long long *sum)
             goto fail;
         total += count;
     }
+    /* Client mode: pids.config read once for the whole list. */
+    if (vgpu_mode_is(mode, VGPU_MODE_CLIENT) && total > 0 && (pids = load_pids_config()) == NULL)
+        goto fail;
     *sum = 0;
     for (unsigned int i = 0; i < total; i++) {
         int dup = 0;
@@ -305,15 +325,17 @@ static int nvml_sum(nvmlDevice_t dev, long mode, unsigned long long *sum)
             dup = all[j].pid == all[i].pid;
         if (dup || all[i].usedGpuMemory == NVML_VALUE_NOT_AVAILABLE)
             continue;
-        int ours = vgpu_pid_is_ours(mode, all[i].pid);
+        int ours = pids != NULL ? pid_listed(pids, all[i].pid) : vgpu_pid_is_ours(mode, all[i].pid);
         if (ours < 0)
             goto fail;
         if (ours)
             *sum += all[i].usedGpuMemory;
     }
+    free(pids);
     free(all);
     return 0;
 fail:
+    free(pids);
     free(all);
     return -1;
 }
