@@ -213,7 +213,7 @@ static int v1_path(const char *text, const char *ctl, char *out, size_t cap)
         const char *c2 = c1 ? memchr(c1 + 1, ':', len - (size_t)(c1 + 1 - line)) : NULL;
         if (c2 != NULL) {
             /* controllers field: comma list between the colons */
-            size_t cl = (size_t)(c2 - c1 - 1), n = strlen(ctl);
+            size_t n = strlen(ctl);
             for (const char *p = c1 + 1; p < c2;) {
                 const char *comma = memchr(p, ',', (size_t)(c2 - p));
                 size_t w = comma ? (size_t)(comma - p) : (size_t)(c2 - p);
@@ -223,7 +223,6 @@ static int v1_path(const char *text, const char *ctl, char *out, size_t cap)
                 }
                 p += w + 1;
             }
-            (void)cl;
         }
         line = nl ? nl + 1 : NULL;
     }
