@@ -118,7 +118,9 @@ static void *hook_suffixed(const char *symbol, const char *suffix)
 
 void *vgpu_route_proc(const char *symbol, void *driver_fn, int cuda_version, unsigned long long flags)
 {
-    if (driver_fn == NULL || symbol == NULL)
+    /* Already one of ours: the driver's cuGetProcAddress called the _v2 entry through the PLT,
+     * which routed it once. */
+    if (driver_fn == NULL || symbol == NULL || vgpu_is_own_address(driver_fn))
         return driver_fn;
     const char *name = exact_name(driver_fn);
     if (name != NULL) {

@@ -21,6 +21,7 @@ __asm__(".symver pthread_mutex_trylock,pthread_mutex_trylock@" VGPU_GLIBC_BASE);
 __asm__(".symver pthread_create,pthread_create@" VGPU_GLIBC_BASE);
 __asm__(".symver pthread_join,pthread_join@" VGPU_GLIBC_BASE);
 __asm__(".symver pthread_sigmask,pthread_sigmask@" VGPU_GLIBC_BASE);
+__asm__(".symver pthread_mutex_timedlock,pthread_mutex_timedlock@" VGPU_GLIBC_BASE);
 #endif
 
 /* fstat became a real libc symbol only in GLIBC_2.33 (before, an inline over __fxstat): call the

@@ -2,6 +2,7 @@
  * device is decided and performed under the device's lock file, so the next allocator's NVML
  * read sees it; a refusal is CUDA_ERROR_OUT_OF_MEMORY before the driver is called. */
 #include <limits.h>
+#include <stdint.h>
 #include <string.h>
 
 #include "cuda_abi.h"
@@ -25,8 +26,8 @@ static int oversold(int host)
 static int admit(int host, unsigned long long bytes, int *fd)
 {
     *fd = -1;
-    if (!limited(host))
-        return VGPU_PASS;
+    if (!limited(host) || vgpu_devlock_held())
+        return VGPU_PASS; /* unlimited, or nested inside an allocation already decided */
     *fd = vgpu_devlock(host);
     if (*fd < 0)
         return -1;
@@ -142,6 +143,27 @@ VGPU_EXPORT CUresult cuMemAllocManaged(CUdeviceptr *dptr, size_t bytesize, unsig
     return r;
 }
 
+/* The host device of `stream`: its context's device (cuStreamGetCtx, then that context pushed for
+ * cuCtxGetDevice), or the current context's for the NULL / legacy (0x1) / per-thread (0x2) handles
+ * and when the driver cannot tell. */
+static int host_of_stream(CUstream stream)
+{
+    uintptr_t handle = (uintptr_t)stream;
+    if (handle <= 2)
+        return vgpu_host_of_current();
+    static void *s_get, *s_push, *s_pop;
+    CUresult (*get_ctx)(CUstream, CUcontext *) = vgpu_real_cached(&s_get, VGPU_LIB_CUDA, "cuStreamGetCtx");
+    CUresult (*push)(CUcontext) = vgpu_real_cached(&s_push, VGPU_LIB_CUDA, "cuCtxPushCurrent_v2");
+    CUresult (*pop)(CUcontext *) = vgpu_real_cached(&s_pop, VGPU_LIB_CUDA, "cuCtxPopCurrent_v2");
+    CUcontext ctx, old;
+    if (get_ctx == NULL || push == NULL || pop == NULL || get_ctx(stream, &ctx) != CUDA_SUCCESS ||
+        push(ctx) != CUDA_SUCCESS)
+        return vgpu_host_of_current();
+    int host = vgpu_host_of_current();
+    pop(&old);
+    return host;
+}
+
 #define ASYNC_ALLOC(name)                                                                      \
     VGPU_EXPORT CUresult name(CUdeviceptr *dptr, size_t bytesize, CUstream stream)             \
     {                                                                                          \
@@ -150,7 +172,7 @@ VGPU_EXPORT CUresult cuMemAllocManaged(CUdeviceptr *dptr, size_t bytesize, unsig
         if (real == NULL)                                                                      \
             return CUDA_ERROR_NOT_FOUND;                                                       \
         int fd;                                                                                \
-        if (admit(vgpu_host_of_current(), bytesize, &fd) < 0)                                  \
+        if (admit(host_of_stream(stream), bytesize, &fd) < 0)                                  \
             return CUDA_ERROR_OUT_OF_MEMORY;                                                   \
         CUresult r = real(dptr, bytesize, stream);                                             \
         vgpu_devunlock(fd);                                                                    \
@@ -167,7 +189,7 @@ ASYNC_ALLOC(cuMemAllocAsync_ptsz)
         if (real == NULL)                                                                      \
             return CUDA_ERROR_NOT_FOUND;                                                       \
         int fd;                                                                                \
-        if (admit(vgpu_host_of_current(), bytesize, &fd) < 0)                                  \
+        if (admit(host_of_stream(stream), bytesize, &fd) < 0)                                  \
             return CUDA_ERROR_OUT_OF_MEMORY;                                                   \
         CUresult r = real(dptr, bytesize, pool, stream);                                       \
         vgpu_devunlock(fd);                                                                    \
@@ -366,7 +388,7 @@ VGPU_EXPORT CUresult cuMemHostAlloc(void **pp, size_t bytesize, unsigned int fla
     if (real == NULL)
         return CUDA_ERROR_NOT_FOUND;
     int host = vgpu_host_of_current();
-    if (!limited(host))
+    if (!limited(host) || vgpu_devlock_held())
         return real(pp, bytesize, flags);
     int fd = vgpu_devlock(host);
     if (fd < 0)
@@ -388,7 +410,7 @@ static CUresult host_register(CUresult (*real)(void *, size_t, unsigned int), vo
                               unsigned int flags)
 {
     int host = vgpu_host_of_current();
-    if (!limited(host))
+    if (!limited(host) || vgpu_devlock_held())
         return real(p, bytesize, flags);
     int fd = vgpu_devlock(host);
     if (fd < 0)

@@ -8,6 +8,8 @@
 
 #include "ledger.h"
 #include "loader.h"
+#include "memlimit.h"
+#include "vgpu_config_file.h"
 #include "vgpu_paths.h"
 #include "vgpu_state.h"
 
@@ -64,6 +66,7 @@ static void atfork_child(void)
     pthread_mutex_unlock(&process_lock);
     reset_caches();
     vgpu_ledger_after_fork();
+    vgpu_devlock_after_fork();
     __atomic_store_n(&process_ready, 0, __ATOMIC_RELEASE);
 }
 
@@ -99,12 +102,19 @@ static void process_init(void)
     struct loader_result r;
     if (vgpu_loader_init(&env, &vgpu_default_ops, &r) != VGPU_LOADER_OK)
         abort(); /* the FATAL line is on stderr already */
+    vgpu_config_publish(&cfg);
 }
+
+/* Set while this thread initialises: the real libraries may call their own exported functions
+ * through the PLT (a fake NVML's nvmlInit_v2 calls nvmlInitWithFlags), which lands in our hooks;
+ * those must pass through rather than wait for the initialisation they are part of. */
+static __thread int initialising;
 
 void vgpu_init(void)
 {
-    if (__atomic_load_n(&process_ready, __ATOMIC_ACQUIRE))
+    if (__atomic_load_n(&process_ready, __ATOMIC_ACQUIRE) || initialising)
         return;
+    initialising = 1;
     pthread_once(&global_once, global_init);
     pthread_mutex_lock(&process_lock);
     if (!__atomic_load_n(&process_ready, __ATOMIC_RELAXED)) {
@@ -112,6 +122,7 @@ void vgpu_init(void)
         __atomic_store_n(&process_ready, 1, __ATOMIC_RELEASE);
     }
     pthread_mutex_unlock(&process_lock);
+    initialising = 0;
 }
 
 const struct vgpu_env_config *vgpu_cfg(void)
@@ -209,11 +220,16 @@ static void nvml_init(void)
         vgpu_log("error: cannot initialise NVML; container memory usage cannot be read");
 }
 
+int vgpu_nvml_ready(void)
+{
+    pthread_once(&nvml_once, nvml_init);
+    return nvml_ok;
+}
+
 nvmlDevice_t vgpu_nvml_of_host(int host)
 {
     vgpu_init();
-    pthread_once(&nvml_once, nvml_init);
-    if (!nvml_ok || host < 0 || host >= VGPU_MAX_DEVICES || cfg.dev[host].uuid[0] == '\0')
+    if (!vgpu_nvml_ready() || host < 0 || host >= VGPU_MAX_DEVICES || cfg.dev[host].uuid[0] == '\0')
         return NULL;
     static void *slot;
     nvml_get_handle_by_uuid_fn get = vgpu_real_cached(&slot, VGPU_LIB_NVML, "nvmlDeviceGetHandleByUUID");

@@ -149,10 +149,15 @@ void vgpu_ledger_sub(int host, unsigned long long bytes) { update(host, getpid()
 
 unsigned long long vgpu_ledger_sum(int host, int reap)
 {
-    struct vgpu_vmem_node *n = ledger(0);
+    /* Created here if missing, so that it is mapped once rather than looked for on every call. */
+    struct vgpu_vmem_node *n = ledger(1);
     if (n == NULL || host < 0 || host >= VGPU_MAX_DEVICES)
         return 0;
     struct vgpu_vmem_device *d = &n->devices[host];
+    /* Nothing charged: no lock needed. Entries are added only under the device's allocation lock,
+     * which the deciding caller holds, so an empty ledger cannot fill up behind its back. */
+    if (__atomic_load_n(&d->processes_size, __ATOMIC_ACQUIRE) == 0)
+        return 0;
     pthread_mutex_lock(&update_lock);
     ofd_lock(ledger_fd, F_WRLCK, (off_t)VGPU_VMEM_LOCK_OFFSET(host), 1);
     unsigned long long sum = 0;

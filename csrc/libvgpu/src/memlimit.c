@@ -3,6 +3,7 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <pthread.h>
 #include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -26,36 +27,73 @@ static long long now_ns(void)
 
 #define LOCK_TIMEOUT_NS (10LL * 1000000000LL)
 
-int vgpu_devlock(int host)
+/* One open lock file per device, kept for the life of the process: the OFD lock belongs to the
+ * open file description, which every thread shares, so a per-device mutex excludes the threads of
+ * this process and the OFD lock the other processes. A forked child shares its parent's
+ * descriptions and must open its own (vgpu_devlock_after_fork). */
+static struct {
+    pthread_mutex_t mu;
+    int fd;
+} devlocks[VGPU_MAX_DEVICES] = {[0 ... VGPU_MAX_DEVICES - 1] = {PTHREAD_MUTEX_INITIALIZER, -1}};
+
+/* Allocation locks this thread holds: a driver that calls its own exported allocation functions
+ * through the PLT re-enters our hooks inside the outer allocation, already decided and locked. */
+static __thread int locks_held;
+
+int vgpu_devlock_held(void) { return locks_held > 0; }
+
+static int open_lock_file(int host)
 {
     char path[4096];
     snprintf(path, sizeof(path), "%s/vgpu_%d.lock", vgpu_path(VGPU_PATH_LOCK_DIR), host);
-    int fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0666);
-    if (fd < 0) {
+    int fd = open(path, O_RDWR | O_CLOEXEC | O_NOFOLLOW);
+    if (fd < 0 && errno == ENOENT) {
+        fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0666);
+        if (fd >= 0)
+            fchmod(fd, 0666); /* every uid of the container takes it; the umask must not narrow it */
+    }
+    if (fd < 0)
         vgpu_log("error: cannot open %s: %s", path, strerror(errno));
+    return fd;
+}
+
+int vgpu_devlock(int host)
+{
+    if (host < 0 || host >= VGPU_MAX_DEVICES)
+        return -1;
+    long long start = now_ns();
+    struct timespec deadline;
+    clock_gettime(CLOCK_REALTIME, &deadline);
+    deadline.tv_sec += LOCK_TIMEOUT_NS / 1000000000LL;
+    if (pthread_mutex_timedlock(&devlocks[host].mu, &deadline) != 0) {
+        vgpu_log("error: device %d allocation lock held by another thread for over 10 s", host);
         return -1;
     }
-    fchmod(fd, 0666);
-    /* Whole file, OFD (per open file: excludes the threads of this process too, and the kernel
-     * drops it when the holder dies, SIGKILL included). */
+    if (devlocks[host].fd < 0)
+        devlocks[host].fd = open_lock_file(host);
+    int fd = devlocks[host].fd;
+    /* Whole file, OFD: the kernel drops it when the holder dies, SIGKILL included. */
     struct flock fl = {.l_type = F_WRLCK, .l_whence = SEEK_SET, .l_start = 0, .l_len = 0};
     int cmd = F_OFD_SETLK;
-    long long start = now_ns(), round = start;
+    long long round = start;
     long sleep_ns = 200000;
-    for (int tries = 0;; tries++) {
-        if (fcntl(fd, cmd, &fl) == 0)
-            return fd;
+    for (int tries = 0; fd >= 0; tries++) {
+        if (fcntl(fd, cmd, &fl) == 0) {
+            locks_held++;
+            return host;
+        }
         if (errno == EINVAL && cmd == F_OFD_SETLK) {
-            cmd = F_SETLK;
+            cmd = F_SETLK; /* a kernel without OFD locks */
             continue;
         }
-        if (errno != EAGAIN && errno != EACCES && errno != EINTR)
+        if (errno != EAGAIN && errno != EACCES && errno != EINTR) {
+            vgpu_log("error: cannot lock the device %d lock file: %s", host, strerror(errno));
             break;
+        }
         long long t = now_ns();
         if (t - start > LOCK_TIMEOUT_NS) {
-            vgpu_log("error: %s held by another process for over 10 s", path);
-            close(fd);
-            return -1;
+            vgpu_log("error: device %d lock file held by another process for over 10 s", host);
+            break;
         }
         if (tries < 4) {
             sched_yield();
@@ -70,15 +108,29 @@ int vgpu_devlock(int host)
         if (sleep_ns < 1000000)
             sleep_ns *= 2;
     }
-    vgpu_log("error: cannot lock %s: %s", path, strerror(errno));
-    close(fd);
+    pthread_mutex_unlock(&devlocks[host].mu);
     return -1;
 }
 
-void vgpu_devunlock(int fd)
+void vgpu_devunlock(int token)
 {
-    if (fd >= 0)
-        close(fd); /* closing the only descriptor of the open file releases its OFD lock */
+    if (token < 0 || token >= VGPU_MAX_DEVICES)
+        return;
+    struct flock fl = {.l_type = F_UNLCK, .l_whence = SEEK_SET, .l_start = 0, .l_len = 0};
+    if (fcntl(devlocks[token].fd, F_OFD_SETLK, &fl) < 0 && errno == EINVAL)
+        fcntl(devlocks[token].fd, F_SETLK, &fl);
+    locks_held--;
+    pthread_mutex_unlock(&devlocks[token].mu);
+}
+
+void vgpu_devlock_after_fork(void)
+{
+    for (int i = 0; i < VGPU_MAX_DEVICES; i++) {
+        if (devlocks[i].fd >= 0)
+            close(devlocks[i].fd); /* the parent's description keeps the parent's lock */
+        devlocks[i].fd = -1;
+        pthread_mutex_init(&devlocks[i].mu, NULL);
+    }
 }
 
 /* --- container membership ---------------------------------------------------------------------- */
@@ -99,13 +151,13 @@ static int read_file(const char *path, char *buf, size_t cap)
 }
 
 /* pids.config under flock(LOCK_SH|LOCK_NB) retried for about 1 ms, else unlocked (the writer never
- * truncates first). 1 listed, 0 not, -1 unreadable or empty (fail closed). */
-static int pid_in_pids_config(unsigned int pid)
+ * truncates first): its text (malloc'd), or NULL when unreadable or empty (fail closed). */
+static char *load_pids_config(void)
 {
     const char *path = vgpu_path(VGPU_PATH_PIDS_CONFIG);
     int fd = open(path, O_RDONLY | O_CLOEXEC);
     if (fd < 0)
-        return -1;
+        return NULL;
     for (int i = 0; i < 10 && flock(fd, LOCK_SH | LOCK_NB) < 0; i++) {
         struct timespec ts = {0, 100000};
         nanosleep(&ts, NULL);
@@ -113,25 +165,41 @@ static int pid_in_pids_config(unsigned int pid)
     size_t n = 0;
     enum { PIDS_MAX = 1 << 20 };
     char *buf = malloc(PIDS_MAX);
-    if (buf == NULL) {
-        close(fd);
-        return -1;
-    }
     ssize_t r;
-    while (n < PIDS_MAX - 1 && ((r = read(fd, buf + n, PIDS_MAX - 1 - n)) > 0 || (r < 0 && errno == EINTR)))
+    while (buf != NULL && n < PIDS_MAX - 1 &&
+           ((r = read(fd, buf + n, PIDS_MAX - 1 - n)) > 0 || (r < 0 && errno == EINTR)))
         if (r > 0)
             n += (size_t)r;
     close(fd);
-    buf[n] = '\0';
-    int found = n == 0 ? -1 : 0;
-    for (char *p = buf; *p && found == 0;) {
+    if (buf != NULL && n == 0) {
+        free(buf);
+        buf = NULL;
+    }
+    if (buf != NULL)
+        buf[n] = '\0';
+    return buf;
+}
+
+static int pid_listed(const char *text, unsigned int pid)
+{
+    for (const char *p = text; *p;) {
         char *end;
         unsigned long v = strtoul(p, &end, 10);
         if (end != p && v == pid)
-            found = 1;
+            return 1;
         p = *end ? end + 1 : end;
     }
-    free(buf);
+    return 0;
+}
+
+/* 1 listed, 0 not, -1 unreadable or empty. */
+static int pid_in_pids_config(unsigned int pid)
+{
+    char *text = load_pids_config();
+    if (text == NULL)
+        return -1;
+    int found = pid_listed(text, pid);
+    free(text);
     return found;
 }
 
@@ -145,7 +213,7 @@ static int v1_path(const char *text, const char *ctl, char *out, size_t cap)
         const char *c2 = c1 ? memchr(c1 + 1, ':', len - (size_t)(c1 + 1 - line)) : NULL;
         if (c2 != NULL) {
             /* controllers field: comma list between the colons */
-            size_t cl = (size_t)(c2 - c1 - 1), n = strlen(ctl);
+            size_t n = strlen(ctl);
             for (const char *p = c1 + 1; p < c2;) {
                 const char *comma = memchr(p, ',', (size_t)(c2 - p));
                 size_t w = comma ? (size_t)(comma - p) : (size_t)(c2 - p);
@@ -155,7 +223,6 @@ static int v1_path(const char *text, const char *ctl, char *out, size_t cap)
                 }
                 p += w + 1;
             }
-            (void)cl;
         }
         line = nl ? nl + 1 : NULL;
     }
@@ -228,6 +295,7 @@ static int nvml_sum(nvmlDevice_t dev, long mode, unsigned long long *sum)
     static const char *const names[2] = {"nvmlDeviceGetComputeRunningProcesses",
                                          "nvmlDeviceGetGraphicsRunningProcesses"};
     nvmlProcessInfo_v1_t *all = malloc(2 * MAX_PROCS * sizeof(*all));
+    char *pids = NULL; /* before any goto fail */
     unsigned int total = 0;
     if (all == NULL)
         return -1;
@@ -246,6 +314,9 @@ static int nvml_sum(nvmlDevice_t dev, long mode, unsigned long long *sum)
             goto fail;
         total += count;
     }
+    /* Client mode: pids.config read once for the whole list. */
+    if (vgpu_mode_is(mode, VGPU_MODE_CLIENT) && total > 0 && (pids = load_pids_config()) == NULL)
+        goto fail;
     *sum = 0;
     for (unsigned int i = 0; i < total; i++) {
         int dup = 0;
@@ -253,15 +324,17 @@ static int nvml_sum(nvmlDevice_t dev, long mode, unsigned long long *sum)
             dup = all[j].pid == all[i].pid;
         if (dup || all[i].usedGpuMemory == NVML_VALUE_NOT_AVAILABLE)
             continue;
-        int ours = vgpu_pid_is_ours(mode, all[i].pid);
+        int ours = pids != NULL ? pid_listed(pids, all[i].pid) : vgpu_pid_is_ours(mode, all[i].pid);
         if (ours < 0)
             goto fail;
         if (ours)
             *sum += all[i].usedGpuMemory;
     }
+    free(pids);
     free(all);
     return 0;
 fail:
+    free(pids);
     free(all);
     return -1;
 }

@@ -5,9 +5,14 @@
 
 #include "real.h"
 
-/* Take the per-device OFD lock file (10 s timeout). The fd to unlock with, or -1. */
+/* Take host device `host`'s allocation lock: its thread mutex and the OFD lock on its lock file
+ * (10 s timeout). A token for vgpu_devunlock (>= 0), or -1 when not taken. */
 VGPU_HIDDEN int vgpu_devlock(int host);
-VGPU_HIDDEN void vgpu_devunlock(int fd);
+VGPU_HIDDEN void vgpu_devunlock(int token);
+/* Whether this thread holds an allocation lock (a nested call from inside the driver). */
+VGPU_HIDDEN int vgpu_devlock_held(void);
+/* A forked child: drop the inherited lock files (they share the parent's OFD locks). */
+VGPU_HIDDEN void vgpu_devlock_after_fork(void);
 
 /* The container's usage of host device `host`: Σ NVML usedGpuMemory of its processes + the
  * ledger. 0 on success, -1 when it cannot be known (the caller fails closed). */

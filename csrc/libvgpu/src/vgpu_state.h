@@ -23,6 +23,9 @@ VGPU_HIDDEN int vgpu_host_of_nvml(nvmlDevice_t h);
 /* The NVML handle of host index i (by UUID), or NULL. Initialises NVML for the library. */
 VGPU_HIDDEN nvmlDevice_t vgpu_nvml_of_host(int host);
 
+/* Whether the library's own NVML session is up (initialising it on first use). */
+VGPU_HIDDEN int vgpu_nvml_ready(void);
+
 /* "GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx" from 16 bytes (pure). */
 VGPU_HIDDEN void vgpu_format_uuid(const unsigned char b[16], char out[41]);
 

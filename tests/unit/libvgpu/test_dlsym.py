@@ -119,6 +119,7 @@ def test_a_shell_never_registers(lib: Path, tmp_path: Path) -> None:
     )
     subprocess.run(["/bin/sh", "-c", "ls / > /dev/null; true"], env=env, check=True, timeout=30)
     assert not marker.exists()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["client.sh"]  # nothing created either
     # The first NVML entry does register (the same environment, so the test can fail).
     nvml = built("fakenvml/libnvidia-ml.so.1")
     code = f"import ctypes; l = ctypes.CDLL({str(nvml)!r}); print(l.nvmlInit_v2())"

@@ -235,3 +235,19 @@ def test_a_process_in_both_nvml_lists_counts_once(container: Container) -> None:
     """FAKE_GPU_GRAPHICS=1: every process also shows as a graphics process."""
     got = container.run("fill", "direct", str(128 * MIB), CUDA_MEM_LIMIT_0="1024m", FAKE_GPU_GRAPHICS="1")
     assert got["count"] == "8"
+
+
+def test_forked_children_exclude_each_other(container: Container) -> None:
+    """Children forked after the parent opened its lock file fill at random, released together:
+    each must lock through its own open file (an inherited one shares the parent's OFD lock, which
+    excludes nobody of the family). A race, so several rounds."""
+    for _ in range(8):
+        proc = container.start("forkrandom", "4", str(96 * MIB), CUDA_MEM_LIMIT_0="1024m")
+        try:
+            got = read_result(proc, ("parent_rc", "child0", "child1", "child2", "child3"))
+        finally:
+            proc.communicate(timeout=60)
+        assert got["parent_rc"] == "0"
+        children = [int(got[f"child{i}"]) for i in range(4)]
+        assert MIB + sum(children) <= LIMIT, children
+        assert MIB + sum(children) > LIMIT - 96 * MIB, children

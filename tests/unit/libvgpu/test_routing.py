@@ -71,3 +71,61 @@ def test_unknown_driver_pointers_are_matched_by_name_only_when_unambiguous(tmp_p
     assert got["cuMemAlloc.0"].startswith(f"{driver}:")
     assert got["cuCtxCreate.0"].startswith(f"{driver}:")
     assert got["cuDeviceGet.0"].startswith(f"{driver}:")
+
+
+VERSIONED_CALLER = r"""
+#define _GNU_SOURCE
+#include <dlfcn.h>
+#include <stdio.h>
+typedef int (*gpa2_t)(const char *, void **, int, unsigned long long, int *);
+int main(int argc, char **argv) {
+    void *cuda = dlopen(argv[1], RTLD_NOW);
+    gpa2_t gpa2 = (gpa2_t)dlsym(cuda, "cuGetProcAddress_v2");
+    void *p = NULL;
+    int st;
+    printf("rc %d\n", gpa2("cuDeviceGet", &p, 12000, 0, &st));
+    (void)argc;
+    return 0;
+}
+"""
+
+NVRM = {
+    "proprietary": "NVRM version: NVIDIA UNIX x86_64 Kernel Module  550.54.15  Tue Mar  5 22:23:56 UTC 2024",
+    "open": "NVRM version: NVIDIA UNIX Open Kernel Module for x86_64  550.54.15  Release Build",
+}
+
+
+def test_the_real_driver_is_the_version_the_kernel_module_names(tmp_path: Path) -> None:
+    """Only libcuda.so.550.54.15 exists (no libcuda.so.1): the library must load the version the
+    NVRM line names, for both kernel module flavours, or it finds no real cuGetProcAddress."""
+    lib = built("libvgpu/libvgpu-control.so")
+    compile_c(tmp_path / "libcuda.so.550.54.15", DRIVER, "-Wl,-soname,libcuda.so.550.54.15", shared=True)
+    caller = compile_c(tmp_path / "caller", VERSIONED_CALLER)
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("CUDA_", "MANAGER_", "VGPU_"))}
+    env.update(
+        LD_PRELOAD=str(lib),
+        LD_LIBRARY_PATH=str(tmp_path),
+        VGPU_LOCK_DIR=str(tmp_path / "lock"),
+        VGPU_VMEM_NODE_DIR=str(tmp_path / "vmem"),
+        VGPU_SM_NODE_DIR=str(tmp_path / "sm"),
+        VGPU_CONFIG_DIR=str(tmp_path / "config"),
+    )
+    version_file = tmp_path / "version"
+    for flavour, text in NVRM.items():
+        version_file.write_text(text + "\nGCC version:  gcc version 12.2.0\n")
+        env["VGPU_DRIVER_VERSION_FILE"] = str(version_file)
+        out = subprocess.run(
+            [str(caller), "libcuda.so.550.54.15"],
+            env=env,
+            capture_output=True,
+            text=True,
+            check=True,
+            timeout=30,
+        ).stdout
+        assert out.split() == ["rc", "0"], flavour
+    # Without the version file the library looks for libcuda.so.1, which is not there.
+    env["VGPU_DRIVER_VERSION_FILE"] = str(tmp_path / "absent")
+    out = subprocess.run(
+        [str(caller), "libcuda.so.550.54.15"], env=env, capture_output=True, text=True, check=True, timeout=30
+    ).stdout
+    assert out.split() == ["rc", "500"]  # CUDA_ERROR_NOT_FOUND: no real driver

@@ -14,6 +14,7 @@
  *   memprobe bench N SIZE                 ns per cuMemAlloc_v2 + cuMemFree_v2 pair, N pairs
  *   memprobe threads T N SIZE             T threads x N rounds: keep one managed SIZE, free another;
  *                                         then wait for EOF
+ *   memprobe forkrandom N MAX             take 1 MiB, then N forked children fill at random (as random)
  *   memprobe take SIZE                    one allocation of SIZE, then wait for stdin EOF
  * DOOR: direct dlsym next gpa gpa2 gpa2ptsz v1 pitch managed async asyncptsz pool create array */
 #define _GNU_SOURCE
@@ -166,6 +167,24 @@ static void wait_eof(void)
         ;
 }
 
+/* Random sizes in [1 MiB, max] until 20 refusals in a row: the device is as full as it gets. */
+static unsigned long long random_fill(unsigned long long max)
+{
+    unsigned long long total = 0;
+    int fails = 0;
+    CUdeviceptr p;
+    while (fails < 20) {
+        size_t size = ((size_t)(1 + rand() % (max >> 20))) << 20;
+        if (alloc_one("direct", size, &p) == 0) {
+            total += size;
+            fails = 0;
+        } else {
+            fails++;
+        }
+    }
+    return total;
+}
+
 static int fill(const char *door, size_t chunk, int hold)
 {
     unsigned long long total = 0;
@@ -243,21 +262,34 @@ int main(int argc, char **argv)
         return fill(argv[2], strtoull(argv[3], NULL, 0), argc > 4);
     else if (strcmp(argv[1], "random") == 0 && argc == 4) {
         srand((unsigned)strtoul(argv[2], NULL, 0));
-        unsigned long long max = strtoull(argv[3], NULL, 0), total = 0;
-        int fails = 0;
+        printf("total %llu\n", random_fill(strtoull(argv[3], NULL, 0)));
+        wait_eof();
+    } else if (strcmp(argv[1], "forkrandom") == 0 && argc == 4) {
+        int n = atoi(argv[2]);
+        unsigned long long max = strtoull(argv[3], NULL, 0);
         CUdeviceptr p;
-        /* Random sizes until several refusals in a row: the device is as full as it gets. */
-        while (fails < 20) {
-            size_t size = ((size_t)(1 + rand() % (max >> 20))) << 20;
-            if (alloc_one("direct", size, &p) == 0) {
-                total += size;
-                fails = 0;
-            } else {
-                fails++;
+        printf("parent_rc %d\n", alloc_one("direct", 1 << 20, &p)); /* the parent's lock file is open */
+        fflush(stdout);
+        int go[2];
+        if (pipe(go) != 0)
+            return 1;
+        for (int i = 0; i < n; i++) {
+            if (fork() == 0) {
+                char c;
+                close(go[1]);
+                if (read(go[0], &c, 1) != 1) /* start together: the race is the point */
+                    _exit(1);
+                srand((unsigned)getpid());
+                printf("child%d %llu\n", i, random_fill(max));
+                wait_eof();
+                _exit(0);
             }
         }
-        printf("total %llu\n", total);
-        wait_eof();
+        close(go[0]);
+        if (write(go[1], "gggggggggggggggggggggggggggggggg", (size_t)n) != n)
+            return 1;
+        while (wait(NULL) > 0)
+            ;
     } else if (strcmp(argv[1], "cycle") == 0 && argc == 5) {
         size_t size = strtoull(argv[3], NULL, 0);
         int rounds = atoi(argv[4]), done = 0;
