@@ -238,16 +238,15 @@ def test_a_process_in_both_nvml_lists_counts_once(container: Container) -> None:
 
 
 def test_forked_children_exclude_each_other(container: Container) -> None:
-    """Children forked after the parent opened its lock file fill at random, released together:
-    each must lock through its own open file (an inherited one shares the parent's OFD lock, which
-    excludes nobody of the family). A race, so several rounds."""
+    """Children forked from a process whose library is initialised (CUDA is set up after the
+    fork, as it must be) fill at random, released together: the library state they inherit must
+    not let them overshoot the shared limit. A race, so several rounds."""
     for _ in range(8):
         proc = container.start("forkrandom", "4", str(96 * MIB), CUDA_MEM_LIMIT_0="1024m")
         try:
-            got = read_result(proc, ("parent_rc", "child0", "child1", "child2", "child3"))
+            got = read_result(proc, ("child0", "child1", "child2", "child3"))
         finally:
             proc.communicate(timeout=60)
-        assert got["parent_rc"] == "0"
         children = [int(got[f"child{i}"]) for i in range(4)]
-        assert MIB + sum(children) <= LIMIT, children
-        assert MIB + sum(children) > LIMIT - 96 * MIB, children
+        assert sum(children) <= LIMIT, children
+        assert sum(children) > LIMIT - 96 * MIB, children

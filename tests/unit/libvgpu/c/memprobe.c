@@ -7,14 +7,14 @@
  *   memprobe fill DOOR CHUNK [HOLD]       allocate CHUNK bytes until refused; HOLD: then wait for stdin EOF
  *   memprobe random SEED MAX              random sizes in [1 MiB, MAX] until refused, then wait for EOF
  *   memprobe owners                       dladdr of what cuGetProcAddress(_v2) hands out
- *   memprobe fork CHUNK                   parent takes CHUNK, child fills with CHUNK
+ *   memprobe fork CHUNK                   fork, parent takes CHUNK, then the child fills with CHUNK
  *   memprobe cycle DOOR SIZE N            N rounds of: fill with SIZE chunks, free them all
  *   memprobe host SIZE                    cuMemHostAlloc and cuMemHostRegister_v2 of SIZE
  *   memprobe nvml                         NVML mode calls and nvmlDeviceGetMemoryInfo_v2
  *   memprobe bench N SIZE                 ns per cuMemAlloc_v2 + cuMemFree_v2 pair, N pairs
  *   memprobe threads T N SIZE             T threads x N rounds: keep one managed SIZE, free another;
  *                                         then wait for EOF
- *   memprobe forkrandom N MAX             take 1 MiB, then N forked children fill at random (as random)
+ *   memprobe forkrandom N MAX             N forked children fill at random together (as random)
  *   memprobe take SIZE                    one allocation of SIZE, then wait for stdin EOF
  * DOOR: direct dlsym next gpa gpa2 gpa2ptsz v1 pitch managed async asyncptsz pool create array */
 #define _GNU_SOURCE
@@ -43,6 +43,7 @@ typedef struct {
 } ArrayDesc;
 
 CUresult cuInit(unsigned int);
+CUresult cuDriverGetVersion(int *);
 CUresult cuDeviceGet(int *, int);
 CUresult cuDevicePrimaryCtxRetain(void **, int);
 CUresult cuCtxSetCurrent(void *);
@@ -253,7 +254,16 @@ int main(int argc, char **argv)
     setvbuf(stdout, NULL, _IOLBF, 0);
     if (argc < 2)
         return 2;
-    setup();
+    if (strcmp(argv[1], "fork") == 0 || strcmp(argv[1], "forkrandom") == 0) {
+        /* CUDA is undefined in a child forked after cuInit (real drivers fail it, and so does the
+         * fake): the library initialises here through a hooked entry, then each process sets up
+         * CUDA after the fork, as a fork-based program must. */
+        int version;
+        if (cuDriverGetVersion(&version) != 0)
+            return 3;
+    } else {
+        setup();
+    }
     if (strcmp(argv[1], "info") == 0)
         info();
     else if (strcmp(argv[1], "owners") == 0)
@@ -267,9 +277,6 @@ int main(int argc, char **argv)
     } else if (strcmp(argv[1], "forkrandom") == 0 && argc == 4) {
         int n = atoi(argv[2]);
         unsigned long long max = strtoull(argv[3], NULL, 0);
-        CUdeviceptr p;
-        printf("parent_rc %d\n", alloc_one("direct", 1 << 20, &p)); /* the parent's lock file is open */
-        fflush(stdout);
         int go[2];
         if (pipe(go) != 0)
             return 1;
@@ -279,6 +286,7 @@ int main(int argc, char **argv)
                 close(go[1]);
                 if (read(go[0], &c, 1) != 1) /* start together: the race is the point */
                     _exit(1);
+                setup();
                 srand((unsigned)getpid());
                 printf("child%d %llu\n", i, random_fill(max));
                 wait_eof();
@@ -369,15 +377,27 @@ int main(int argc, char **argv)
         wait_eof();
     } else if (strcmp(argv[1], "fork") == 0 && argc == 3) {
         size_t chunk = strtoull(argv[2], NULL, 0);
-        CUdeviceptr p;
-        printf("parent_rc %d\n", alloc_one("direct", chunk, &p));
+        int go[2];
+        if (pipe(go) != 0)
+            return 1;
         pid_t pid = fork();
         if (pid == 0) {
+            char c;
+            close(go[1]);
+            if (read(go[0], &c, 1) != 1) /* after the parent's allocation */
+                _exit(1);
             setup();
             fill("direct", chunk, 0);
             fflush(stdout);
             _exit(0);
         }
+        close(go[0]);
+        setup();
+        CUdeviceptr p;
+        printf("parent_rc %d\n", alloc_one("direct", chunk, &p));
+        fflush(stdout);
+        if (write(go[1], "g", 1) != 1)
+            return 1;
         int st;
         waitpid(pid, &st, 0);
         printf("child_status %d\n", st);
