@@ -24,12 +24,18 @@ __asm__(".symver pthread_sigmask,pthread_sigmask@" VGPU_GLIBC_BASE);
 __asm__(".symver pthread_mutex_timedlock,pthread_mutex_timedlock@" VGPU_GLIBC_BASE);
 #endif
 
-/* fstat became a real libc symbol only in GLIBC_2.33 (before, an inline over __fxstat): call the
- * system call instead, whose struct stat is glibc's on x86-64 and arm64. */
+/* fstat and stat became real libc symbols only in GLIBC_2.33 (before, inlines over __fxstat and
+ * __xstat): call the system calls instead, whose struct stat is glibc's on x86-64 and arm64. */
+#include <fcntl.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 static inline int vgpu_fstat(int fd, struct stat *st) { return (int)syscall(SYS_fstat, fd, st); }
 #define fstat vgpu_fstat
+static inline int vgpu_stat(const char *path, struct stat *st)
+{
+    return (int)syscall(SYS_newfstatat, AT_FDCWD, path, st, 0);
+}
+#define stat(path, st) vgpu_stat(path, st)
 
 #endif

@@ -36,6 +36,23 @@ static struct {
     int fd;
 } devlocks[VGPU_MAX_DEVICES] = {[0 ... VGPU_MAX_DEVICES - 1] = {PTHREAD_MUTEX_INITIALIZER, -1}};
 
+/* The last pids.config text read, reused while a stat(2) of the file shows the same file, size,
+ * mtime and ctime: one syscall per decision instead of open, flock, read and close. The writer
+ * rewrites it in place, and a rewrite updates mtime and ctime before the first byte changes; but
+ * those timestamps may be as coarse as a scheduler tick, so a rewrite in the same tick as the text
+ * we read could keep them. Hence a text whose timestamps are under PIDS_SETTLED_NS old when read
+ * is not reused: any later rewrite gets a later timestamp than one that had settled. */
+#define PIDS_SETTLED_NS 100000000LL
+static pthread_mutex_t pids_mu = PTHREAD_MUTEX_INITIALIZER;
+static struct {
+    char *text;
+    int reusable;
+    dev_t dev;
+    ino_t ino;
+    off_t size;
+    struct timespec mtime, ctime;
+} pids_cache;
+
 /* Allocation locks this thread holds: a driver that calls its own exported allocation functions
  * through the PLT re-enters our hooks inside the outer allocation, already decided and locked. */
 static __thread int locks_held;
@@ -131,6 +148,7 @@ void vgpu_devlock_after_fork(void)
         devlocks[i].fd = -1;
         pthread_mutex_init(&devlocks[i].mu, NULL);
     }
+    pthread_mutex_init(&pids_mu, NULL); /* the cached text stays: a stat decides whether it is reused */
 }
 
 /* --- container membership ---------------------------------------------------------------------- */
@@ -151,10 +169,10 @@ static int read_file(const char *path, char *buf, size_t cap)
 }
 
 /* pids.config under flock(LOCK_SH|LOCK_NB) retried for about 1 ms, else unlocked (the writer never
- * truncates first): its text (malloc'd), or NULL when unreadable or empty (fail closed). */
-static char *load_pids_config(void)
+ * truncates first): its text (malloc'd, sized to fit), or NULL when unreadable or empty (fail
+ * closed); *st: the file's status as read. */
+static char *load_pids_config(const char *path, struct stat *st)
 {
-    const char *path = vgpu_path(VGPU_PATH_PIDS_CONFIG);
     int fd = open(path, O_RDONLY | O_CLOEXEC);
     if (fd < 0)
         return NULL;
@@ -164,21 +182,63 @@ static char *load_pids_config(void)
     }
     size_t n = 0;
     enum { PIDS_MAX = 1 << 20 };
-    char *buf = malloc(PIDS_MAX);
+    char *buf = fstat(fd, st) == 0 ? malloc(PIDS_MAX) : NULL;
     ssize_t r;
     while (buf != NULL && n < PIDS_MAX - 1 &&
            ((r = read(fd, buf + n, PIDS_MAX - 1 - n)) > 0 || (r < 0 && errno == EINTR)))
         if (r > 0)
             n += (size_t)r;
     close(fd);
-    if (buf != NULL && n == 0) {
+    if (buf == NULL || n == 0) {
         free(buf);
-        buf = NULL;
+        return NULL;
     }
-    if (buf != NULL)
-        buf[n] = '\0';
-    return buf;
+    buf[n] = '\0';
+    char *fit = realloc(buf, n + 1);
+    return fit != NULL ? fit : buf;
 }
+
+
+static int same_time(const struct timespec *a, const struct timespec *b)
+{
+    return a->tv_sec == b->tv_sec && a->tv_nsec == b->tv_nsec;
+}
+
+static long long age_ns(const struct timespec *t, const struct timespec *now)
+{
+    return (long long)(now->tv_sec - t->tv_sec) * 1000000000LL + (now->tv_nsec - t->tv_nsec);
+}
+
+/* pids.config's current text, with pids_mu held until pids_release(); NULL (and not held) when it
+ * is unreadable or empty. */
+static const char *pids_acquire(void)
+{
+    const char *path = vgpu_path(VGPU_PATH_PIDS_CONFIG);
+    struct stat st;
+    pthread_mutex_lock(&pids_mu);
+    if (pids_cache.reusable && stat(path, &st) == 0 && st.st_dev == pids_cache.dev &&
+        st.st_ino == pids_cache.ino && st.st_size == pids_cache.size && same_time(&st.st_mtim, &pids_cache.mtime) &&
+        same_time(&st.st_ctim, &pids_cache.ctime))
+        return pids_cache.text;
+    free(pids_cache.text);
+    pids_cache.text = load_pids_config(path, &st);
+    pids_cache.reusable = 0;
+    if (pids_cache.text == NULL) {
+        pthread_mutex_unlock(&pids_mu);
+        return NULL;
+    }
+    struct timespec now;
+    clock_gettime(CLOCK_REALTIME, &now);
+    pids_cache.reusable = age_ns(&st.st_mtim, &now) > PIDS_SETTLED_NS && age_ns(&st.st_ctim, &now) > PIDS_SETTLED_NS;
+    pids_cache.dev = st.st_dev;
+    pids_cache.ino = st.st_ino;
+    pids_cache.size = st.st_size;
+    pids_cache.mtime = st.st_mtim;
+    pids_cache.ctime = st.st_ctim;
+    return pids_cache.text;
+}
+
+static void pids_release(void) { pthread_mutex_unlock(&pids_mu); }
 
 static int pid_listed(const char *text, unsigned int pid)
 {
@@ -195,11 +255,11 @@ static int pid_listed(const char *text, unsigned int pid)
 /* 1 listed, 0 not, -1 unreadable or empty. */
 static int pid_in_pids_config(unsigned int pid)
 {
-    char *text = load_pids_config();
+    const char *text = pids_acquire();
     if (text == NULL)
         return -1;
     int found = pid_listed(text, pid);
-    free(text);
+    pids_release();
     return found;
 }
 
@@ -246,6 +306,8 @@ int vgpu_pid_is_ours(long mode, unsigned int pid)
     int open_kernel = mode != 0 && vgpu_mode_is(mode, VGPU_MODE_OPEN_KERNEL);
     int v2 = mode != 0 && vgpu_mode_is(mode, VGPU_MODE_CGROUPV2);
     int v1 = mode != 0 && vgpu_mode_is(mode, VGPU_MODE_CGROUPV1);
+    if (!v2 && !v1 && !open_kernel)
+        return 1; /* host mode: every process on the device (before vgpu_path: a getenv per PID) */
     /* With the open kernel module NVML reports PIDs of our own namespace, so they are looked up in
      * our /proc; otherwise they are host PIDs, looked up in the host's /proc mounted for us. */
     const char *procs = vgpu_path(open_kernel ? VGPU_PATH_PROC : VGPU_PATH_HOST_PROC);
@@ -263,23 +325,20 @@ int vgpu_pid_is_ours(long mode, unsigned int pid)
             return 0;
         return strcmp(ours, theirs) == 0;
     }
-    if (open_kernel) {
-        /* /proc/<pid> is one of ours when it shares our mount and cgroup namespaces and maps the
-         * driver. */
-        if (!same_ns(procs, pid, "mnt") || !same_ns(procs, pid, "cgroup"))
-            return 0;
-        snprintf(path, sizeof(path), "%s/%u/maps", procs, pid);
-        FILE *f = fopen(path, "re");
-        if (f == NULL)
-            return 0;
-        char line[1024];
-        int hit = 0;
-        while (!hit && fgets(line, sizeof(line), f))
-            hit = strstr(line, "nvidia") != NULL;
-        fclose(f);
-        return hit;
-    }
-    return 1; /* host mode: every process on the device */
+    /* Open kernel module: /proc/<pid> is one of ours when it shares our mount and cgroup namespaces
+     * and maps the driver. */
+    if (!same_ns(procs, pid, "mnt") || !same_ns(procs, pid, "cgroup"))
+        return 0;
+    snprintf(path, sizeof(path), "%s/%u/maps", procs, pid);
+    FILE *f = fopen(path, "re");
+    if (f == NULL)
+        return 0;
+    char line[1024];
+    int hit = 0;
+    while (!hit && fgets(line, sizeof(line), f))
+        hit = strstr(line, "nvidia") != NULL;
+    fclose(f);
+    return hit;
 }
 
 /* --- usage ----------------------------------------------------------------------------------- */
@@ -295,7 +354,7 @@ static int nvml_sum(nvmlDevice_t dev, long mode, unsigned long long *sum)
     static const char *const names[2] = {"nvmlDeviceGetComputeRunningProcesses",
                                          "nvmlDeviceGetGraphicsRunningProcesses"};
     nvmlProcessInfo_v1_t *all = malloc(2 * MAX_PROCS * sizeof(*all));
-    char *pids = NULL; /* before any goto fail */
+    const char *pids = NULL; /* before any goto fail; pids_mu held while set */
     unsigned int total = 0;
     if (all == NULL)
         return -1;
@@ -315,7 +374,7 @@ static int nvml_sum(nvmlDevice_t dev, long mode, unsigned long long *sum)
         total += count;
     }
     /* Client mode: pids.config read once for the whole list. */
-    if (vgpu_mode_is(mode, VGPU_MODE_CLIENT) && total > 0 && (pids = load_pids_config()) == NULL)
+    if (vgpu_mode_is(mode, VGPU_MODE_CLIENT) && total > 0 && (pids = pids_acquire()) == NULL)
         goto fail;
     *sum = 0;
     for (unsigned int i = 0; i < total; i++) {
@@ -330,11 +389,13 @@ static int nvml_sum(nvmlDevice_t dev, long mode, unsigned long long *sum)
         if (ours)
             *sum += all[i].usedGpuMemory;
     }
-    free(pids);
+    if (pids != NULL)
+        pids_release();
     free(all);
     return 0;
 fail:
-    free(pids);
+    if (pids != NULL)
+        pids_release();
     free(all);
     return -1;
 }

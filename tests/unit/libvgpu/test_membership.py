@@ -6,6 +6,9 @@ container process's cgroup line under its PID and then execs the probe (same PID
 
 from __future__ import annotations
 
+import os
+import subprocess
+import time
 from pathlib import Path
 
 import pytest
@@ -82,3 +85,69 @@ def test_open_kernel_module_mode_needs_the_driver_mapped(container: Container) -
     finally:
         outsider.communicate(timeout=30)
     assert got["count"] == "8"
+
+
+def _client_mode(tmp_path: Path) -> dict[str, str]:
+    """Mode 236 (client): the register client appends its parent's PID, as vgpu-register would."""
+    client = tmp_path / "client.sh"
+    pids = tmp_path / "pids.config"
+    client.write_text(f"#!/bin/sh\necho $PPID >> {pids}\n")
+    client.chmod(0o755)
+    return {
+        "MANAGER_COMPATIBILITY_MODE": "236",
+        "VGPU_POD_UID": "uid",
+        "VGPU_CONTAINER_NAME": "c",
+        "VGPU_REGISTER_CLIENT": str(client),
+        "VGPU_PIDS_CONFIG": str(pids),
+        "CUDA_MEM_LIMIT_0": "1024m",
+    }
+
+
+def _rewrite_in_place(path: Path, text: str) -> None:
+    """As the registry writes pids.config: at offset 0 over the old text, then ftruncate."""
+    fd = os.open(path, os.O_WRONLY)
+    try:
+        os.pwrite(fd, text.encode(), 0)
+        os.ftruncate(fd, len(text))
+    finally:
+        os.close(fd)
+
+
+def _step(probe: subprocess.Popen[str]) -> str:
+    """One more allocation by a `steps` memprobe: its CUresult."""
+    assert probe.stdin is not None
+    probe.stdin.write("go\n")
+    probe.stdin.flush()
+    return read_result(probe, ("rc",))["rc"]
+
+
+@pytest.mark.parametrize("settle", [0.0, 0.3])
+def test_client_mode_sees_pids_config_rewritten_between_decisions(
+    container: Container, tmp_path: Path, settle: float
+) -> None:
+    """The library reuses the pids.config text it read while a stat shows the file unchanged (and
+    its timestamps had settled, 100 ms, when read): a same-size rewrite in place between two
+    allocations of one process must still count the newly listed outsider at the next decision.
+    settle=0.3 ages the file past that window before the reads, so the second allocation runs on
+    the reused text; 0.0 rewrites right after a read, where timestamps may not have moved."""
+    outsider = container.start("take", str(512 * MIB), preload=False)
+    probe = None
+    try:
+        assert read_result(outsider, ("rc",))["rc"] == "0"
+        env = _client_mode(tmp_path)
+        pids = Path(env["VGPU_PIDS_CONFIG"])
+        probe = container.start("steps", str(256 * MIB), **env)
+        read_result(probe, ("ready",))
+        placeholder = "9" * len(str(outsider.pid))  # the outsider's PID's size: the rewrite keeps it
+        _rewrite_in_place(pids, f"{probe.pid}\n{placeholder}\n")
+        time.sleep(settle)
+        assert _step(probe) == "0"  # 256 MiB of 1 GiB: the outsider is not listed
+        assert _step(probe) == "0"  # 512 MiB
+        size = pids.stat().st_size
+        _rewrite_in_place(pids, f"{probe.pid}\n{outsider.pid}\n")
+        assert pids.stat().st_size == size
+        assert _step(probe) == "2"  # 512 MiB + the outsider's 512 MiB + 256 MiB > 1 GiB
+    finally:
+        if probe is not None:
+            probe.communicate(timeout=30)
+        outsider.communicate(timeout=30)

@@ -16,6 +16,7 @@
  *                                         then wait for EOF
  *   memprobe forkrandom N MAX             N forked children fill at random together (as random)
  *   memprobe take SIZE                    one allocation of SIZE, then wait for stdin EOF
+ *   memprobe steps SIZE                   "ready 1", then per stdin line one allocation of SIZE ("rc N")
  * DOOR: direct dlsym next gpa gpa2 gpa2ptsz v1 pitch managed async asyncptsz pool create array */
 #define _GNU_SOURCE
 #include <dlfcn.h>
@@ -371,6 +372,13 @@ int main(int argc, char **argv)
         }
         printf("allocated %ld\n", ok);
         wait_eof();
+    } else if (strcmp(argv[1], "steps") == 0 && argc == 3) {
+        size_t size = strtoull(argv[2], NULL, 0);
+        char line[64];
+        CUdeviceptr p;
+        printf("ready 1\n");
+        while (fgets(line, sizeof(line), stdin) != NULL)
+            printf("rc %d\n", alloc_one("direct", size, &p));
     } else if (strcmp(argv[1], "take") == 0 && argc == 3) {
         CUdeviceptr p;
         printf("rc %d\n", alloc_one("direct", strtoull(argv[2], NULL, 0), &p));
