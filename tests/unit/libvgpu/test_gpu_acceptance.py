@@ -1,0 +1,139 @@
+"""bench/gpu/acceptance.py end to end on the fake driver + NVML (--fake): every check of the real-GPU
+run is in its JSON and passes, except what a fake cannot do (PTX JIT, PyTorch), which is skipped
+with its reason; with a library that enforces nothing in LD_PRELOAD the memory checks fail and the
+script exits 1. Plus the pure rules that judge the figures."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from bench.gpu import verdict
+from bench.gpu.target import module_flavour
+from tests.support import REPO, built
+
+SCRIPT = REPO / "bench" / "gpu" / "acceptance.py"
+GIB = 1 << 30
+DOORS = ("cuMemAlloc_v2", "cuGetProcAddress_v2", "cuMemAllocManaged", "cuMemAllocAsync", "cuMemCreate")
+TORCH = ("torch[default]", "torch[expandable_segments:True]", "torch[backend:cudaMallocAsync]")
+PASSING = (
+    "build",
+    "memory_views",
+    *(f"alloc_{d}" for d in DOORS),
+    "two_processes",
+    "core_unlimited",
+    "core_30",
+    "core_60",
+    "overhead",
+)
+SKIPPED = ("ptx_jit", *TORCH)
+
+
+def acceptance(tmp_path: Path, *args: str) -> tuple[int, dict, str]:
+    built("fakecuda/libcuda.so.1"), built("fakenvml/libnvidia-ml.so.1"), built("libvgpu/libvgpu-control.so")
+    out = tmp_path / "report.json"
+    proc = subprocess.run(
+        [sys.executable, str(SCRIPT), "--fake", "--out", str(out), *args],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    return proc.returncode, json.loads(out.read_text()), proc.stderr
+
+
+@pytest.mark.needs_build
+def test_fake_run_passes_every_check(tmp_path: Path) -> None:
+    rc, report, log = acceptance(tmp_path)
+    checks = {c["name"]: c for c in report["checks"]}
+    assert sorted(checks) == sorted(PASSING + SKIPPED), log
+    failing = {n: checks[n]["detail"] for n in PASSING if checks[n]["status"] != "pass"}
+    assert not failing, log
+    for name in SKIPPED:
+        assert checks[name]["status"] == "skip" and checks[name]["detail"], checks[name]
+    assert rc == 0 and report["ok"] is True, log
+
+    assert set(checks["memory_views"]["totals"].values()) == {4 * GIB}
+    for door in DOORS:
+        check = checks[f"alloc_{door}"]
+        assert check["error"] == 2 and 0 < check["total"] <= 4 * GIB, check
+        assert check["owner"].endswith("libvgpu-control.so"), check
+    assert (checks["two_processes"]["first"], checks["two_processes"]["second"]) == (0, 2)
+    core = report["figures"]["core"]
+    assert core["core_unlimited"]["utilization"]["n"] > 0
+    assert abs(checks["core_30"]["ratio"] - 0.3) <= 0.15 and abs(checks["core_60"]["ratio"] - 0.6) <= 0.15
+    assert set(report["figures"]["overhead"]["added_ns"]) == {"launch", "alloc_free"}
+    env = report["environment"]
+    assert env["name"] == "NVIDIA H200" and env["sms"] == 132
+    assert env["libcuda"].endswith("fakecuda/libcuda.so.1")
+
+
+@pytest.mark.needs_build
+def test_a_library_that_enforces_nothing_fails(tmp_path: Path) -> None:
+    """The fake NVML preloaded in the library's place: no limited views, no OOM; exit 1."""
+    rc, report, log = acceptance(
+        tmp_path, "--library", str(built("fakenvml/libnvidia-ml.so.1")), "--phases", "memory", "--no-build"
+    )
+    checks = {c["name"]: c for c in report["checks"]}
+    assert rc == 1 and report["ok"] is False, log
+    assert checks["memory_views"]["status"] == "fail"
+    for door in DOORS:
+        assert checks[f"alloc_{door}"]["status"] == "fail", checks[f"alloc_{door}"]
+    assert checks["two_processes"]["status"] == "fail"
+    assert checks["build"]["status"] == "skip"
+
+
+def test_unknown_phase_is_refused(tmp_path: Path) -> None:
+    proc = subprocess.run(
+        [sys.executable, str(SCRIPT), "--fake", "--phases", "memory,burn", "--out", str(tmp_path / "r.json")],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert proc.returncode == 2 and "burn" in proc.stderr
+    assert not (tmp_path / "r.json").exists()
+
+
+def _run(rate: float, mean: float) -> dict:
+    return {"rate": rate, "launches": int(rate), "utilization": {"mean": mean, "p95": mean, "n": 10}}
+
+
+def test_core_rule_flags_a_miss_beyond_the_tolerance() -> None:
+    unlimited = _run(1000, 99)
+    assert verdict.core_limited(30, _run(440, 31), unlimited)["status"] == "pass"
+    assert verdict.core_limited(30, _run(460, 31), unlimited)["status"] == "fail"  # ratio 0.46
+    assert verdict.core_limited(60, _run(600, 44), unlimited)["status"] == "fail"  # utilization 0.44
+    assert verdict.core_unlimited(_run(1000, 79))["status"] == "fail"
+
+
+def test_door_rule() -> None:
+    ok = {"door": "cuMemAlloc_v2", "owner": "/x/libvgpu-control.so", "error": 2, "count": 7, "total": 7 << 29}
+    assert verdict.door(ok, 4 * GIB)["status"] == "pass"
+    assert verdict.door({**ok, "error": 0}, 4 * GIB)["status"] == "fail"
+    assert verdict.door({**ok, "total": 9 << 29}, 4 * GIB)["status"] == "fail"
+    assert verdict.door({**ok, "total": 1 << 29}, 4 * GIB)["status"] == "fail"  # far below the limit
+    assert verdict.door({**ok, "owner": "/usr/lib/libcuda.so.1"}, 4 * GIB)["status"] == "fail"
+
+
+def test_summary_mean_and_p95() -> None:
+    got = verdict.summary([float(v) for v in range(1, 101)])
+    assert got == {"mean": 50.5, "p95": 95.0, "n": 100}
+    assert verdict.summary([]) == {"mean": 0.0, "p95": 0.0, "n": 0}
+
+
+@pytest.mark.parametrize(
+    ("version", "license_", "flavour"),
+    [
+        ("NVRM version: NVIDIA UNIX Open Kernel Module for x86_64  570.133.20  Release Build", "", "open"),
+        ("NVRM version: NVIDIA UNIX x86_64 Kernel Module  570.133.20", "NVIDIA\n", "proprietary"),
+        ("", "Dual MIT/GPL\n", "open"),
+        ("", "", "unknown"),
+    ],
+)
+def test_module_flavour(version: str, license_: str, flavour: str) -> None:
+    assert module_flavour(version, license_) == flavour
