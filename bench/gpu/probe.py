@@ -139,7 +139,7 @@ def spin(seconds: float, grid: int, cycles: int) -> dict:
     fn = c_void_p()
     drv.must("cuModuleGetFunction", byref(fn), mod, b"spin")
     arg = c_uint64(cycles)
-    params = (c_void_p * 1)(ctypes.cast(byref(arg), c_void_p))
+    params = (c_void_p * 1)(c_void_p(ctypes.addressof(arg)))
     launch = drv.lib.cuLaunchKernel
     launch.restype = c_int
     launches, start = 0, time.monotonic()
@@ -166,14 +166,17 @@ def overhead(launches: int, allocs: int) -> dict:
     launch, malloc, free = drv.lib.cuLaunchKernel, drv.lib.cuMemAlloc_v2, drv.lib.cuMemFree_v2
     for f in (launch, malloc, free):
         f.restype = c_int
+    malloc.argtypes = [ctypes.POINTER(c_uint64), c_size_t]
+    free.argtypes = [c_uint64]
     ptr = c_uint64()
     malloc(byref(ptr), 1 << 20), free(ptr)  # first calls: lazy set-up, not timed
     launch(fn, 1, 1, 1, 1, 1, 1, 0, None, None, None)
     drv.must("cuCtxSynchronize")
     t0 = time.perf_counter_ns()
     for _ in range(launches):
-        if launch(fn, 1, 1, 1, 1, 1, 1, 0, None, None, None):
-            raise cuda.CudaError("cuLaunchKernel", 1)
+        code = launch(fn, 1, 1, 1, 1, 1, 1, 0, None, None, None)
+        if code != CUDA_SUCCESS:
+            raise cuda.CudaError("cuLaunchKernel", code)
     drv.must("cuCtxSynchronize")
     t1 = time.perf_counter_ns()
     for _ in range(allocs):
@@ -204,7 +207,10 @@ def torch_probe(chunk: int, cap: int) -> dict:
         except oom as exc:
             error = type(exc).__name__
             break
-    reserved = torch.cuda.memory_reserved()
+    try:
+        reserved: int | None = torch.cuda.memory_reserved()
+    except RuntimeError:  # allocator backends without the caching allocator's statistics
+        reserved = None
     return {
         "mem_get_info": {"free": free, "total": total},
         "error": error,

@@ -41,9 +41,12 @@ class Target:
     fake: bool
     work: Path
     base: dict[str, str] = field(default_factory=dict)
+    #: MANAGER_COMPATIBILITY_MODE: 0 (every process on the GPU is the container's) or 236 (client
+    #: mode: the processes a register client put into pids.config; here a stub writing its parent)
+    mode: int = 0
 
     @classmethod
-    def create(cls, fake: bool, work: Path) -> Target:
+    def create(cls, fake: bool, work: Path, mode: int = 0) -> Target:
         base: dict[str, str] = {}
         if fake:
             profile = work / "profile.yaml"
@@ -54,11 +57,26 @@ class Target:
                 "FAKE_GPU_STATE": str(work / "gpu.state"),
                 "FAKE_GPU_NS_PER_BLOCK": str(FAKE_NS_PER_BLOCK),
             }
-        return cls(fake=fake, work=work, base=base)
+        return cls(fake=fake, work=work, base=base, mode=mode)
 
     def adopt(self) -> None:
         """Put the fake's variables into this process (before it loads NVML) so it sees the same GPU."""
         os.environ.update(self.base)
+
+    def client_mode(self) -> dict[str, str]:
+        """The variables of client mode 236, with a stub register client that appends its parent's
+        PID (the process that ran the library's registration) to pids.config, as the registry would."""
+        client, pids = self.work / "register-client.sh", self.work / "pids.config"
+        if not client.exists():
+            client.write_text(f"#!/bin/sh\necho $PPID >> {pids}\n")
+            client.chmod(0o755)
+        return {
+            "MANAGER_COMPATIBILITY_MODE": "236",
+            "VGPU_POD_UID": "acceptance",
+            "VGPU_CONTAINER_NAME": "acceptance",
+            "VGPU_REGISTER_CLIENT": str(client),
+            "VGPU_PIDS_CONFIG": str(pids),
+        }
 
     def env(self, uuid: str, library: Path | None, **limits: str) -> dict[str, str]:
         """A phase process's environment: device 0 = `uuid`, `limits` (CUDA_MEM_LIMIT_0=...), the
@@ -75,6 +93,8 @@ class Target:
                 MANAGER_COMPATIBILITY_MODE="0",
                 **limits,
             )
+            if self.mode == 236:
+                env.update(self.client_mode())
         return env
 
 

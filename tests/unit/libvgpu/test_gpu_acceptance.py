@@ -29,6 +29,7 @@ PASSING = (
     "core_30",
     "core_60",
     "overhead",
+    "duration",
 )
 SKIPPED = ("ptx_jit", *TORCH)
 
@@ -85,6 +86,24 @@ def test_a_library_that_enforces_nothing_fails(tmp_path: Path) -> None:
         assert checks[f"alloc_{door}"]["status"] == "fail", checks[f"alloc_{door}"]
     assert checks["two_processes"]["status"] == "fail"
     assert checks["build"]["status"] == "skip"
+
+
+@pytest.mark.needs_build
+def test_client_mode_registers_every_phase_process(tmp_path: Path) -> None:
+    """--mode 236: the stub register client puts each phase process into pids.config; limits hold."""
+    rc, report, log = acceptance(tmp_path, "--mode", "236", "--phases", "memory", "--no-build")
+    checks = {c["name"]: c for c in report["checks"]}
+    assert rc == 0, log
+    # info, five doors, the holder and the second process: one registration each
+    assert checks["registration"]["pids"] == 8, checks["registration"]
+    assert checks["two_processes"]["status"] == "pass"
+
+
+@pytest.mark.needs_build
+def test_a_missing_library_fails(tmp_path: Path) -> None:
+    rc, report, log = acceptance(tmp_path, "--library", str(tmp_path / "nope.so"), "--no-build")
+    assert rc == 1, log
+    assert [c["name"] for c in report["checks"] if c["status"] == "fail"] == ["library"]
 
 
 def test_unknown_phase_is_refused(tmp_path: Path) -> None:
