@@ -209,7 +209,8 @@ def torch_checks(run: Run) -> None:
             )
         return
     cap = str(LIMIT // TORCH_CHUNK + 4)
-    for conf, name in zip(TORCH_CONFS, names, strict=True):
+    for conf in TORCH_CONFS:  # (no zip(strict=): the GPU machine's python3 may be older than 3.10)
+        name = f"torch[{conf or 'default'}]"
         env = run.env(**({"PYTORCH_CUDA_ALLOC_CONF": conf} if conf else {}))
         result = run.phase(["torch", str(TORCH_CHUNK), cap], env)
         run.add(
@@ -244,28 +245,32 @@ def sampled(run: Run, args: list[str], env: dict[str, str]) -> tuple[dict, list[
 
 
 def core(run: Run) -> None:
-    """The spin kernel for core_seconds unlimited, then at each CUDA_CORE_LIMIT_0."""
+    """The spin kernel for core_seconds unlimited, then at each CUDA_CORE_LIMIT_0. A run that cannot
+    be measured fails its check and those after it (they compare with the unlimited run)."""
     s = run.settings
-    sms = int(run.facts.get("sms") or 132)
-    clock_khz = int(run.facts.get("clock_khz") or 1_980_000)
-    args = ["spin", str(s.core_seconds), str(4 * sms), str(int(clock_khz * s.spin_ms))]
+    args = ["spin", str(s.core_seconds), str(s.spin_ms)]
+    names = ["core_unlimited", *(f"core_{limit}" for limit in CORE_LIMITS)]
     runs: dict[str, dict] = {}
     for limit in (None, *CORE_LIMITS):
+        name = f"core_{limit or 'unlimited'}"
         env = run.env(**({"CUDA_CORE_LIMIT_0": str(limit)} if limit else {}))
         result, samples = sampled(run, args, env)
-        name = f"core_{limit or 'unlimited'}"
-        if failed(result):
-            run.add(verdict.record(name, False, result["phase_error"]))
-            return
-        result["utilization"] = verdict.summary(samples)
-        runs[name] = result
+        load = result.get("module_load", -1)
         if limit is None:
             if run.target.fake:
                 run.add(verdict.skip("ptx_jit", "the fake's cuModuleLoadData accepts any image (no PTX JIT)"))
-            else:
-                run.add(verdict.ptx_jit(result["module_load"]))
-            if result["module_load"] != 0:
-                return
+            elif not failed(result):
+                run.add(verdict.ptx_jit(load))
+        why = (
+            result["phase_error"] if failed(result) else (f"cuModuleLoadData returned {load}" if load else "")
+        )
+        if why:
+            for rest in names[names.index(name) :]:
+                run.add(verdict.record(rest, False, f"not measured: {why}"))
+            break
+        result["utilization"] = verdict.summary(samples)
+        runs[name] = result
+        if limit is None:
             run.add(verdict.core_unlimited(result))
         else:
             run.add(verdict.core_limited(limit, result, runs["core_unlimited"]))

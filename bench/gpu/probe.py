@@ -3,7 +3,7 @@ LD_PRELOAD=libvgpu-control.so and the limits in its environment): `python -m ben
 PHASE ARGS...`; the last stdout line is the phase's JSON result.
 
 Phases: `info UUID`, `alloc DOOR CHUNK CAP`, `hold BYTES` (allocates, reports, waits for stdin to
-close), `once BYTES`, `spin SECONDS GRID CYCLES`, `overhead LAUNCHES ALLOCS`, `torch CHUNK CAP`."""
+close), `once BYTES`, `spin SECONDS SPIN_MS`, `overhead LAUNCHES ALLOCS`, `torch CHUNK CAP`."""
 
 from __future__ import annotations
 
@@ -130,12 +130,20 @@ def _module(drv: Driver) -> tuple[int, c_void_p]:
     return drv.call("cuModuleLoadData", byref(mod), ctypes.c_char_p(SPIN_AND_NOP)), mod
 
 
-def spin(seconds: float, grid: int, cycles: int) -> dict:
-    """Launch `spin` (grid blocks of 128 threads) for `seconds`, 4 in flight between synchronisations."""
+#: the SM clock assumed when the driver does not report one (H200 boost clock, kHz)
+DEFAULT_CLOCK_KHZ = 1_980_000
+
+
+def spin(seconds: float, spin_ms: float) -> dict:
+    """Launch `spin` for `seconds` (each launch: 4 blocks of 128 threads per SM, each spinning
+    `spin_ms` of the SM clock), 4 launches between synchronisations."""
     drv = Driver().open()
+    grid = 4 * (drv.attribute(cuda.CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT) or 0)
+    cycles = int((drv.attribute(cuda.CU_DEVICE_ATTRIBUTE_CLOCK_RATE) or DEFAULT_CLOCK_KHZ) * spin_ms)
     load, mod = _module(drv)
-    if load != CUDA_SUCCESS:
-        return {"module_load": load, "launches": 0, "seconds": 0.0, "rate": 0.0}
+    shape = {"module_load": load, "grid": grid, "cycles": cycles}
+    if load != CUDA_SUCCESS or grid == 0:
+        return {**shape, "launches": 0, "seconds": 0.0, "rate": 0.0}
     fn = c_void_p()
     drv.must("cuModuleGetFunction", byref(fn), mod, b"spin")
     arg = c_uint64(cycles)
@@ -152,7 +160,7 @@ def spin(seconds: float, grid: int, cycles: int) -> dict:
             launches += 1
         drv.must("cuCtxSynchronize")
     spent = time.monotonic() - start
-    return {"module_load": load, "launches": launches, "seconds": spent, "rate": launches / spent}
+    return {**shape, "launches": launches, "seconds": spent, "rate": launches / spent}
 
 
 def overhead(launches: int, allocs: int) -> dict:
@@ -226,7 +234,7 @@ PHASES = {
     "alloc": lambda a: alloc(a[0], int(a[1]), int(a[2])),
     "once": lambda a: once(int(a[0])),
     "hold": lambda a: hold(int(a[0])),
-    "spin": lambda a: spin(float(a[0]), int(a[1]), int(a[2])),
+    "spin": lambda a: spin(float(a[0]), float(a[1])),
     "overhead": lambda a: overhead(int(a[0]), int(a[1])),
     "torch": lambda a: torch_probe(int(a[0]), int(a[1])),
 }

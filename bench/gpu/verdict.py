@@ -14,14 +14,12 @@ ALLOC_SLACK = 1536 << 20
 #: an unlimited spin run must keep the GPU at least this busy (mean NVML utilization, %)
 UNLIMITED_MIN_UTIL = 80.0
 
-Check = dict[str, Any]
 
-
-def record(name: str, ok: bool, detail: str, **figures: Any) -> Check:
+def record(name: str, ok: bool, detail: str, **figures: Any) -> dict[str, Any]:
     return {"name": name, "status": "pass" if ok else "fail", "detail": detail, **figures}
 
 
-def skip(name: str, reason: str) -> Check:
+def skip(name: str, reason: str) -> dict[str, Any]:
     return {"name": name, "status": "skip", "detail": reason}
 
 
@@ -29,7 +27,7 @@ def hooked(owner: str) -> bool:
     return owner.endswith("libvgpu-control.so")
 
 
-def totals(info: dict, limit: int) -> Check:
+def totals(info: dict, limit: int) -> dict[str, Any]:
     """Every memory view reports the limit as the device's total, through the library's hooks."""
     seen = {
         "cuMemGetInfo_v2": info["cuMemGetInfo_v2"]["total"],
@@ -45,7 +43,7 @@ def totals(info: dict, limit: int) -> Check:
     return record("memory_views", ok, detail, limit=limit, totals=seen)
 
 
-def door(result: dict, limit: int) -> Check:
+def door(result: dict, limit: int) -> dict[str, Any]:
     """Allocating through one door stops with CUDA_ERROR_OUT_OF_MEMORY, at most `limit` bytes in,
     and not far below it; the door is the library's."""
     name = f"alloc_{result['door']}"
@@ -61,14 +59,14 @@ def door(result: dict, limit: int) -> Check:
     return record(name, not problems, "; ".join(problems) or "OOM (2) at the limit", **result)
 
 
-def two_processes(first: dict, second: dict, size: int) -> Check:
+def two_processes(first: dict, second: dict, size: int) -> dict[str, Any]:
     """A second process's allocation that would take the container past the limit fails."""
     ok = first["error"] == 0 and second["error"] == OOM
     detail = f"first {size} B: {first['error']}, second {size} B: {second['error']} (want 0 then {OOM})"
     return record("two_processes", ok, detail, first=first["error"], second=second["error"], bytes=size)
 
 
-def torch_run(conf: str, result: dict, limit: int) -> Check:
+def torch_run(conf: str, result: dict, limit: int) -> dict[str, Any]:
     """PyTorch sees the limit as total memory and runs into OutOfMemoryError at or below it."""
     name = f"torch[{conf or 'default'}]"
     total = result["mem_get_info"]["total"]
@@ -91,7 +89,7 @@ def summary(samples: list[float]) -> dict[str, float]:
     return {"mean": statistics.fmean(samples), "p95": float(p95), "n": len(samples)}
 
 
-def core_unlimited(run: dict) -> Check:
+def core_unlimited(run: dict) -> dict[str, Any]:
     util = run["utilization"]
     ok = run["launches"] > 0 and util["mean"] >= UNLIMITED_MIN_UTIL
     detail = (
@@ -100,7 +98,7 @@ def core_unlimited(run: dict) -> Check:
     return record("core_unlimited", ok, detail, **run)
 
 
-def core_limited(limit: int, run: dict, unlimited: dict) -> Check:
+def core_limited(limit: int, run: dict, unlimited: dict) -> dict[str, Any]:
     """Throughput under CUDA_CORE_LIMIT_0=limit over the unlimited run's, and mean utilization, both
     within CORE_TOLERANCE of limit/100."""
     target = limit / 100
@@ -115,11 +113,11 @@ def core_limited(limit: int, run: dict, unlimited: dict) -> Check:
     return record(f"core_{limit}", not problems, detail, ratio=ratio, target=target, **run)
 
 
-def ptx_jit(load_code: int) -> Check:
+def ptx_jit(load_code: int) -> dict[str, Any]:
     return record("ptx_jit", load_code == 0, f"cuModuleLoadData of the spin PTX returned {load_code}")
 
 
-def overhead(hooked_run: dict, plain_run: dict) -> Check:
+def overhead(hooked_run: dict, plain_run: dict) -> dict[str, Any]:
     """The library's cost per call (figures only: the machine's load moves them); the check is that
     the hooked run went through the library and the plain one did not."""
     ok = hooked(hooked_run["launch_owner"]) and not hooked(plain_run["launch_owner"])

@@ -66,6 +66,7 @@ def test_fake_run_passes_every_check(tmp_path: Path) -> None:
     assert (checks["two_processes"]["first"], checks["two_processes"]["second"]) == (0, 2)
     core = report["figures"]["core"]
     assert core["core_unlimited"]["utilization"]["n"] > 0
+    assert core["core_unlimited"]["grid"] == 4 * 132  # 4 blocks per SM of the H200-like profile
     assert abs(checks["core_30"]["ratio"] - 0.3) <= 0.15 and abs(checks["core_60"]["ratio"] - 0.6) <= 0.15
     assert set(report["figures"]["overhead"]["added_ns"]) == {"launch", "alloc_free"}
     env = report["environment"]
