@@ -213,6 +213,9 @@ def torch_checks(run: Run) -> None:
         name = f"torch[{conf or 'default'}]"
         env = run.env(**({"PYTORCH_CUDA_ALLOC_CONF": conf} if conf else {}))
         result = run.phase(["torch", str(TORCH_CHUNK), cap], env)
+        if "unavailable" in result:
+            run.add(verdict.skip(name, result["unavailable"]))
+            continue
         run.add(
             verdict.record(name, False, result["phase_error"])
             if failed(result)

@@ -206,6 +206,8 @@ def torch_probe(chunk: int, cap: int) -> dict:
     """PyTorch over the library: mem_get_info, then `chunk`-byte tensors until OutOfMemoryError."""
     import torch
 
+    if torch.version.cuda is None:
+        return {"unavailable": f"PyTorch {torch.__version__} is built without CUDA"}
     free, total = torch.cuda.mem_get_info()
     oom = getattr(torch, "OutOfMemoryError", torch.cuda.OutOfMemoryError)
     held, error = [], None

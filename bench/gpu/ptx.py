@@ -7,17 +7,20 @@ SPIN_AND_NOP = b"""
 .target sm_70
 .address_size 64
 
-.visible .entry spin(.param .u64 cycles)
+.visible .entry spin(
+    .param .u64 spin_param_0
+)
 {
-    .reg .pred p;
-    .reg .u64 start, stamp, spent, limit;
-    ld.param.u64 limit, [cycles];
-    mov.u64 start, %clock64;
-WAIT:
-    mov.u64 stamp, %clock64;
-    sub.u64 spent, stamp, start;
-    setp.lt.u64 p, spent, limit;
-    @p bra WAIT;
+    .reg .pred %p<2>;
+    .reg .b64 %rd<5>;
+
+    ld.param.u64 %rd1, [spin_param_0];
+    mov.u64 %rd2, %clock64;
+$L_wait:
+    mov.u64 %rd3, %clock64;
+    sub.s64 %rd4, %rd3, %rd2;
+    setp.lt.u64 %p1, %rd4, %rd1;
+    @%p1 bra $L_wait;
     ret;
 }
 
