@@ -106,8 +106,8 @@ def parse(rc: int, stdout: str, stderr: str, args: list[str]) -> dict:
         result = json.loads(lines[-1]) if lines else {}
     except json.JSONDecodeError:
         result = {}
-    if rc != 0 or not result or isinstance(result.get("error"), str):
-        why = result.get("error") or f"exit {rc}"
+    if rc != 0 or not result or "exception" in result:
+        why = result.get("exception") or f"exit {rc}"
         return {"phase_error": f"{' '.join(args)}: {why}; stderr: {stderr.strip()[-800:]}"}
     return result
 

@@ -1,6 +1,7 @@
 """One phase of the acceptance run, in its own process (started by acceptance.py with
 LD_PRELOAD=libvgpu-control.so and the limits in its environment): `python -m bench.gpu.probe
-PHASE ARGS...`; the last stdout line is the phase's JSON result.
+PHASE ARGS...`; the last stdout line is the phase's JSON result ({"exception": ...} and exit 1
+when the phase raised).
 
 Phases: `info UUID`, `alloc DOOR CHUNK CAP`, `hold BYTES` (allocates, reports, waits for stdin to
 close), `once BYTES`, `spin SECONDS SPIN_MS`, `overhead LAUNCHES ALLOCS`, `torch CHUNK CAP`."""
@@ -223,7 +224,7 @@ def torch_probe(chunk: int, cap: int) -> dict:
         reserved = None
     return {
         "mem_get_info": {"free": free, "total": total},
-        "error": error,
+        "stopped_by": error,
         "count": len(held),
         "total": len(held) * chunk,
         "reserved": reserved,
@@ -244,12 +245,12 @@ PHASES = {
 
 def main(argv: list[str]) -> int:
     if not argv or argv[0] not in PHASES:
-        print(json.dumps({"error": f"usage: probe {{{','.join(PHASES)}}} ARGS..."}))
+        print(json.dumps({"exception": f"usage: probe {{{','.join(PHASES)}}} ARGS..."}))
         return 2
     try:
         result = PHASES[argv[0]](argv[1:])
     except Exception as exc:  # the phase's failure is its result, read by acceptance.py
-        print(json.dumps({"error": f"{type(exc).__name__}: {exc}"}))
+        print(json.dumps({"exception": f"{type(exc).__name__}: {exc}"}))
         return 1
     print(json.dumps(result))
     return 0

@@ -73,8 +73,8 @@ def torch_run(conf: str, result: dict, limit: int) -> dict[str, Any]:
     problems = []
     if total != limit:
         problems.append(f"mem_get_info total {total} != limit {limit}")
-    if result["error"] != "OutOfMemoryError":
-        problems.append(f"stopped with {result['error']}, not OutOfMemoryError")
+    if result["stopped_by"] != "OutOfMemoryError":
+        problems.append(f"stopped by {result['stopped_by']}, not OutOfMemoryError")
     if result["total"] > limit:
         problems.append(f"allocated {result['total']} > limit {limit}")
     return record(name, not problems, "; ".join(problems) or "OutOfMemoryError at the limit", **result)

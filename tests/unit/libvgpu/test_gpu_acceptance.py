@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from bench.gpu import verdict
+from bench.gpu.acceptance import parse
 from bench.gpu.target import module_flavour
 from tests.support import REPO, built
 
@@ -138,6 +139,32 @@ def test_door_rule() -> None:
     assert verdict.door({**ok, "total": 9 << 29}, 4 * GIB)["status"] == "fail"
     assert verdict.door({**ok, "total": 1 << 29}, 4 * GIB)["status"] == "fail"  # far below the limit
     assert verdict.door({**ok, "owner": "/usr/lib/libcuda.so.1"}, 4 * GIB)["status"] == "fail"
+
+
+def test_torch_results_are_read_and_judged() -> None:
+    """A PyTorch run that stopped with OutOfMemoryError is a result, not a failed phase."""
+    line = json.dumps(
+        {
+            "mem_get_info": {"free": 3 * GIB, "total": 4 * GIB},
+            "stopped_by": "OutOfMemoryError",
+            "count": 13,
+            "total": 13 << 28,
+            "reserved": 13 << 28,
+            "torch": "2.5.1",
+        }
+    )
+    result = parse(0, "warning from torch\n" + line + "\n", "", ["torch"])
+    assert verdict.torch_run("", result, 4 * GIB)["status"] == "pass"
+    assert verdict.torch_run("", {**result, "stopped_by": None}, 4 * GIB)["status"] == "fail"
+    wide = {**result, "mem_get_info": {"free": 0, "total": 140 * GIB}}
+    assert verdict.torch_run("", wide, 4 * GIB)["status"] == "fail"
+
+
+def test_a_failed_phase_keeps_its_reason() -> None:
+    crashed = parse(1, '{"exception": "CudaError: cuInit returned 3"}\n', "trace", ["info", "GPU-x"])
+    assert crashed == {"phase_error": "info GPU-x: CudaError: cuInit returned 3; stderr: trace"}
+    assert "exit -11" in parse(-11, "", "Segmentation fault", ["spin"])["phase_error"]
+    assert "phase_error" in parse(0, "not json\n", "", ["once"])
 
 
 def test_summary_mean_and_p95() -> None:
