@@ -14,8 +14,8 @@ REPO = Path(__file__).resolve().parents[2]
 BUILD = REPO / "build"
 LIBRARY = BUILD / "libvgpu" / "libvgpu-control.so"
 FAKE_UUID = "GPU-5ac0ffee-1111-4222-8333-444444444444"
-#: simulated ns per grid block on the fake: a spin launch of 4 x 132 blocks costs 0.53 ms of GPU time
-FAKE_NS_PER_BLOCK = 1000
+#: simulated ns per grid block on the fake: a spin launch of 4 x 132 blocks costs 2.1 ms of GPU time
+FAKE_NS_PER_BLOCK = 4000
 FAKE_PROFILE = f"""driverVersion: 570.133.20
 cudaDriverVersion: "12.8"
 gpus:
