@@ -50,14 +50,19 @@ class Settings:
     """Durations and counts: the real run's, or the short ones of --fake."""
 
     core_seconds: float
-    warmup_seconds: float
     launches: int
     allocs: int
     spin_ms: float = 1.0
 
     @classmethod
-    def of(cls, fake: bool) -> Settings:
-        return cls(3.0, 1.0, 20_000, 1000) if fake else cls(20.0, 2.0, 100_000, 1000)
+    def of(cls, fake: bool, core_seconds: float | None = None) -> Settings:
+        base = cls(3.0, 20_000, 1000) if fake else cls(20.0, 100_000, 1000)
+        return base if core_seconds is None else cls(core_seconds, base.launches, base.allocs)
+
+    @property
+    def warmup_seconds(self) -> float:
+        """Utilization samples before this are dropped (NVML's figure covers the last period)."""
+        return min(2.0, self.core_seconds / 3)
 
 
 @dataclass
@@ -319,6 +324,7 @@ def main(argv: list[str] | None = None) -> int:
         default=0,
         help="MANAGER_COMPATIBILITY_MODE: 0 all processes, 236 client mode with a stub register client",
     )
+    parser.add_argument("--core-seconds", type=float, help="each core run's length (default 20, --fake 3)")
     parser.add_argument("--no-build", action="store_true", help="use the library as built")
     args = parser.parse_args(argv)
     phases = [p for p in args.phases.split(",") if p]
@@ -330,7 +336,9 @@ def main(argv: list[str] | None = None) -> int:
     started = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="vgpu-acceptance-") as work:
         run = Run(
-            Target.create(args.fake, Path(work), args.mode), Settings.of(args.fake), args.library.resolve()
+            Target.create(args.fake, Path(work), args.mode),
+            Settings.of(args.fake, args.core_seconds),
+            args.library.resolve(),
         )
         run.target.adopt()
         if args.no_build:
@@ -363,7 +371,7 @@ def main(argv: list[str] | None = None) -> int:
             "core_percent": list(CORE_LIMITS),
             "tolerance": verdict.CORE_TOLERANCE,
         },
-        "settings": run.settings.__dict__,
+        "settings": {**run.settings.__dict__, "warmup_seconds": run.settings.warmup_seconds},
         "environment": run.facts,
         "checks": run.checks,
         "figures": run.figures,

@@ -29,8 +29,9 @@ gpus:
     pciBusId: "00000000:19:00.0"
     computeCapability: "9.0"
 """
-#: prefixes of the variables a phase must not inherit (they would change what the library enforces)
-CLEARED = ("CUDA_", "MANAGER_", "VGPU_", "FAKE_", "PYTORCH_", "NVIDIA_VISIBLE")
+#: prefixes of the variables a phase must not inherit (they would change what the library enforces
+#: or which GPU it sees); FAKE_* pass, so the real path also runs over a fake driver found by soname
+CLEARED = ("CUDA_", "MANAGER_", "VGPU_", "PYTORCH_", "NVIDIA_VISIBLE")
 PARTITION_DIRS = ("VGPU_CONFIG_DIR", "VGPU_LOCK_DIR", "VGPU_VMEM_NODE_DIR", "VGPU_SM_NODE_DIR")
 
 

@@ -6,6 +6,7 @@ script exits 1. Plus the pure rules that judge the figures."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -73,6 +74,40 @@ def test_fake_run_passes_every_check(tmp_path: Path) -> None:
     env = report["environment"]
     assert env["name"] == "NVIDIA H200" and env["sms"] == 132
     assert env["libcuda"].endswith("fakecuda/libcuda.so.1")
+
+
+@pytest.mark.needs_build
+def test_the_gpu_path_over_a_fake_driver_found_by_soname(tmp_path: Path) -> None:
+    """Without --fake the script finds libcuda.so.1 / libnvidia-ml.so.1 as an application does (here
+    the fakes, through LD_LIBRARY_PATH) and GPU 0's UUID through NVML: the path a GPU machine takes,
+    with its 100,000 launches (core runs shortened)."""
+    fakecuda = built("fakecuda/libcuda.so.1").parent
+    fakenvml = built("fakenvml/libnvidia-ml.so.1").parent
+    env = {
+        **{k: v for k, v in os.environ.items() if not k.startswith(("CUDA_", "MANAGER_", "VGPU_", "FAKE_"))},
+        "LD_LIBRARY_PATH": f"{fakecuda}:{fakenvml}",
+        "FAKE_NVML_PROFILE": str(REPO / "vgpud" / "gpu" / "profiles" / "a100-40gb-x2.yaml"),
+        "FAKE_GPU_STATE": str(tmp_path / "gpu.state"),
+        "FAKE_GPU_NS_PER_BLOCK": "4000",
+    }
+    out = tmp_path / "report.json"
+    proc = subprocess.run(
+        [sys.executable, str(SCRIPT), "--core-seconds", "3", "--no-build", "--out", str(out)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    report = json.loads(out.read_text())
+    checks = {c["name"]: c for c in report["checks"]}
+    assert proc.returncode == 0 and report["mode"] == "gpu", proc.stderr
+    assert sorted(checks) == sorted(PASSING + SKIPPED), proc.stderr
+    assert checks["ptx_jit"]["status"] == "pass"  # no skip on this path (the fake loads any image)
+    assert report["environment"]["uuid"] == "GPU-2db41dd2-f9b4-4c97-9654-9baa4a150479"  # NVML index 0
+    assert report["environment"]["libcuda"] == str(fakecuda / "libcuda.so.1")
+    assert report["figures"]["core"]["core_unlimited"]["grid"] == 4 * 108
+    assert report["figures"]["overhead"]["launches"] == 100_000
 
 
 @pytest.mark.needs_build
