@@ -18,8 +18,6 @@ from bench.gpu import cuda
 from bench.gpu.cuda import CUDA_SUCCESS, Driver, MemAllocationProp
 from bench.gpu.ptx import SPIN_AND_NOP
 
-LIB_NAME = "libvgpu-control.so"
-
 
 def info(uuid: str) -> dict:
     drv = Driver().open()
