@@ -1,0 +1,135 @@
+"""The acceptance rules, as pure functions of the phases' results: each returns one check record
+{"name", "status": pass|fail|skip, "detail", ...figures} for the JSON report."""
+
+from __future__ import annotations
+
+import statistics
+from typing import Any
+
+OOM = 2
+#: a limited run's throughput ratio and mean utilization may miss the target by this much (±)
+CORE_TOLERANCE = 0.15
+#: below the limit, an allocation loop may stop this early (the context and 512 MiB granularity)
+ALLOC_SLACK = 1536 << 20
+#: an unlimited spin run must keep the GPU at least this busy (mean NVML utilization, %)
+UNLIMITED_MIN_UTIL = 80.0
+
+
+def record(name: str, ok: bool, detail: str, **figures: Any) -> dict[str, Any]:
+    return {"name": name, "status": "pass" if ok else "fail", "detail": detail, **figures}
+
+
+def skip(name: str, reason: str) -> dict[str, Any]:
+    return {"name": name, "status": "skip", "detail": reason}
+
+
+def hooked(owner: str) -> bool:
+    return owner.endswith("libvgpu-control.so")
+
+
+def totals(info: dict, limit: int) -> dict[str, Any]:
+    """Every memory view reports the limit as the device's total, through the library's hooks."""
+    seen = {
+        "cuMemGetInfo_v2": info["cuMemGetInfo_v2"]["total"],
+        "cuDeviceTotalMem_v2": info["cuDeviceTotalMem_v2"],
+        "nvmlDeviceGetMemoryInfo": info["nvmlDeviceGetMemoryInfo"]["total"],
+    }
+    wrong = {k: v for k, v in seen.items() if v != limit}
+    strays = {k: v for k, v in info["owners"].items() if not hooked(v)}
+    if not hooked(info["nvml_owner"]):
+        strays["nvmlDeviceGetMemoryInfo"] = info["nvml_owner"]
+    ok = not wrong and not strays
+    detail = "all views report the limit" if ok else f"not the limit: {wrong}; not hooked: {strays}"
+    return record("memory_views", ok, detail, limit=limit, totals=seen)
+
+
+def door(result: dict, limit: int) -> dict[str, Any]:
+    """Allocating through one door stops with CUDA_ERROR_OUT_OF_MEMORY, at most `limit` bytes in,
+    and not far below it; the door is the library's."""
+    name = f"alloc_{result['door']}"
+    problems = []
+    if result["error"] != OOM:
+        problems.append(f"stopped with {result['error']}, not {OOM}")
+    if result["total"] > limit:
+        problems.append(f"allocated {result['total']} > limit {limit}")
+    if result["total"] + ALLOC_SLACK < limit:
+        problems.append(f"allocated {result['total']}, more than {ALLOC_SLACK} below the limit")
+    if not hooked(result["owner"]):
+        problems.append(f"entry point owned by {result['owner']}")
+    return record(name, not problems, "; ".join(problems) or "OOM (2) at the limit", **result)
+
+
+def two_processes(first: dict, second: dict, size: int) -> dict[str, Any]:
+    """A second process's allocation that would take the container past the limit fails."""
+    ok = first["error"] == 0 and second["error"] == OOM
+    detail = f"first {size} B: {first['error']}, second {size} B: {second['error']} (want 0 then {OOM})"
+    return record("two_processes", ok, detail, first=first["error"], second=second["error"], bytes=size)
+
+
+def torch_run(conf: str, result: dict, limit: int) -> dict[str, Any]:
+    """PyTorch sees the limit as total memory and runs into OutOfMemoryError at or below it."""
+    name = f"torch[{conf or 'default'}]"
+    total = result["mem_get_info"]["total"]
+    problems = []
+    if total != limit:
+        problems.append(f"mem_get_info total {total} != limit {limit}")
+    if result["stopped_by"] != "OutOfMemoryError":
+        problems.append(f"stopped by {result['stopped_by']}, not OutOfMemoryError")
+    if result["total"] > limit:
+        problems.append(f"allocated {result['total']} > limit {limit}")
+    return record(name, not problems, "; ".join(problems) or "OutOfMemoryError at the limit", **result)
+
+
+def summary(samples: list[float]) -> dict[str, float]:
+    """Mean and p95 (nearest rank) of utilization samples; zeros when there are none."""
+    if not samples:
+        return {"mean": 0.0, "p95": 0.0, "n": 0}
+    ordered = sorted(samples)
+    p95 = ordered[min(len(ordered) - 1, max(0, -(-95 * len(ordered) // 100) - 1))]
+    return {"mean": statistics.fmean(samples), "p95": float(p95), "n": len(samples)}
+
+
+def core_unlimited(run: dict) -> dict[str, Any]:
+    util = run["utilization"]
+    ok = run["launches"] > 0 and util["mean"] >= UNLIMITED_MIN_UTIL
+    detail = (
+        f"{run['rate']:.1f} launches/s, utilization mean {util['mean']:.1f} % (want >= {UNLIMITED_MIN_UTIL})"
+    )
+    return record("core_unlimited", ok, detail, **run)
+
+
+def core_limited(limit: int, run: dict, unlimited: dict) -> dict[str, Any]:
+    """Throughput under CUDA_CORE_LIMIT_0=limit over the unlimited run's, and mean utilization, both
+    within CORE_TOLERANCE of limit/100."""
+    target = limit / 100
+    ratio = run["rate"] / unlimited["rate"] if unlimited["rate"] else 0.0
+    util = run["utilization"]["mean"] / 100
+    problems = []
+    if abs(ratio - target) > CORE_TOLERANCE:
+        problems.append(f"throughput ratio {ratio:.3f} not within {CORE_TOLERANCE} of {target}")
+    if abs(util - target) > CORE_TOLERANCE:
+        problems.append(f"utilization mean {util:.3f} not within {CORE_TOLERANCE} of {target}")
+    detail = "; ".join(problems) or f"ratio {ratio:.3f}, utilization {util:.3f} (target {target})"
+    return record(f"core_{limit}", not problems, detail, ratio=ratio, target=target, **run)
+
+
+def ptx_jit(load_code: int) -> dict[str, Any]:
+    return record("ptx_jit", load_code == 0, f"cuModuleLoadData of the spin PTX returned {load_code}")
+
+
+def overhead(hooked_run: dict, plain_run: dict) -> dict[str, Any]:
+    """The library's cost per call (figures only: the machine's load moves them); the check is that
+    the hooked run went through the library and the plain one did not."""
+    ok = hooked(hooked_run["launch_owner"]) and not hooked(plain_run["launch_owner"])
+    figures = {
+        "launch_ns": {"with": hooked_run["launch_ns"], "without": plain_run["launch_ns"]},
+        "alloc_free_ns": {"with": hooked_run["alloc_free_ns"], "without": plain_run["alloc_free_ns"]},
+        "added_ns": {
+            "launch": hooked_run["launch_ns"] - plain_run["launch_ns"],
+            "alloc_free": hooked_run["alloc_free_ns"] - plain_run["alloc_free_ns"],
+        },
+        "launches": hooked_run["launches"],
+        "allocs": hooked_run["allocs"],
+    }
+    owners = f"launch owners: with {hooked_run['launch_owner']}, without {plain_run['launch_owner']}"
+    return record("overhead", ok, owners, **figures)
