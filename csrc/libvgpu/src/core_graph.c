@@ -119,10 +119,7 @@ static void charge(CUgraphExec exec)
 #define INSTANTIATE5(name)                                                                           \
     VGPU_EXPORT CUresult name(CUgraphExec *exec, CUgraph g, CUgraphNode *err_node, char *log, size_t log_size) \
     {                                                                                                \
-        vgpu_init();                                                                                 \
-        __typeof__(&name) real = REAL_CU(name);                                                      \
-        if (real == NULL)                                                                            \
-            return CUDA_ERROR_NOT_FOUND;                                                             \
+        HOOK_REAL_CU(name);                                                                          \
         CUresult rc = real(exec, g, err_node, log, log_size);                                        \
         if (rc == CUDA_SUCCESS && exec)                                                              \
             remember(*exec, g);                                                                      \
@@ -133,10 +130,7 @@ INSTANTIATE5(cuGraphInstantiate_v2)
 
 VGPU_EXPORT CUresult cuGraphInstantiateWithFlags(CUgraphExec *exec, CUgraph g, unsigned long long flags)
 {
-    vgpu_init();
-    __typeof__(&cuGraphInstantiateWithFlags) real = REAL_CU(cuGraphInstantiateWithFlags);
-    if (real == NULL)
-        return CUDA_ERROR_NOT_FOUND;
+    HOOK_REAL_CU(cuGraphInstantiateWithFlags);
     CUresult rc = real(exec, g, flags);
     if (rc == CUDA_SUCCESS && exec)
         remember(*exec, g);
@@ -146,10 +140,7 @@ VGPU_EXPORT CUresult cuGraphInstantiateWithFlags(CUgraphExec *exec, CUgraph g, u
 #define INSTANTIATE_PARAMS(name)                                                                 \
     VGPU_EXPORT CUresult name(CUgraphExec *exec, CUgraph g, CUDA_GRAPH_INSTANTIATE_PARAMS *p)    \
     {                                                                                            \
-        vgpu_init();                                                                             \
-        __typeof__(&name) real = REAL_CU(name);                                                  \
-        if (real == NULL)                                                                        \
-            return CUDA_ERROR_NOT_FOUND;                                                         \
+        HOOK_REAL_CU(name);                                                                      \
         CUresult rc = real(exec, g, p);                                                          \
         if (rc == CUDA_SUCCESS && exec)                                                          \
             remember(*exec, g);                                                                  \
@@ -160,10 +151,7 @@ INSTANTIATE_PARAMS(cuGraphInstantiateWithParams_ptsz)
 
 VGPU_EXPORT CUresult cuGraphExecUpdate(CUgraphExec exec, CUgraph g, CUgraphNode *err_node, int *result)
 {
-    vgpu_init();
-    __typeof__(&cuGraphExecUpdate) real = REAL_CU(cuGraphExecUpdate);
-    if (real == NULL)
-        return CUDA_ERROR_NOT_FOUND;
+    HOOK_REAL_CU(cuGraphExecUpdate);
     CUresult rc = real(exec, g, err_node, result);
     if (rc == CUDA_SUCCESS)
         remember(exec, g);
@@ -172,10 +160,7 @@ VGPU_EXPORT CUresult cuGraphExecUpdate(CUgraphExec exec, CUgraph g, CUgraphNode 
 
 VGPU_EXPORT CUresult cuGraphExecUpdate_v2(CUgraphExec exec, CUgraph g, CUgraphExecUpdateResultInfo *info)
 {
-    vgpu_init();
-    __typeof__(&cuGraphExecUpdate_v2) real = REAL_CU(cuGraphExecUpdate_v2);
-    if (real == NULL)
-        return CUDA_ERROR_NOT_FOUND;
+    HOOK_REAL_CU(cuGraphExecUpdate_v2);
     CUresult rc = real(exec, g, info);
     if (rc == CUDA_SUCCESS)
         remember(exec, g);
@@ -184,10 +169,7 @@ VGPU_EXPORT CUresult cuGraphExecUpdate_v2(CUgraphExec exec, CUgraph g, CUgraphEx
 
 VGPU_EXPORT CUresult cuGraphExecDestroy(CUgraphExec exec)
 {
-    vgpu_init();
-    __typeof__(&cuGraphExecDestroy) real = REAL_CU(cuGraphExecDestroy);
-    if (real == NULL)
-        return CUDA_ERROR_NOT_FOUND;
+    HOOK_REAL_CU(cuGraphExecDestroy);
     forget(exec);
     return real(exec);
 }
@@ -195,10 +177,7 @@ VGPU_EXPORT CUresult cuGraphExecDestroy(CUgraphExec exec)
 #define GRAPH_LAUNCH(name)                                       \
     VGPU_EXPORT CUresult name(CUgraphExec exec, CUstream s)      \
     {                                                            \
-        vgpu_init();                                             \
-        __typeof__(&name) real = REAL_CU(name);                  \
-        if (real == NULL)                                        \
-            return CUDA_ERROR_NOT_FOUND;                         \
+        HOOK_REAL_CU(name);                                      \
         charge(exec);                                            \
         return real(exec, s);                                    \
     }

@@ -15,10 +15,7 @@ static unsigned long long blocks3(unsigned int x, unsigned int y, unsigned int z
                               unsigned int by, unsigned int bz, unsigned int shmem, CUstream s, void **params,  \
                               void **extra)                                                                    \
     {                                                                                                          \
-        vgpu_init();                                                                                           \
-        __typeof__(&name) real = REAL_CU(name);                                                                \
-        if (real == NULL)                                                                                      \
-            return CUDA_ERROR_NOT_FOUND;                                                                       \
+        HOOK_REAL_CU(name);                                                                                    \
         vgpu_core_charge_current(blocks3(gx, gy, gz));                                                         \
         return real(f, gx, gy, gz, bx, by, bz, shmem, s, params, extra);                                       \
     }
@@ -28,10 +25,7 @@ LAUNCH_HOOK(cuLaunchKernel_ptsz)
 #define LAUNCH_EX_HOOK(name)                                                                     \
     VGPU_EXPORT CUresult name(const CUlaunchConfig *config, CUfunction f, void **params, void **extra) \
     {                                                                                            \
-        vgpu_init();                                                                             \
-        __typeof__(&name) real = REAL_CU(name);                                                  \
-        if (real == NULL)                                                                        \
-            return CUDA_ERROR_NOT_FOUND;                                                         \
+        HOOK_REAL_CU(name);                                                                      \
         if (config != NULL)                                                                      \
             vgpu_core_charge_current(blocks3(config->gridDimX, config->gridDimY, config->gridDimZ)); \
         return real(config, f, params, extra);                                                   \
@@ -43,10 +37,7 @@ LAUNCH_EX_HOOK(cuLaunchKernelEx_ptsz)
     VGPU_EXPORT CUresult name(CUfunction f, unsigned int gx, unsigned int gy, unsigned int gz, unsigned int bx, \
                               unsigned int by, unsigned int bz, unsigned int shmem, CUstream s, void **params)  \
     {                                                                                                          \
-        vgpu_init();                                                                                           \
-        __typeof__(&name) real = REAL_CU(name);                                                                \
-        if (real == NULL)                                                                                      \
-            return CUDA_ERROR_NOT_FOUND;                                                                       \
+        HOOK_REAL_CU(name);                                                                                    \
         vgpu_core_charge_current(blocks3(gx, gy, gz));                                                         \
         return real(f, gx, gy, gz, bx, by, bz, shmem, s, params);                                              \
     }
@@ -56,10 +47,7 @@ COOPERATIVE_HOOK(cuLaunchCooperativeKernel_ptsz)
 /* cuLaunch runs a 1 x 1 grid; cuLaunchGrid(Async) a w x h one (legacy API, block shape set before). */
 VGPU_EXPORT CUresult cuLaunch(CUfunction f)
 {
-    vgpu_init();
-    __typeof__(&cuLaunch) real = REAL_CU(cuLaunch);
-    if (real == NULL)
-        return CUDA_ERROR_NOT_FOUND;
+    HOOK_REAL_CU(cuLaunch);
     vgpu_core_charge_current(1);
     return real(f);
 }
@@ -71,20 +59,14 @@ static unsigned long long blocks2(int w, int h)
 
 VGPU_EXPORT CUresult cuLaunchGrid(CUfunction f, int w, int h)
 {
-    vgpu_init();
-    __typeof__(&cuLaunchGrid) real = REAL_CU(cuLaunchGrid);
-    if (real == NULL)
-        return CUDA_ERROR_NOT_FOUND;
+    HOOK_REAL_CU(cuLaunchGrid);
     vgpu_core_charge_current(blocks2(w, h));
     return real(f, w, h);
 }
 
 VGPU_EXPORT CUresult cuLaunchGridAsync(CUfunction f, int w, int h, CUstream s)
 {
-    vgpu_init();
-    __typeof__(&cuLaunchGridAsync) real = REAL_CU(cuLaunchGridAsync);
-    if (real == NULL)
-        return CUDA_ERROR_NOT_FOUND;
+    HOOK_REAL_CU(cuLaunchGridAsync);
     vgpu_core_charge_current(blocks2(w, h));
     return real(f, w, h, s);
 }
@@ -93,10 +75,7 @@ VGPU_EXPORT CUresult cuLaunchGridAsync(CUfunction f, int w, int h, CUstream s)
 VGPU_EXPORT CUresult cuLaunchCooperativeKernelMultiDevice(CUDA_LAUNCH_PARAMS *list, unsigned int n,
                                                           unsigned int flags)
 {
-    vgpu_init();
-    __typeof__(&cuLaunchCooperativeKernelMultiDevice) real = REAL_CU(cuLaunchCooperativeKernelMultiDevice);
-    if (real == NULL)
-        return CUDA_ERROR_NOT_FOUND;
+    HOOK_REAL_CU(cuLaunchCooperativeKernelMultiDevice);
     if (list != NULL && vgpu_core_any_limit()) {
         static void *ctx_slot, *push_slot, *pop_slot;
         cu_stream_get_ctx_fn get_ctx = vgpu_real_cached(&ctx_slot, VGPU_LIB_CUDA, "cuStreamGetCtx");

@@ -21,10 +21,7 @@ VGPU_EXPORT CUresult cuDriverGetVersion(int *version)
 /* The driver answers; we replace its pointer by the hook of the exact function it chose. */
 VGPU_EXPORT CUresult cuGetProcAddress(const char *symbol, void **pfn, int cuda_version, cuuint64_t flags)
 {
-    vgpu_init();
-    __typeof__(&cuGetProcAddress) real = REAL_CU(cuGetProcAddress);
-    if (real == NULL)
-        return CUDA_ERROR_NOT_FOUND;
+    HOOK_REAL_CU(cuGetProcAddress);
     CUresult r = real(symbol, pfn, cuda_version, flags);
     if (r == CUDA_SUCCESS && pfn != NULL)
         *pfn = vgpu_route_proc(symbol, *pfn, cuda_version, flags);
@@ -34,10 +31,7 @@ VGPU_EXPORT CUresult cuGetProcAddress(const char *symbol, void **pfn, int cuda_v
 VGPU_EXPORT CUresult cuGetProcAddress_v2(const char *symbol, void **pfn, int cuda_version, cuuint64_t flags,
                                          CUdriverProcAddressQueryResult *status)
 {
-    vgpu_init();
-    __typeof__(&cuGetProcAddress_v2) real = REAL_CU(cuGetProcAddress_v2);
-    if (real == NULL)
-        return CUDA_ERROR_NOT_FOUND;
+    HOOK_REAL_CU(cuGetProcAddress_v2);
     CUresult r = real(symbol, pfn, cuda_version, flags, status);
     if (r == CUDA_SUCCESS && pfn != NULL)
         *pfn = vgpu_route_proc(symbol, *pfn, cuda_version, flags);

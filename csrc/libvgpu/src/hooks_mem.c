@@ -39,6 +39,18 @@ static int admit(int host, unsigned long long bytes, int *fd)
     return d;
 }
 
+/* Return from the hook with `call` made under the admission of `bytes` on `host` (the lock
+ * released after it), or CUDA_ERROR_OUT_OF_MEMORY when refused. */
+#define RETURN_ADMITTED(host, bytes, call)                                                     \
+    do {                                                                                       \
+        int fd_;                                                                               \
+        if (admit((host), (bytes), &fd_) < 0)                                                  \
+            return CUDA_ERROR_OUT_OF_MEMORY;                                                   \
+        CUresult r_ = (call);                                                                  \
+        vgpu_devunlock(fd_);                                                                   \
+        return r_;                                                                             \
+    } while (0)
+
 #define MISSING(fn) ((fn) == NULL ? CUDA_ERROR_NOT_FOUND : CUDA_SUCCESS)
 
 /* Managed memory standing in for device memory past real_memory: charged to the ledger, as every
@@ -58,10 +70,7 @@ static CUresult alloc_oversold(CUdeviceptr *dptr, size_t bytes, int host)
 
 VGPU_EXPORT CUresult cuMemAlloc_v2(CUdeviceptr *dptr, size_t bytesize)
 {
-    vgpu_init();
-    __typeof__(&cuMemAlloc_v2) real = REAL_CU(cuMemAlloc_v2);
-    if (real == NULL)
-        return CUDA_ERROR_NOT_FOUND;
+    HOOK_REAL_CU(cuMemAlloc_v2);
     int host = vgpu_host_of_current(), fd;
     int d = admit(host, bytesize, &fd);
     if (d < 0)
@@ -75,16 +84,8 @@ VGPU_EXPORT CUresult cuMemAlloc_v2(CUdeviceptr *dptr, size_t bytesize)
 
 VGPU_EXPORT CUresult cuMemAlloc(CUdeviceptr_v1 *dptr, unsigned int bytesize)
 {
-    vgpu_init();
-    __typeof__(&cuMemAlloc) real = REAL_CU(cuMemAlloc);
-    if (real == NULL)
-        return CUDA_ERROR_NOT_FOUND;
-    int fd;
-    if (admit(vgpu_host_of_current(), bytesize, &fd) < 0)
-        return CUDA_ERROR_OUT_OF_MEMORY;
-    CUresult r = real(dptr, bytesize);
-    vgpu_devunlock(fd);
-    return r;
+    HOOK_REAL_CU(cuMemAlloc);
+    RETURN_ADMITTED(vgpu_host_of_current(), bytesize, real(dptr, bytesize));
 }
 
 /* The driver pads each row to its pitch alignment (at most 512 bytes on current GPUs). */
@@ -96,39 +97,20 @@ static unsigned long long pitch_bytes(unsigned long long width, unsigned long lo
 VGPU_EXPORT CUresult cuMemAllocPitch_v2(CUdeviceptr *dptr, size_t *pitch, size_t width, size_t height,
                                         unsigned int elem)
 {
-    vgpu_init();
-    __typeof__(&cuMemAllocPitch_v2) real = REAL_CU(cuMemAllocPitch_v2);
-    if (real == NULL)
-        return CUDA_ERROR_NOT_FOUND;
-    int fd;
-    if (admit(vgpu_host_of_current(), pitch_bytes(width, height), &fd) < 0)
-        return CUDA_ERROR_OUT_OF_MEMORY;
-    CUresult r = real(dptr, pitch, width, height, elem);
-    vgpu_devunlock(fd);
-    return r;
+    HOOK_REAL_CU(cuMemAllocPitch_v2);
+    RETURN_ADMITTED(vgpu_host_of_current(), pitch_bytes(width, height), real(dptr, pitch, width, height, elem));
 }
 
 VGPU_EXPORT CUresult cuMemAllocPitch(CUdeviceptr_v1 *dptr, unsigned int *pitch, unsigned int width,
                                      unsigned int height, unsigned int elem)
 {
-    vgpu_init();
-    __typeof__(&cuMemAllocPitch) real = REAL_CU(cuMemAllocPitch);
-    if (real == NULL)
-        return CUDA_ERROR_NOT_FOUND;
-    int fd;
-    if (admit(vgpu_host_of_current(), pitch_bytes(width, height), &fd) < 0)
-        return CUDA_ERROR_OUT_OF_MEMORY;
-    CUresult r = real(dptr, pitch, width, height, elem);
-    vgpu_devunlock(fd);
-    return r;
+    HOOK_REAL_CU(cuMemAllocPitch);
+    RETURN_ADMITTED(vgpu_host_of_current(), pitch_bytes(width, height), real(dptr, pitch, width, height, elem));
 }
 
 VGPU_EXPORT CUresult cuMemAllocManaged(CUdeviceptr *dptr, size_t bytesize, unsigned int flags)
 {
-    vgpu_init();
-    __typeof__(&cuMemAllocManaged) real = REAL_CU(cuMemAllocManaged);
-    if (real == NULL)
-        return CUDA_ERROR_NOT_FOUND;
+    HOOK_REAL_CU(cuMemAllocManaged);
     int host = vgpu_host_of_current(), fd;
     if (admit(host, bytesize, &fd) < 0)
         return CUDA_ERROR_OUT_OF_MEMORY;
@@ -167,16 +149,8 @@ static int host_of_stream(CUstream stream)
 #define ASYNC_ALLOC(name)                                                                      \
     VGPU_EXPORT CUresult name(CUdeviceptr *dptr, size_t bytesize, CUstream stream)             \
     {                                                                                          \
-        vgpu_init();                                                                           \
-        __typeof__(&name) real = REAL_CU(name);                                                \
-        if (real == NULL)                                                                      \
-            return CUDA_ERROR_NOT_FOUND;                                                       \
-        int fd;                                                                                \
-        if (admit(host_of_stream(stream), bytesize, &fd) < 0)                                  \
-            return CUDA_ERROR_OUT_OF_MEMORY;                                                   \
-        CUresult r = real(dptr, bytesize, stream);                                             \
-        vgpu_devunlock(fd);                                                                    \
-        return r;                                                                              \
+        HOOK_REAL_CU(name);                                                                    \
+        RETURN_ADMITTED(host_of_stream(stream), bytesize, real(dptr, bytesize, stream));       \
     }
 ASYNC_ALLOC(cuMemAllocAsync)
 ASYNC_ALLOC(cuMemAllocAsync_ptsz)
@@ -184,16 +158,8 @@ ASYNC_ALLOC(cuMemAllocAsync_ptsz)
 #define POOL_ALLOC(name)                                                                       \
     VGPU_EXPORT CUresult name(CUdeviceptr *dptr, size_t bytesize, CUmemoryPool pool, CUstream stream) \
     {                                                                                          \
-        vgpu_init();                                                                           \
-        __typeof__(&name) real = REAL_CU(name);                                                \
-        if (real == NULL)                                                                      \
-            return CUDA_ERROR_NOT_FOUND;                                                       \
-        int fd;                                                                                \
-        if (admit(host_of_stream(stream), bytesize, &fd) < 0)                                  \
-            return CUDA_ERROR_OUT_OF_MEMORY;                                                   \
-        CUresult r = real(dptr, bytesize, pool, stream);                                       \
-        vgpu_devunlock(fd);                                                                    \
-        return r;                                                                              \
+        HOOK_REAL_CU(name);                                                                    \
+        RETURN_ADMITTED(host_of_stream(stream), bytesize, real(dptr, bytesize, pool, stream)); \
     }
 POOL_ALLOC(cuMemAllocFromPoolAsync)
 POOL_ALLOC(cuMemAllocFromPoolAsync_ptsz)
@@ -201,21 +167,13 @@ POOL_ALLOC(cuMemAllocFromPoolAsync_ptsz)
 VGPU_EXPORT CUresult cuMemCreate(CUmemGenericAllocationHandle *handle, size_t size, const CUmemAllocationProp *prop,
                                  unsigned long long flags)
 {
-    vgpu_init();
-    __typeof__(&cuMemCreate) real = REAL_CU(cuMemCreate);
-    if (real == NULL)
-        return CUDA_ERROR_NOT_FOUND;
+    HOOK_REAL_CU(cuMemCreate);
     /* Only device memory counts, on the device the properties name (host locations carry no
      * device id). */
     int host = prop != NULL && prop->location.type == CU_MEM_LOCATION_TYPE_DEVICE
                    ? vgpu_host_of_cudev(prop->location.id)
                    : -1;
-    int fd;
-    if (admit(host, size, &fd) < 0)
-        return CUDA_ERROR_OUT_OF_MEMORY;
-    CUresult r = real(handle, size, prop, flags);
-    vgpu_devunlock(fd);
-    return r;
+    RETURN_ADMITTED(host, size, real(handle, size, prop, flags));
 }
 
 /* --- frees: retire ledger charges ------------------------------------------------------------- */
@@ -230,10 +188,7 @@ static void retire(CUdeviceptr dptr)
 
 VGPU_EXPORT CUresult cuMemFree_v2(CUdeviceptr dptr)
 {
-    vgpu_init();
-    __typeof__(&cuMemFree_v2) real = REAL_CU(cuMemFree_v2);
-    if (real == NULL)
-        return CUDA_ERROR_NOT_FOUND;
+    HOOK_REAL_CU(cuMemFree_v2);
     CUresult r = real(dptr);
     if (r == CUDA_SUCCESS)
         retire(dptr);
@@ -250,10 +205,7 @@ VGPU_EXPORT CUresult cuMemFree(CUdeviceptr_v1 dptr)
 #define ASYNC_FREE(name)                                                                       \
     VGPU_EXPORT CUresult name(CUdeviceptr dptr, CUstream stream)                               \
     {                                                                                          \
-        vgpu_init();                                                                           \
-        __typeof__(&name) real = REAL_CU(name);                                                \
-        if (real == NULL)                                                                      \
-            return CUDA_ERROR_NOT_FOUND;                                                       \
+        HOOK_REAL_CU(name);                                                                    \
         CUresult r = real(dptr, stream);                                                       \
         if (r == CUDA_SUCCESS)                                                                 \
             retire(dptr);                                                                      \
@@ -282,93 +234,32 @@ static unsigned long long array_bytes(unsigned long long w, unsigned long long h
     return (w ? w : 1) * (h ? h : 1) * (d ? d : 1) * (channels ? channels : 1) * format_bytes(format);
 }
 
-static CUresult array_admit(unsigned long long bytes, int *fd)
-{
-    return admit(vgpu_host_of_current(), bytes, fd) < 0 ? CUDA_ERROR_OUT_OF_MEMORY : CUDA_SUCCESS;
-}
-
-VGPU_EXPORT CUresult cuArrayCreate_v2(CUarray *arr, const CUDA_ARRAY_DESCRIPTOR *desc)
-{
-    vgpu_init();
-    __typeof__(&cuArrayCreate_v2) real = REAL_CU(cuArrayCreate_v2);
-    if (real == NULL)
-        return CUDA_ERROR_NOT_FOUND;
-    if (desc == NULL)
-        return real(arr, desc);
-    int fd;
-    if (array_admit(array_bytes(desc->Width, desc->Height, 1, desc->NumChannels, desc->Format), &fd))
-        return CUDA_ERROR_OUT_OF_MEMORY;
-    CUresult r = real(arr, desc);
-    vgpu_devunlock(fd);
-    return r;
-}
-
-VGPU_EXPORT CUresult cuArrayCreate(CUarray *arr, const CUDA_ARRAY_DESCRIPTOR_v1 *desc)
-{
-    vgpu_init();
-    __typeof__(&cuArrayCreate) real = REAL_CU(cuArrayCreate);
-    if (real == NULL)
-        return CUDA_ERROR_NOT_FOUND;
-    if (desc == NULL)
-        return real(arr, desc);
-    int fd;
-    if (array_admit(array_bytes(desc->Width, desc->Height, 1, desc->NumChannels, desc->Format), &fd))
-        return CUDA_ERROR_OUT_OF_MEMORY;
-    CUresult r = real(arr, desc);
-    vgpu_devunlock(fd);
-    return r;
-}
-
-VGPU_EXPORT CUresult cuArray3DCreate_v2(CUarray *arr, const CUDA_ARRAY3D_DESCRIPTOR *desc)
-{
-    vgpu_init();
-    __typeof__(&cuArray3DCreate_v2) real = REAL_CU(cuArray3DCreate_v2);
-    if (real == NULL)
-        return CUDA_ERROR_NOT_FOUND;
-    if (desc == NULL)
-        return real(arr, desc);
-    int fd;
-    if (array_admit(array_bytes(desc->Width, desc->Height, desc->Depth, desc->NumChannels, desc->Format), &fd))
-        return CUDA_ERROR_OUT_OF_MEMORY;
-    CUresult r = real(arr, desc);
-    vgpu_devunlock(fd);
-    return r;
-}
-
-VGPU_EXPORT CUresult cuArray3DCreate(CUarray *arr, const CUDA_ARRAY3D_DESCRIPTOR_v1 *desc)
-{
-    vgpu_init();
-    __typeof__(&cuArray3DCreate) real = REAL_CU(cuArray3DCreate);
-    if (real == NULL)
-        return CUDA_ERROR_NOT_FOUND;
-    if (desc == NULL)
-        return real(arr, desc);
-    int fd;
-    if (array_admit(array_bytes(desc->Width, desc->Height, desc->Depth, desc->NumChannels, desc->Format), &fd))
-        return CUDA_ERROR_OUT_OF_MEMORY;
-    CUresult r = real(arr, desc);
-    vgpu_devunlock(fd);
-    return r;
-}
+/* An array hook: `depth` is the descriptor's depth expression (1 for the 2D descriptors). */
+#define ARRAY_CREATE(name, desc_t, depth)                                                      \
+    VGPU_EXPORT CUresult name(CUarray *arr, const desc_t *desc)                                \
+    {                                                                                          \
+        HOOK_REAL_CU(name);                                                                    \
+        if (desc == NULL)                                                                      \
+            return real(arr, desc);                                                            \
+        RETURN_ADMITTED(vgpu_host_of_current(),                                                \
+                        array_bytes(desc->Width, desc->Height, depth, desc->NumChannels, desc->Format), \
+                        real(arr, desc));                                                      \
+    }
+ARRAY_CREATE(cuArrayCreate_v2, CUDA_ARRAY_DESCRIPTOR, 1)
+ARRAY_CREATE(cuArrayCreate, CUDA_ARRAY_DESCRIPTOR_v1, 1)
+ARRAY_CREATE(cuArray3DCreate_v2, CUDA_ARRAY3D_DESCRIPTOR, desc->Depth)
+ARRAY_CREATE(cuArray3DCreate, CUDA_ARRAY3D_DESCRIPTOR_v1, desc->Depth)
 
 VGPU_EXPORT CUresult cuMipmappedArrayCreate(CUmipmappedArray *arr, const CUDA_ARRAY3D_DESCRIPTOR *desc,
                                             unsigned int levels)
 {
-    vgpu_init();
-    __typeof__(&cuMipmappedArrayCreate) real = REAL_CU(cuMipmappedArrayCreate);
-    if (real == NULL)
-        return CUDA_ERROR_NOT_FOUND;
+    HOOK_REAL_CU(cuMipmappedArrayCreate);
     if (desc == NULL)
         return real(arr, desc, levels);
     /* Every level halves each dimension: the chain is at most 4/3 of level 0 for 2D (8/7 3D). */
     unsigned long long base = array_bytes(desc->Width, desc->Height, desc->Depth, desc->NumChannels, desc->Format);
     unsigned long long bytes = levels > 1 ? base + base / 3 : base;
-    int fd;
-    if (array_admit(bytes, &fd))
-        return CUDA_ERROR_OUT_OF_MEMORY;
-    CUresult r = real(arr, desc, levels);
-    vgpu_devunlock(fd);
-    return r;
+    RETURN_ADMITTED(vgpu_host_of_current(), bytes, real(arr, desc, levels));
 }
 
 /* --- pinned host memory: post-check ---------------------------------------------------------- */
@@ -383,10 +274,7 @@ static int over_after(int host)
 
 VGPU_EXPORT CUresult cuMemHostAlloc(void **pp, size_t bytesize, unsigned int flags)
 {
-    vgpu_init();
-    __typeof__(&cuMemHostAlloc) real = REAL_CU(cuMemHostAlloc);
-    if (real == NULL)
-        return CUDA_ERROR_NOT_FOUND;
+    HOOK_REAL_CU(cuMemHostAlloc);
     int host = vgpu_host_of_current();
     if (!limited(host) || vgpu_devlock_held())
         return real(pp, bytesize, flags);
@@ -465,10 +353,7 @@ static void view(int host, unsigned long long *free_, unsigned long long *total)
 
 VGPU_EXPORT CUresult cuMemGetInfo_v2(size_t *free_, size_t *total)
 {
-    vgpu_init();
-    __typeof__(&cuMemGetInfo_v2) real = REAL_CU(cuMemGetInfo_v2);
-    if (real == NULL)
-        return CUDA_ERROR_NOT_FOUND;
+    HOOK_REAL_CU(cuMemGetInfo_v2);
     CUresult r = real(free_, total);
     if (r != CUDA_SUCCESS || free_ == NULL || total == NULL)
         return r;
@@ -508,10 +393,7 @@ static unsigned long long total_view(int host, unsigned long long physical)
 
 VGPU_EXPORT CUresult cuDeviceTotalMem_v2(size_t *bytes, CUdevice dev)
 {
-    vgpu_init();
-    __typeof__(&cuDeviceTotalMem_v2) real = REAL_CU(cuDeviceTotalMem_v2);
-    if (real == NULL)
-        return CUDA_ERROR_NOT_FOUND;
+    HOOK_REAL_CU(cuDeviceTotalMem_v2);
     CUresult r = real(bytes, dev);
     if (r == CUDA_SUCCESS && bytes != NULL)
         *bytes = total_view(vgpu_host_of_cudev(dev), *bytes);
@@ -520,10 +402,7 @@ VGPU_EXPORT CUresult cuDeviceTotalMem_v2(size_t *bytes, CUdevice dev)
 
 VGPU_EXPORT CUresult cuDeviceTotalMem(unsigned int *bytes, CUdevice dev)
 {
-    vgpu_init();
-    __typeof__(&cuDeviceTotalMem) real = REAL_CU(cuDeviceTotalMem);
-    if (real == NULL)
-        return CUDA_ERROR_NOT_FOUND;
+    HOOK_REAL_CU(cuDeviceTotalMem);
     CUresult r = real(bytes, dev);
     if (r == CUDA_SUCCESS && bytes != NULL) {
         unsigned long long t = total_view(vgpu_host_of_cudev(dev), *bytes);

@@ -46,10 +46,7 @@ static int nvml_view(int host, unsigned long long physical, unsigned long long *
 
 VGPU_EXPORT nvmlReturn_t nvmlDeviceGetMemoryInfo(nvmlDevice_t dev, nvmlMemory_t *mem)
 {
-    vgpu_init();
-    __typeof__(&nvmlDeviceGetMemoryInfo) real = REAL_NVML(nvmlDeviceGetMemoryInfo);
-    if (real == NULL)
-        return NVML_ERROR_FUNCTION_NOT_FOUND;
+    HOOK_REAL_NVML(nvmlDeviceGetMemoryInfo);
     nvmlReturn_t r = real(dev, mem);
     int host;
     if (r != NVML_SUCCESS || mem == NULL || (host = limited_host(dev)) < 0)
@@ -66,10 +63,7 @@ VGPU_EXPORT nvmlReturn_t nvmlDeviceGetMemoryInfo(nvmlDevice_t dev, nvmlMemory_t 
 
 VGPU_EXPORT nvmlReturn_t nvmlDeviceGetMemoryInfo_v2(nvmlDevice_t dev, nvmlMemory_v2_t *mem)
 {
-    vgpu_init();
-    __typeof__(&nvmlDeviceGetMemoryInfo_v2) real = REAL_NVML(nvmlDeviceGetMemoryInfo_v2);
-    if (real == NULL)
-        return NVML_ERROR_FUNCTION_NOT_FOUND;
+    HOOK_REAL_NVML(nvmlDeviceGetMemoryInfo_v2);
     nvmlReturn_t r = real(dev, mem);
     int host;
     if (r != NVML_SUCCESS || mem == NULL || (host = limited_host(dev)) < 0)

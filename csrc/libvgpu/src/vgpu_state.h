@@ -12,6 +12,19 @@
  * per-process part again. */
 VGPU_HIDDEN void vgpu_init(void);
 
+/* A hook's prologue: vgpu_init(), then `real` bound to the original of `name`; the hook returns
+ * CUDA_ERROR_NOT_FOUND (NVML_ERROR_FUNCTION_NOT_FOUND) when the driver (NVML) lacks it. */
+#define HOOK_REAL_CU(name)                                                                     \
+    vgpu_init();                                                                               \
+    __typeof__(&name) real = REAL_CU(name);                                                    \
+    if (real == NULL)                                                                          \
+        return CUDA_ERROR_NOT_FOUND
+#define HOOK_REAL_NVML(name)                                                                   \
+    vgpu_init();                                                                               \
+    __typeof__(&name) real = REAL_NVML(name);                                                  \
+    if (real == NULL)                                                                          \
+        return NVML_ERROR_FUNCTION_NOT_FOUND
+
 VGPU_HIDDEN const struct vgpu_env_config *vgpu_cfg(void);
 
 /* Host index i of CUDA device `dev` (by cuDeviceGetUuid), or -1 when it is none of ours. */
