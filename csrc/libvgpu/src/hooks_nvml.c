@@ -44,17 +44,25 @@ static int nvml_view(int host, unsigned long long physical, unsigned long long *
     return 0;
 }
 
+/* The container's (total, used) of `dev` from the driver's: 0 when the device is not limited. */
+static int limited_memory(nvmlDevice_t dev, unsigned long long physical, unsigned long long device_used,
+                          unsigned long long *total, unsigned long long *used)
+{
+    int host = limited_host(dev);
+    if (host < 0)
+        return 0;
+    if (nvml_view(host, physical, total, used) < 0)
+        *used = device_used < *total ? device_used : *total; /* unknown usage: device usage, capped */
+    return 1;
+}
+
 VGPU_EXPORT nvmlReturn_t nvmlDeviceGetMemoryInfo(nvmlDevice_t dev, nvmlMemory_t *mem)
 {
     HOOK_REAL_NVML(nvmlDeviceGetMemoryInfo);
     nvmlReturn_t r = real(dev, mem);
-    int host;
-    if (r != NVML_SUCCESS || mem == NULL || (host = limited_host(dev)) < 0)
-        return r;
     unsigned long long total, used;
-    if (nvml_view(host, mem->total, &total, &used) < 0) {
-        used = mem->used < total ? mem->used : total; /* unknown usage: device usage, capped */
-    }
+    if (r != NVML_SUCCESS || mem == NULL || !limited_memory(dev, mem->total, mem->used, &total, &used))
+        return r;
     mem->total = total;
     mem->used = used;
     mem->free = total - used;
@@ -65,12 +73,9 @@ VGPU_EXPORT nvmlReturn_t nvmlDeviceGetMemoryInfo_v2(nvmlDevice_t dev, nvmlMemory
 {
     HOOK_REAL_NVML(nvmlDeviceGetMemoryInfo_v2);
     nvmlReturn_t r = real(dev, mem);
-    int host;
-    if (r != NVML_SUCCESS || mem == NULL || (host = limited_host(dev)) < 0)
-        return r;
     unsigned long long total, used;
-    if (nvml_view(host, mem->total, &total, &used) < 0)
-        used = mem->used < total ? mem->used : total;
+    if (r != NVML_SUCCESS || mem == NULL || !limited_memory(dev, mem->total, mem->used, &total, &used))
+        return r;
     mem->total = total;
     mem->used = used;
     mem->reserved = mem->reserved < total - used ? mem->reserved : total - used;
