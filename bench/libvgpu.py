@@ -27,7 +27,6 @@ into libvgpu-control.so and an allocation past the 4 GiB limit fails with CUDA_E
 from __future__ import annotations
 
 import argparse
-import os
 import subprocess
 import sys
 import tempfile
@@ -37,42 +36,23 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.lib.stats import percentile
+from tests.support import BUILD
+from tests.unit.libvgpu.cbuild import CUDA_DECLS, compile_on_fake_cuda, fake_env, gpu_profile, library_dirs
 
-REPO = Path(__file__).resolve().parent.parent
-BUILD = REPO / "build"
 UUID = "GPU-0b0b0b0b-1111-4222-8333-444444444444"
-PROFILE = f"""driverVersion: 550.54.15
-cudaDriverVersion: "12.4"
-gpus:
-  - uuid: {UUID}
-    index: 0
-    minor: 0
-    productName: NVIDIA H100 80GB HBM3
-    brand: Nvidia
-    architecture: Hopper
-    memoryTotal: 85520809984
-    pciBusId: "00000000:18:00.0"
-    computeCapability: "9.0"
-"""
+PROFILE = gpu_profile(UUID)
 
-PROGRAM = r"""
+PROGRAM = (
+    r"""
 #define _GNU_SOURCE
 #include <dlfcn.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <time.h>
-typedef int CUresult;
-typedef int CUdevice;
+"""
+    + CUDA_DECLS
+    + r"""
 typedef unsigned long long CUdeviceptr;
-typedef void *CUcontext, *CUmodule, *CUfunction, *CUstream;
-CUresult cuInit(unsigned int);
-CUresult cuDeviceGet(CUdevice *, int);
-CUresult cuDevicePrimaryCtxRetain(CUcontext *, CUdevice);
-CUresult cuCtxSetCurrent(CUcontext);
-CUresult cuModuleLoadData(CUmodule *, const void *);
-CUresult cuModuleGetFunction(CUfunction *, CUmodule, const char *);
-CUresult cuLaunchKernel(CUfunction, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned,
-                        CUstream, void **, void **);
 CUresult cuMemAlloc_v2(CUdeviceptr *, size_t);
 CUresult cuMemFree_v2(CUdeviceptr);
 
@@ -131,6 +111,7 @@ int main(int argc, char **argv) {
     return 0;
 }
 """
+)
 
 
 @dataclass(frozen=True)
@@ -155,14 +136,8 @@ def parse(out: str) -> Run:
 
 
 def run(program: Path, tmp: Path, hooked: bool, args: argparse.Namespace) -> Run:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("CUDA_", "MANAGER_", "VGPU_", "FAKE_"))}
     state = tmp / ("hooked.state" if hooked else "plain.state")
-    env.update(
-        LD_LIBRARY_PATH=f"{BUILD / 'fakecuda'}:{BUILD / 'fakenvml'}",
-        FAKE_NVML_PROFILE=str(tmp / "profile.yaml"),
-        FAKE_GPU_STATE=str(state),
-        FAKE_GPU_NS_PER_BLOCK="0",
-    )
+    env = fake_env(tmp / "profile.yaml", state, FAKE_GPU_NS_PER_BLOCK="0")
     if hooked:
         env.update(
             LD_PRELOAD=str(BUILD / "libvgpu" / "libvgpu-control.so"),
@@ -170,10 +145,7 @@ def run(program: Path, tmp: Path, hooked: bool, args: argparse.Namespace) -> Run
             MANAGER_COMPATIBILITY_MODE="0",
             CUDA_CORE_LIMIT_0="50",
             CUDA_MEM_LIMIT_0="4096m",
-            VGPU_LOCK_DIR=str(tmp / "lock"),
-            VGPU_VMEM_NODE_DIR=str(tmp / "vmem"),
-            VGPU_SM_NODE_DIR=str(tmp / "sm"),
-            VGPU_CONFIG_DIR=str(tmp / "config"),
+            **library_dirs(tmp),
         )
     argv = [str(program), str(args.rounds), str(args.launches), str(args.allocs)]
     result = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=600, check=False)
@@ -230,22 +202,7 @@ def main() -> int:
     with tempfile.TemporaryDirectory(prefix="bench-libvgpu-") as name:
         tmp = Path(name)
         (tmp / "profile.yaml").write_text(PROFILE)
-        source = tmp / "calls.c"
-        source.write_text(PROGRAM)
-        program = tmp / "calls"
-        subprocess.run(
-            [
-                "gcc",
-                "-O2",
-                "-o",
-                str(program),
-                str(source),
-                f"-L{BUILD / 'fakecuda'}",
-                "-l:libcuda.so.1",
-                "-ldl",
-            ],
-            check=True,
-        )
+        program = compile_on_fake_cuda(tmp / "calls", PROGRAM, "-O2")
         plain, hooked = Run({}, [], [], -1), Run({}, [], [], -1)
         for _ in range(args.pairs):  # alternated, so a change in the machine's load hits both alike
             plain = merge(plain, run(program, tmp, False, args))

@@ -1,9 +1,33 @@
-"""Compile the small C programs and libraries the library tests run (gcc, into a temp dir)."""
+"""Compile and run the small C programs and libraries the library tests and bench/libvgpu.py run
+(gcc, into a temp dir), on the fake driver and NVML of csrc/fakecuda and csrc/fakenvml."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 from pathlib import Path
+
+from tests.support import BUILD, built
+
+#: the prefixes of the variables the library and the fakes read: a run starts without any of the
+#: caller's, so only what the run sets counts
+OWN_PREFIXES = ("CUDA_", "MANAGER_", "VGPU_", "FAKE_")
+
+#: the C declarations of the driver calls the programs share (the driver's types reduced to what
+#: the fake and the library need)
+CUDA_DECLS = r"""
+typedef int CUresult;
+typedef int CUdevice;
+typedef void *CUcontext, *CUmodule, *CUfunction, *CUstream, *CUgraph, *CUgraphNode, *CUgraphExec;
+CUresult cuInit(unsigned int);
+CUresult cuDeviceGet(CUdevice *, int);
+CUresult cuDevicePrimaryCtxRetain(CUcontext *, CUdevice);
+CUresult cuCtxSetCurrent(CUcontext);
+CUresult cuModuleLoadData(CUmodule *, const void *);
+CUresult cuModuleGetFunction(CUfunction *, CUmodule, const char *);
+CUresult cuLaunchKernel(CUfunction, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned,
+                        CUstream, void **, void **);
+"""
 
 
 def compile_c(out: Path, source: str, *flags: str, shared: bool = False) -> Path:
@@ -15,3 +39,56 @@ def compile_c(out: Path, source: str, *flags: str, shared: bool = False) -> Path
         argv[1:1] = ["-shared", "-fPIC"]
     subprocess.run([*argv, *flags, "-ldl", "-lpthread"], check=True, capture_output=True, text=True)
     return out
+
+
+def compile_on_fake_cuda(out: Path, source: str, *flags: str) -> Path:
+    """Build the program `source` linked against the fake libcuda of build/fakecuda."""
+    fakecuda = built("fakecuda/libcuda.so.1").parent
+    return compile_c(out, source, f"-L{fakecuda}", "-l:libcuda.so.1", *flags)
+
+
+def gpu_profile(
+    uuid: str,
+    name: str = "NVIDIA H100 80GB HBM3",
+    arch: str = "Hopper",
+    cc: str = "9.0",
+    memory: int = 85520809984,
+) -> str:
+    """A fake NVML profile of one GPU (the fake derives SMs / threads per SM from `cc`)."""
+    return f"""driverVersion: 550.54.15
+cudaDriverVersion: "12.4"
+gpus:
+  - uuid: {uuid}
+    index: 0
+    minor: 0
+    productName: {name}
+    brand: Nvidia
+    architecture: {arch}
+    memoryTotal: {memory}
+    pciBusId: "00000000:18:00.0"
+    computeCapability: "{cc}"
+"""
+
+
+def fake_env(profile: Path, state: Path, library_path: str = "", **extra: str) -> dict[str, str]:
+    """This process's environment without the library's and the fakes' variables, on the fake driver
+    and NVML (or `library_path`) with the GPU of `profile` and its shared state in `state`; `extra`
+    last."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(OWN_PREFIXES)}
+    env.update(
+        LD_LIBRARY_PATH=library_path or f"{BUILD / 'fakecuda'}:{BUILD / 'fakenvml'}",
+        FAKE_NVML_PROFILE=str(profile),
+        FAKE_GPU_STATE=str(state),
+    )
+    env.update(extra)
+    return env
+
+
+def library_dirs(root: Path) -> dict[str, str]:
+    """The library's file directories (config, lock, vmem, sm nodes) under `root`."""
+    return {
+        "VGPU_CONFIG_DIR": str(root / "config"),
+        "VGPU_LOCK_DIR": str(root / "lock"),
+        "VGPU_VMEM_NODE_DIR": str(root / "vmem"),
+        "VGPU_SM_NODE_DIR": str(root / "sm"),
+    }

@@ -3,7 +3,6 @@ fakecuda, csrc/fakenvml) sharing one simulated GPU state, and the memprobe drive
 
 from __future__ import annotations
 
-import os
 import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -11,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from tests.support import REPO, built
-from tests.unit.libvgpu.cbuild import compile_c
+from tests.unit.libvgpu.cbuild import compile_c, fake_env, library_dirs
 
 PROFILE = REPO / "vgpud" / "gpu" / "profiles" / "a100-40gb-x2.yaml"
 UUIDS = ("GPU-2db41dd2-f9b4-4c97-9654-9baa4a150479", "GPU-bdad1e16-755f-41d4-985c-16737eb6e907")
@@ -91,15 +90,11 @@ def probe(tmp_path_factory: pytest.TempPathFactory, fakes: tuple[Path, Path]) ->
 @pytest.fixture
 def container(tmp_path: Path, fakes: tuple[Path, Path], probe: Path) -> Container:
     lib = built("libvgpu/libvgpu-control.so")
-    base = {k: v for k, v in os.environ.items() if not k.startswith(("CUDA_", "MANAGER_", "VGPU_", "FAKE_"))}
-    base.update(
-        LD_LIBRARY_PATH=f"{fakes[0].parent}:{fakes[1].parent}",
-        FAKE_NVML_PROFILE=str(PROFILE),
-        FAKE_GPU_STATE=str(tmp_path / "gpu.state"),
-        VGPU_CONFIG_DIR=str(tmp_path / "config"),
-        VGPU_LOCK_DIR=str(tmp_path / "lock"),
-        VGPU_VMEM_NODE_DIR=str(tmp_path / "vmem"),
-        VGPU_SM_NODE_DIR=str(tmp_path / "sm"),
+    base = fake_env(
+        PROFILE,
+        tmp_path / "gpu.state",
+        library_path=f"{fakes[0].parent}:{fakes[1].parent}",
+        **library_dirs(tmp_path),
         VGPU_PROC="/proc",
         MANAGER_VISIBLE_DEVICES=",".join(UUIDS),
         PROBE_NVML_UUID=UUIDS[0],

@@ -7,31 +7,19 @@ and a child graph (the sum cached at instantiation, charged per cuGraphLaunch)."
 
 from __future__ import annotations
 
-import os
 import subprocess
 from pathlib import Path
 
 import pytest
 
-from tests.support import BUILD, built
-from tests.unit.libvgpu.cbuild import compile_c
+from tests.support import built
+from tests.unit.libvgpu.cbuild import CUDA_DECLS, compile_on_fake_cuda, fake_env, gpu_profile
 
 UUID = "GPU-0c0c0c0c-1111-4222-8333-444444444444"
-PROFILE = f"""driverVersion: 550.54.15
-cudaDriverVersion: "12.4"
-gpus:
-  - uuid: {UUID}
-    index: 0
-    minor: 0
-    productName: NVIDIA H100 80GB HBM3
-    brand: Nvidia
-    architecture: Hopper
-    memoryTotal: 85520809984
-    pciBusId: "00000000:18:00.0"
-    computeCapability: "9.0"
-"""
+PROFILE = gpu_profile(UUID)
 
-PROGRAM = r"""
+PROGRAM = (
+    r"""
 #define _GNU_SOURCE
 #include <dlfcn.h>
 #include <fcntl.h>
@@ -40,22 +28,14 @@ PROGRAM = r"""
 #include <stdlib.h>
 #include <sys/mman.h>
 #include <unistd.h>
-typedef int CUresult;
-typedef int CUdevice;
-typedef void *CUcontext, *CUmodule, *CUfunction, *CUstream, *CUgraph, *CUgraphNode, *CUgraphExec;
+"""
+    + CUDA_DECLS
+    + r"""
 typedef unsigned U;
 typedef struct { CUfunction func; U gx, gy, gz, bx, by, bz, shmem; void **params, **extra; } NodeParams;
 typedef struct { U gx, gy, gz, bx, by, bz, shmem; CUstream s; void *attrs; U nattrs; } LaunchConfig;
 typedef struct { CUfunction f; U gx, gy, gz, bx, by, bz, shmem; CUstream s; void **params; } LaunchParams;
 typedef CUresult (*launch_fn)(CUfunction, U, U, U, U, U, U, U, CUstream, void **, void **);
-CUresult cuInit(unsigned int);
-CUresult cuDeviceGet(CUdevice *, int);
-CUresult cuDevicePrimaryCtxRetain(CUcontext *, CUdevice);
-CUresult cuCtxSetCurrent(CUcontext);
-CUresult cuModuleLoadData(CUmodule *, const void *);
-CUresult cuModuleGetFunction(CUfunction *, CUmodule, const char *);
-CUresult cuLaunchKernel(CUfunction, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned,
-                        CUstream, void **, void **);
 CUresult cuLaunchKernel_ptsz(CUfunction, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned,
                              CUstream, void **, void **);
 CUresult cuLaunchKernelEx(const LaunchConfig *, CUfunction, void **, void **);
@@ -138,6 +118,7 @@ int main(int argc, char **argv) {
     return 0;
 }
 """
+)
 
 EXPECTED = {
     "cuLaunchKernel": 6,
@@ -157,15 +138,12 @@ EXPECTED = {
 
 @pytest.mark.needs_build
 def test_each_launch_hook_charges_its_grid(tmp_path: Path) -> None:
-    fakecuda = built("fakecuda/libcuda.so.1").parent
-    program = compile_c(tmp_path / "charges", PROGRAM, f"-L{fakecuda}", "-l:libcuda.so.1")
+    program = compile_on_fake_cuda(tmp_path / "charges", PROGRAM)
     (tmp_path / "profile.yaml").write_text(PROFILE)
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("CUDA_", "MANAGER_", "VGPU_", "FAKE_"))}
-    env.update(
+    env = fake_env(
+        tmp_path / "profile.yaml",
+        tmp_path / "gpu.state",
         LD_PRELOAD=str(built("libvgpu/libvgpu-control.so")),
-        LD_LIBRARY_PATH=f"{BUILD / 'fakecuda'}:{BUILD / 'fakenvml'}",
-        FAKE_NVML_PROFILE=str(tmp_path / "profile.yaml"),
-        FAKE_GPU_STATE=str(tmp_path / "gpu.state"),
         MANAGER_VISIBLE_DEVICES=UUID,
         MANAGER_COMPATIBILITY_MODE="0",
         CUDA_CORE_LIMIT_0="90",

@@ -8,7 +8,6 @@ samples of at most MAX_MAE, and near 100 % without a limit. The figures are prin
 
 from __future__ import annotations
 
-import os
 import statistics
 import subprocess
 from dataclasses import dataclass
@@ -16,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.support import BUILD, built
-from tests.unit.libvgpu.cbuild import compile_c
+from tests.support import built
+from tests.unit.libvgpu.cbuild import CUDA_DECLS, compile_c, compile_on_fake_cuda, fake_env, gpu_profile
 from vgpud.partition.libfiles import parse_sm_node
 
 WARMUP_S = 1.0
@@ -26,25 +25,12 @@ WINDOW_S = 10.0
 #: the start (a start-up burst over the limit shows here before it moves the mean by 3 points)
 MAX_MAE = 2.0
 
-# Two fake GPUs: the fake derives SMs / threads per SM from the compute capability
-# (8.6: 80 x 1536, 9.0: 132 x 2048).
-PROFILE = """driverVersion: 550.54.15
-cudaDriverVersion: "12.4"
-gpus:
-  - uuid: {uuid}
-    index: 0
-    minor: 0
-    productName: {name}
-    brand: Nvidia
-    architecture: {arch}
-    memoryTotal: 25769803776
-    pciBusId: "00000000:18:00.0"
-    computeCapability: "{cc}"
-"""
-
 
 @dataclass(frozen=True)
 class Gpu:
+    """A fake GPU: the fake derives SMs / threads per SM from the compute capability (8.6: 80 x 1536,
+    9.0: 132 x 2048)."""
+
     name: str
     arch: str
     cc: str
@@ -57,27 +43,20 @@ GPUS = [
     Gpu("NVIDIA H100 80GB HBM3", "Hopper", "9.0", 132, "GPU-0b0b0b0b-1111-4222-8333-444444444444"),
 ]
 
-LAUNCHER = r"""
+LAUNCHER = (
+    r"""
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
-typedef int CUresult;
-typedef int CUdevice;
-typedef void *CUcontext, *CUmodule, *CUfunction, *CUstream, *CUgraph, *CUgraphNode, *CUgraphExec;
+"""
+    + CUDA_DECLS
+    + r"""
 typedef struct {
     CUfunction func;
     unsigned int gx, gy, gz, bx, by, bz, shmem;
     void **params, **extra;
 } KernelNodeParams;
-CUresult cuInit(unsigned int);
-CUresult cuDeviceGet(CUdevice *, int);
-CUresult cuDevicePrimaryCtxRetain(CUcontext *, CUdevice);
-CUresult cuCtxSetCurrent(CUcontext);
-CUresult cuModuleLoadData(CUmodule *, const void *);
-CUresult cuModuleGetFunction(CUfunction *, CUmodule, const char *);
-CUresult cuLaunchKernel(CUfunction, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned,
-                        CUstream, void **, void **);
 CUresult cuStreamSynchronize(CUstream);
 CUresult cuGraphCreate(CUgraph *, unsigned int);
 CUresult cuGraphAddKernelNode(CUgraphNode *, CUgraph, const CUgraphNode *, size_t, const KernelNodeParams *);
@@ -130,6 +109,7 @@ int main(int argc, char **argv) {
     return 0;
 }
 """
+)
 
 PROBE = r"""
 #include <stdio.h>
@@ -176,20 +156,10 @@ class Run:
 @pytest.fixture(scope="module")
 def programs(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     out = tmp_path_factory.mktemp("coreloop")
-    fakecuda = built("fakecuda/libcuda.so.1").parent
     fakenvml = built("fakenvml/libnvidia-ml.so.1").parent
-    launcher = compile_c(out / "launcher", LAUNCHER, f"-L{fakecuda}", "-l:libcuda.so.1")
+    launcher = compile_on_fake_cuda(out / "launcher", LAUNCHER)
     probe = compile_c(out / "probe", PROBE, f"-L{fakenvml}", "-l:libnvidia-ml.so.1")
     return launcher, probe
-
-
-def _env(profile: Path, state: Path, **extra: str) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("CUDA_", "MANAGER_", "VGPU_", "FAKE_"))}
-    env["LD_LIBRARY_PATH"] = f"{BUILD / 'fakecuda'}:{BUILD / 'fakenvml'}"
-    env["FAKE_NVML_PROFILE"] = str(profile)
-    env["FAKE_GPU_STATE"] = str(state)
-    env.update(extra)
-    return env
 
 
 def _start(
@@ -207,7 +177,7 @@ def _start(
     launcher, probe = programs
     tmp.mkdir()
     profile = tmp / "profile.yaml"
-    profile.write_text(PROFILE.format(uuid=gpu.uuid, name=gpu.name, arch=gpu.arch, cc=gpu.cc))
+    profile.write_text(gpu_profile(gpu.uuid, gpu.name, gpu.arch, gpu.cc, memory=25769803776))
     state = tmp / "gpu.state"
     extra = {
         "LD_PRELOAD": str(built("libvgpu/libvgpu-control.so")),
@@ -222,7 +192,7 @@ def _start(
     runs = [
         subprocess.Popen(
             [str(launcher), str(seconds + 0.5), str(4 * gpu.sms), mode],
-            env=_env(profile, state, **extra),
+            env=fake_env(profile, state, **extra),
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,
@@ -231,7 +201,7 @@ def _start(
     ]
     watch = subprocess.Popen(
         [str(probe), str(int(seconds * 10))],
-        env=_env(profile, state),
+        env=fake_env(profile, state),
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
