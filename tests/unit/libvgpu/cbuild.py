@@ -92,3 +92,24 @@ def library_dirs(root: Path) -> dict[str, str]:
         "VGPU_VMEM_NODE_DIR": str(root / "vmem"),
         "VGPU_SM_NODE_DIR": str(root / "sm"),
     }
+
+
+def run_on_own_driver(tmp: Path, driver: str, caller: str, profile: Path, **extra: str) -> str:
+    """Build `driver` as tmp/libcuda.so.1 and the program `caller`, run the caller under the library
+    on that driver and the fake NVML (the GPUs of `profile`, the library's directories under `tmp`,
+    `extra` last); its stdout (a failed run raises)."""
+    lib = built("libvgpu/libvgpu-control.so")
+    nvml = built("fakenvml/libnvidia-ml.so.1")
+    compile_c(tmp / "libcuda.so.1", driver, "-Wl,-soname,libcuda.so.1", shared=True)
+    program = compile_c(tmp / "caller", caller)
+    env = fake_env(
+        profile,
+        tmp / "gpu.state",
+        library_path=f"{tmp}:{nvml.parent}",
+        LD_PRELOAD=str(lib),
+        **library_dirs(tmp),
+        **extra,
+    )
+    return subprocess.run(
+        [str(program)], env=env, capture_output=True, text=True, check=True, timeout=30
+    ).stdout

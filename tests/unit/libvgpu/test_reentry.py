@@ -4,12 +4,9 @@ call: the inner call must pass straight through (no second lock, no second charg
 
 from __future__ import annotations
 
-import os
-import subprocess
 from pathlib import Path
 
-from tests.support import built
-from tests.unit.libvgpu.cbuild import compile_c
+from tests.unit.libvgpu.cbuild import run_on_own_driver
 from tests.unit.libvgpu.conftest import PROFILE, UUIDS
 
 UUID_BYTES = ", ".join(f"0x{UUIDS[0][4:].replace('-', '')[i : i + 2]}" for i in range(0, 32, 2))
@@ -52,24 +49,12 @@ int main(void) {
 
 
 def test_nested_hook_calls_pass_through(tmp_path: Path) -> None:
-    lib = built("libvgpu/libvgpu-control.so")
-    nvml = built("fakenvml/libnvidia-ml.so.1")
-    compile_c(tmp_path / "libcuda.so.1", DRIVER, "-Wl,-soname,libcuda.so.1", shared=True)
-    caller = compile_c(tmp_path / "caller", CALLER)
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("CUDA_", "MANAGER_", "VGPU_", "FAKE_"))}
-    env.update(
-        LD_PRELOAD=str(lib),
-        LD_LIBRARY_PATH=f"{tmp_path}:{nvml.parent}",
-        FAKE_NVML_PROFILE=str(PROFILE),
-        FAKE_GPU_STATE=str(tmp_path / "gpu.state"),
-        VGPU_LOCK_DIR=str(tmp_path / "lock"),
-        VGPU_VMEM_NODE_DIR=str(tmp_path / "vmem"),
-        VGPU_SM_NODE_DIR=str(tmp_path / "sm"),
-        VGPU_CONFIG_DIR=str(tmp_path / "config"),
+    out = run_on_own_driver(
+        tmp_path,
+        DRIVER,
+        CALLER,
+        PROFILE,
         MANAGER_VISIBLE_DEVICES=UUIDS[0],
         CUDA_MEM_LIMIT_0="1g",
     )
-    out = subprocess.run(
-        [str(caller)], env=env, capture_output=True, text=True, check=True, timeout=30
-    ).stdout
     assert out.split() == ["rc", "0", "v2_calls", "1"]

@@ -3,12 +3,9 @@ driver double with two devices (the fake driver has no cuStreamGetCtx), NVML fro
 
 from __future__ import annotations
 
-import os
-import subprocess
 from pathlib import Path
 
-from tests.support import built
-from tests.unit.libvgpu.cbuild import compile_c
+from tests.unit.libvgpu.cbuild import run_on_own_driver
 from tests.unit.libvgpu.conftest import PROFILE, UUIDS
 
 
@@ -63,25 +60,13 @@ int main(void) {
 
 
 def test_async_allocation_is_charged_to_the_streams_device(tmp_path: Path) -> None:
-    lib = built("libvgpu/libvgpu-control.so")
-    nvml = built("fakenvml/libnvidia-ml.so.1")
-    compile_c(tmp_path / "libcuda.so.1", DRIVER, "-Wl,-soname,libcuda.so.1", shared=True)
-    caller = compile_c(tmp_path / "caller", CALLER)
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("CUDA_", "MANAGER_", "VGPU_", "FAKE_"))}
-    env.update(
-        LD_PRELOAD=str(lib),
-        LD_LIBRARY_PATH=f"{tmp_path}:{nvml.parent}",
-        FAKE_NVML_PROFILE=str(PROFILE),
-        FAKE_GPU_STATE=str(tmp_path / "gpu.state"),
-        VGPU_LOCK_DIR=str(tmp_path / "lock"),
-        VGPU_VMEM_NODE_DIR=str(tmp_path / "vmem"),
-        VGPU_SM_NODE_DIR=str(tmp_path / "sm"),
-        VGPU_CONFIG_DIR=str(tmp_path / "config"),
+    out = run_on_own_driver(
+        tmp_path,
+        DRIVER,
+        CALLER,
+        PROFILE,
         MANAGER_VISIBLE_DEVICES=",".join(UUIDS),
         CUDA_MEM_LIMIT_1="256m",  # device 0 (the current one) is not limited
     )
-    out = subprocess.run(
-        [str(caller)], env=env, capture_output=True, text=True, check=True, timeout=30
-    ).stdout
     got = dict(line.split() for line in out.splitlines())
     assert got == {"default": "0", "stream1": "2", "current": "0"}
