@@ -84,6 +84,15 @@ def fake_env(profile: Path, state: Path, library_path: str = "", **extra: str) -
     return env
 
 
+def preload_env(lib: Path, **extra: str) -> dict[str, str]:
+    """This process's environment without the library's variables (the fakes' left as they are),
+    with `lib` preloaded; `extra` last."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("CUDA_", "MANAGER_", "VGPU_"))}
+    env["LD_PRELOAD"] = str(lib)
+    env.update(extra)
+    return env
+
+
 def library_dirs(root: Path) -> dict[str, str]:
     """The library's file directories (config, lock, vmem, sm nodes) under `root`."""
     return {

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from tests.support import built
-from tests.unit.libvgpu.cbuild import compile_c
+from tests.unit.libvgpu.cbuild import compile_c, library_dirs, preload_env
 
 OWNERSHIP = r"""
 #define _GNU_SOURCE
@@ -45,18 +45,11 @@ def lib() -> Path:
     return built("libvgpu/libvgpu-control.so")
 
 
-def _env(lib: Path, **extra: str) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("CUDA_", "MANAGER_", "VGPU_"))}
-    env["LD_PRELOAD"] = str(lib)
-    env.update(extra)
-    return env
-
-
 def test_hook_names_resolve_to_the_library_for_every_handle(lib: Path, tmp_path: Path) -> None:
     prog = compile_c(tmp_path / "owner", OWNERSHIP)
     other = built("fakenvml/libnvidia-ml.so.1")
     out = subprocess.run(
-        [str(prog), str(other)], env=_env(lib), capture_output=True, text=True, check=True, timeout=30
+        [str(prog), str(other)], env=preload_env(lib), capture_output=True, text=True, check=True, timeout=30
     ).stdout
     lines = dict(line.rsplit(" ", 1) for line in out.splitlines())
     for name in ("cuMemAlloc_v2", "cuGetProcAddress", "cuGetProcAddress_v2", "nvmlDeviceGetMemoryInfo"):
@@ -92,7 +85,7 @@ def test_rtld_next_stays_relative_to_the_caller(lib: Path, tmp_path: Path) -> No
     plain = subprocess.run([str(prog)], capture_output=True, text=True, check=True, timeout=30).stdout
     assert plain.strip() == "12"
     hooked = subprocess.run(
-        [str(prog)], check=False, env=_env(lib), capture_output=True, text=True, timeout=30
+        [str(prog)], check=False, env=preload_env(lib), capture_output=True, text=True, timeout=30
     )
     assert hooked.returncode == 0, hooked.stderr
     assert hooked.stdout.strip() == "12"
@@ -105,17 +98,14 @@ def test_a_shell_never_registers(lib: Path, tmp_path: Path) -> None:
     client = tmp_path / "client.sh"
     client.write_text(f"#!/bin/sh\necho $PPID >> {tmp_path}/pids.config\ntouch {marker}\n")
     client.chmod(0o755)
-    env = _env(
+    env = preload_env(
         lib,
         MANAGER_COMPATIBILITY_MODE="236",
         VGPU_POD_UID="uid",
         VGPU_CONTAINER_NAME="c",
         VGPU_REGISTER_CLIENT=str(client),
         VGPU_PIDS_CONFIG=str(tmp_path / "pids.config"),
-        VGPU_CONFIG_DIR=str(tmp_path / "config"),
-        VGPU_LOCK_DIR=str(tmp_path / "lock"),
-        VGPU_VMEM_NODE_DIR=str(tmp_path / "vmem"),
-        VGPU_SM_NODE_DIR=str(tmp_path / "sm"),
+        **library_dirs(tmp_path),
     )
     subprocess.run(["/bin/sh", "-c", "ls / > /dev/null; true"], env=env, check=True, timeout=30)
     assert not marker.exists()

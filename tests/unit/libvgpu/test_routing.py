@@ -4,12 +4,11 @@ library matches by name, except where the name alone does not fix the ABI."""
 
 from __future__ import annotations
 
-import os
 import subprocess
 from pathlib import Path
 
 from tests.support import built
-from tests.unit.libvgpu.cbuild import compile_c
+from tests.unit.libvgpu.cbuild import compile_c, library_dirs, preload_env
 
 # A driver whose cuGetProcAddress answers every symbol with one internal (unexported) function.
 DRIVER = r"""
@@ -51,15 +50,7 @@ def test_unknown_driver_pointers_are_matched_by_name_only_when_unambiguous(tmp_p
     lib = built("libvgpu/libvgpu-control.so")
     driver = compile_c(tmp_path / "libcuda.so.1", DRIVER, "-Wl,-soname,libcuda.so.1", shared=True)
     caller = compile_c(tmp_path / "caller", CALLER)
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("CUDA_", "MANAGER_", "VGPU_"))}
-    env.update(
-        LD_PRELOAD=str(lib),
-        LD_LIBRARY_PATH=str(tmp_path),
-        VGPU_LOCK_DIR=str(tmp_path / "lock"),
-        VGPU_VMEM_NODE_DIR=str(tmp_path / "vmem"),
-        VGPU_SM_NODE_DIR=str(tmp_path / "sm"),
-        VGPU_CONFIG_DIR=str(tmp_path / "config"),
-    )
+    env = preload_env(lib, LD_LIBRARY_PATH=str(tmp_path), **library_dirs(tmp_path))
     out = subprocess.run(
         [str(caller)], env=env, capture_output=True, text=True, check=True, timeout=30
     ).stdout
@@ -101,15 +92,7 @@ def test_the_real_driver_is_the_version_the_kernel_module_names(tmp_path: Path) 
     lib = built("libvgpu/libvgpu-control.so")
     compile_c(tmp_path / "libcuda.so.550.54.15", DRIVER, "-Wl,-soname,libcuda.so.550.54.15", shared=True)
     caller = compile_c(tmp_path / "caller", VERSIONED_CALLER)
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("CUDA_", "MANAGER_", "VGPU_"))}
-    env.update(
-        LD_PRELOAD=str(lib),
-        LD_LIBRARY_PATH=str(tmp_path),
-        VGPU_LOCK_DIR=str(tmp_path / "lock"),
-        VGPU_VMEM_NODE_DIR=str(tmp_path / "vmem"),
-        VGPU_SM_NODE_DIR=str(tmp_path / "sm"),
-        VGPU_CONFIG_DIR=str(tmp_path / "config"),
-    )
+    env = preload_env(lib, LD_LIBRARY_PATH=str(tmp_path), **library_dirs(tmp_path))
     version_file = tmp_path / "version"
     for flavour, text in NVRM.items():
         version_file.write_text(text + "\nGCC version:  gcc version 12.2.0\n")
