@@ -100,3 +100,19 @@ def container(tmp_path: Path, fakes: tuple[Path, Path], probe: Path) -> Containe
         PROBE_NVML_UUID=UUIDS[0],
     )
     return Container(root=tmp_path, lib=lib, probe=probe, env=base)
+
+
+def client_mode(tmp_path: Path) -> dict[str, str]:
+    """Mode 236 (client): the register client appends its parent's PID, as vgpu-register would."""
+    client = tmp_path / "client.sh"
+    pids = tmp_path / "pids.config"
+    client.write_text(f"#!/bin/sh\necho $PPID >> {pids}\n")
+    client.chmod(0o755)
+    return {
+        "MANAGER_COMPATIBILITY_MODE": "236",
+        "VGPU_POD_UID": "uid",
+        "VGPU_CONTAINER_NAME": "c",
+        "VGPU_REGISTER_CLIENT": str(client),
+        "VGPU_PIDS_CONFIG": str(pids),
+        "CUDA_MEM_LIMIT_0": "1024m",
+    }

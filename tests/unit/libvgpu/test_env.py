@@ -7,7 +7,7 @@ from __future__ import annotations
 import subprocess
 from pathlib import Path
 
-from tests.unit.libvgpu.conftest import MIB, PHYSICAL, UUIDS, Container, read_result
+from tests.unit.libvgpu.conftest import MIB, PHYSICAL, UUIDS, Container, client_mode, read_result
 
 
 def test_pid1_environ_is_the_fallback(container: Container, tmp_path: Path) -> None:
@@ -55,31 +55,16 @@ def test_a_bad_limit_is_fatal_at_the_first_cuda_call_only(container: Container) 
     assert "vgpu: FATAL: CUDA_MEM_LIMIT_0 (or CUDA_MEM_LIMIT)=12x is not a size like 8192m" in proc.stderr
 
 
-def _client_mode(container: Container, tmp_path: Path) -> dict[str, str]:
-    client = tmp_path / "client.sh"
-    pids = tmp_path / "pids.config"
-    client.write_text(f"#!/bin/sh\necho $PPID >> {pids}\n")
-    client.chmod(0o755)
-    return {
-        "MANAGER_COMPATIBILITY_MODE": "236",
-        "VGPU_POD_UID": "uid",
-        "VGPU_CONTAINER_NAME": "c",
-        "VGPU_REGISTER_CLIENT": str(client),
-        "VGPU_PIDS_CONFIG": str(pids),
-        "CUDA_MEM_LIMIT_0": "1024m",
-    }
-
-
 def test_client_mode_counts_only_registered_pids(container: Container, tmp_path: Path) -> None:
     outsider = container.start("take", str(512 * MIB), preload=False)
     try:
         assert read_result(outsider, ("rc",))["rc"] == "0"
         # Host mode: every process on the GPU is ours, the outsider's 512 MiB included.
         assert container.run("fill", "direct", str(128 * MIB), CUDA_MEM_LIMIT_0="1024m")["count"] == "4"
-        got = container.run("fill", "direct", str(128 * MIB), **_client_mode(container, tmp_path))
+        got = container.run("fill", "direct", str(128 * MIB), **client_mode(tmp_path))
         assert got["count"] == "8"
         # The forked child registered too, and shares the limit with its parent.
-        got = container.run("fork", str(256 * MIB), **_client_mode(container, tmp_path))
+        got = container.run("fork", str(256 * MIB), **client_mode(tmp_path))
         assert (got["parent_rc"], got["count"]) == ("0", "3")
     finally:
         outsider.communicate(timeout=30)

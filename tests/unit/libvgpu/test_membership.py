@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.unit.libvgpu.conftest import MIB, Container, read_result
+from tests.unit.libvgpu.conftest import MIB, Container, client_mode, read_result
 
 
 def _fill_in_cgroup(container: Container, host_proc: Path, line: str, **env: str) -> str:
@@ -87,22 +87,6 @@ def test_open_kernel_module_mode_needs_the_driver_mapped(container: Container) -
     assert got["count"] == "8"
 
 
-def _client_mode(tmp_path: Path) -> dict[str, str]:
-    """Mode 236 (client): the register client appends its parent's PID, as vgpu-register would."""
-    client = tmp_path / "client.sh"
-    pids = tmp_path / "pids.config"
-    client.write_text(f"#!/bin/sh\necho $PPID >> {pids}\n")
-    client.chmod(0o755)
-    return {
-        "MANAGER_COMPATIBILITY_MODE": "236",
-        "VGPU_POD_UID": "uid",
-        "VGPU_CONTAINER_NAME": "c",
-        "VGPU_REGISTER_CLIENT": str(client),
-        "VGPU_PIDS_CONFIG": str(pids),
-        "CUDA_MEM_LIMIT_0": "1024m",
-    }
-
-
 def _rewrite_in_place(path: Path, text: str) -> None:
     """As the registry writes pids.config: at offset 0 over the old text, then ftruncate."""
     fd = os.open(path, os.O_WRONLY)
@@ -134,7 +118,7 @@ def test_client_mode_sees_pids_config_rewritten_between_decisions(
     probe = None
     try:
         assert read_result(outsider, ("rc",))["rc"] == "0"
-        env = _client_mode(tmp_path)
+        env = client_mode(tmp_path)
         pids = Path(env["VGPU_PIDS_CONFIG"])
         probe = container.start("steps", str(256 * MIB), **env)
         read_result(probe, ("ready",))
