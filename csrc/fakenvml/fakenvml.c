@@ -351,37 +351,20 @@ static nvmlReturn_t list_processes(nvmlDevice_t device, unsigned int *count, voi
     return NVML_SUCCESS;
 }
 
+#define PROCESS_LIST(name, info_t, flag)                                                             \
+    EXPORT nvmlReturn_t name(nvmlDevice_t device, unsigned int *count, info_t *infos) {              \
+        return list_processes(device, count, infos, sizeof *infos, flag);                            \
+    }
+
 /* Compute processes: every pid with a fake libcuda context or memory on the device. */
-EXPORT nvmlReturn_t nvmlDeviceGetComputeRunningProcesses(nvmlDevice_t device, unsigned int *count,
-                                                         nvmlProcessInfo_v1_t *infos) {
-    return list_processes(device, count, infos, sizeof *infos, FS_FLAG_CONTEXT);
-}
-
-EXPORT nvmlReturn_t nvmlDeviceGetComputeRunningProcesses_v2(nvmlDevice_t device, unsigned int *count,
-                                                            nvmlProcessInfo_v2_t *infos) {
-    return list_processes(device, count, infos, sizeof *infos, FS_FLAG_CONTEXT);
-}
-
-EXPORT nvmlReturn_t nvmlDeviceGetComputeRunningProcesses_v3(nvmlDevice_t device, unsigned int *count,
-                                                            nvmlProcessInfo_v2_t *infos) {
-    return list_processes(device, count, infos, sizeof *infos, FS_FLAG_CONTEXT);
-}
+PROCESS_LIST(nvmlDeviceGetComputeRunningProcesses, nvmlProcessInfo_v1_t, FS_FLAG_CONTEXT)
+PROCESS_LIST(nvmlDeviceGetComputeRunningProcesses_v2, nvmlProcessInfo_v2_t, FS_FLAG_CONTEXT)
+PROCESS_LIST(nvmlDeviceGetComputeRunningProcesses_v3, nvmlProcessInfo_v2_t, FS_FLAG_CONTEXT)
 
 /* Graphics processes: those whose context was made with FAKE_GPU_GRAPHICS=1 (they are "C+G"). */
-EXPORT nvmlReturn_t nvmlDeviceGetGraphicsRunningProcesses(nvmlDevice_t device, unsigned int *count,
-                                                          nvmlProcessInfo_v1_t *infos) {
-    return list_processes(device, count, infos, sizeof *infos, FS_FLAG_GRAPHICS);
-}
-
-EXPORT nvmlReturn_t nvmlDeviceGetGraphicsRunningProcesses_v2(nvmlDevice_t device, unsigned int *count,
-                                                             nvmlProcessInfo_v2_t *infos) {
-    return list_processes(device, count, infos, sizeof *infos, FS_FLAG_GRAPHICS);
-}
-
-EXPORT nvmlReturn_t nvmlDeviceGetGraphicsRunningProcesses_v3(nvmlDevice_t device, unsigned int *count,
-                                                             nvmlProcessInfo_v2_t *infos) {
-    return list_processes(device, count, infos, sizeof *infos, FS_FLAG_GRAPHICS);
-}
+PROCESS_LIST(nvmlDeviceGetGraphicsRunningProcesses, nvmlProcessInfo_v1_t, FS_FLAG_GRAPHICS)
+PROCESS_LIST(nvmlDeviceGetGraphicsRunningProcesses_v2, nvmlProcessInfo_v2_t, FS_FLAG_GRAPHICS)
+PROCESS_LIST(nvmlDeviceGetGraphicsRunningProcesses_v3, nvmlProcessInfo_v2_t, FS_FLAG_GRAPHICS)
 
 /* How far back a lastSeenTimeStamp of 0 (or an older one) reaches: the driver's sample buffer. */
 #define SAMPLE_BUFFER_NS 10000000000ull
