@@ -56,9 +56,6 @@ typedef unsigned long long CUdeviceptr;
 CUresult cuMemAlloc_v2(CUdeviceptr *, size_t);
 CUresult cuMemFree_v2(CUdeviceptr);
 
-static const char ptx[] =
-    ".version 8.0\n.target sm_80\n.address_size 64\n.visible .entry nop()\n{\n ret;\n}\n";
-
 static double now(void) {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
@@ -75,13 +72,8 @@ static const char *owner(void *fn) {
 
 int main(int argc, char **argv) {
     int rounds = atoi(argv[1]), launches = atoi(argv[2]), allocs = atoi(argv[3]);
-    CUdevice dev; CUcontext ctx; CUmodule mod; CUfunction f;
-    OK(cuInit(0));
-    OK(cuDeviceGet(&dev, 0));
-    OK(cuDevicePrimaryCtxRetain(&ctx, dev));
-    OK(cuCtxSetCurrent(ctx));
-    OK(cuModuleLoadData(&mod, ptx));
-    OK(cuModuleGetFunction(&f, mod, "nop"));
+    CUfunction f;
+    OK(load_kernel("nop", &f));
     printf("owner cuLaunchKernel %s\n", owner((void *)cuLaunchKernel));
     printf("owner cuMemAlloc_v2 %s\n", owner((void *)cuMemAlloc_v2));
     OK(cuLaunchKernel(f, 1, 1, 1, 1, 1, 1, 0, NULL, NULL, NULL)); /* first call: lazy set-up */

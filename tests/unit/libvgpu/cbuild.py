@@ -14,7 +14,7 @@ from tests.support import BUILD, built
 OWN_PREFIXES = ("CUDA_", "MANAGER_", "VGPU_", "FAKE_")
 
 #: the C declarations of the driver calls the programs share (the driver's types reduced to what
-#: the fake and the library need)
+#: the fake and the library need), and load_kernel, their common set-up (after <stdio.h>)
 CUDA_DECLS = r"""
 typedef int CUresult;
 typedef int CUdevice;
@@ -27,6 +27,24 @@ CUresult cuModuleLoadData(CUmodule *, const void *);
 CUresult cuModuleGetFunction(CUfunction *, CUmodule, const char *);
 CUresult cuLaunchKernel(CUfunction, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned,
                         CUstream, void **, void **);
+
+/* Device 0's primary context made current and the kernel `name` of a one-entry PTX module in *f:
+ * CUDA_SUCCESS, or the first failing call's result (named on stderr). */
+__attribute__((unused)) static CUresult load_kernel(const char *name, CUfunction *f) {
+    static char ptx[256];
+    snprintf(ptx, sizeof ptx,
+             ".version 8.0\n.target sm_80\n.address_size 64\n.visible .entry %s()\n{\n ret;\n}\n", name);
+    CUdevice dev; CUcontext ctx; CUmodule mod; CUresult rc;
+#define LOAD_STEP(call) if ((rc = (call)) != 0) { fprintf(stderr, "%s: %d\n", #call, rc); return rc; }
+    LOAD_STEP(cuInit(0));
+    LOAD_STEP(cuDeviceGet(&dev, 0));
+    LOAD_STEP(cuDevicePrimaryCtxRetain(&ctx, dev));
+    LOAD_STEP(cuCtxSetCurrent(ctx));
+    LOAD_STEP(cuModuleLoadData(&mod, ptx));
+    LOAD_STEP(cuModuleGetFunction(f, mod, name));
+#undef LOAD_STEP
+    return 0;
+}
 """
 
 

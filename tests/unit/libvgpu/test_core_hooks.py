@@ -54,8 +54,6 @@ CUresult cuGraphInstantiateWithFlags(CUgraphExec *, CUgraph, unsigned long long)
 CUresult cuGraphLaunch(CUgraphExec, CUstream);
 CUresult cuGetProcAddress_v2(const char *, void **, int, unsigned long long, int *);
 
-static const char ptx[] =
-    ".version 8.0\n.target sm_80\n.address_size 64\n.visible .entry k()\n{\n ret;\n}\n";
 static volatile int64_t *tokens;
 static volatile uint64_t *last_refill;
 
@@ -73,13 +71,8 @@ static volatile uint64_t *last_refill;
     } while (0)
 
 int main(int argc, char **argv) {
-    CUdevice dev; CUcontext ctx; CUmodule mod; CUfunction f;
-    OK(cuInit(0));
-    OK(cuDeviceGet(&dev, 0));
-    OK(cuDevicePrimaryCtxRetain(&ctx, dev));
-    OK(cuCtxSetCurrent(ctx));
-    OK(cuModuleLoadData(&mod, ptx));
-    OK(cuModuleGetFunction(&f, mod, "k"));
+    CUfunction f;
+    OK(load_kernel("k", &f));
     OK(cuLaunchKernel(f, 1, 1, 1, 1, 1, 1, 0, NULL, NULL, NULL)); /* sets the device's bucket up */
     int fd = open(argv[1], O_RDWR);
     char *map = fd < 0 ? MAP_FAILED : mmap(NULL, 8192, PROT_READ, MAP_SHARED, fd, 0);

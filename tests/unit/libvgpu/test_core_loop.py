@@ -63,9 +63,6 @@ CUresult cuGraphAddKernelNode(CUgraphNode *, CUgraph, const CUgraphNode *, size_
 CUresult cuGraphInstantiateWithFlags(CUgraphExec *, CUgraph, unsigned long long);
 CUresult cuGraphLaunch(CUgraphExec, CUstream);
 
-static const char ptx[] =
-    ".version 8.0\n.target sm_80\n.address_size 64\n.visible .entry spin()\n{\n ret;\n}\n";
-
 static double now(void) {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
@@ -79,13 +76,8 @@ int main(int argc, char **argv) {
     double seconds = atof(argv[1]);
     unsigned grid = (unsigned)atoi(argv[2]);
     int graph = argc > 3 && strcmp(argv[3], "graph") == 0;
-    CUdevice dev; CUcontext ctx; CUmodule mod; CUfunction f;
-    OK(cuInit(0));
-    OK(cuDeviceGet(&dev, 0));
-    OK(cuDevicePrimaryCtxRetain(&ctx, dev));
-    OK(cuCtxSetCurrent(ctx));
-    OK(cuModuleLoadData(&mod, ptx));
-    OK(cuModuleGetFunction(&f, mod, "spin"));
+    CUfunction f;
+    OK(load_kernel("spin", &f));
     CUgraphExec exec = NULL;
     if (graph) { /* two kernel nodes of grid/2 blocks each */
         CUgraph g; CUgraphNode a, b;
