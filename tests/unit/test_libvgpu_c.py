@@ -4,33 +4,21 @@ cross-check of the C HPACK tables against the independent python `hpack` package
 from __future__ import annotations
 
 import re
-import subprocess
 
 import pytest
 from hpack.huffman_constants import REQUEST_CODES, REQUEST_CODES_LENGTH
 from hpack.table import HeaderTable
 
-from tests.support import REPO, built
+from tests.support import REPO
+from tests.unit.libvgpu.cbuild import check_c_test, makefile_tests
 
 LIBVGPU = REPO / "csrc" / "libvgpu"
 
 
-def _c_tests() -> list[str]:
-    """The TESTS list of csrc/libvgpu/Makefile, so a new C test is picked up without editing this file."""
-    text = (LIBVGPU / "Makefile").read_text()
-    match = re.search(r"^TESTS\s*:=\s*(.+)$", text, re.MULTILINE)
-    assert match, "csrc/libvgpu/Makefile has no TESTS line"
-    return match.group(1).split()
-
-
 @pytest.mark.needs_build
-@pytest.mark.parametrize("name", _c_tests())
+@pytest.mark.parametrize("name", makefile_tests("TESTS"))
 def test_c_unit_tests(name: str) -> None:
-    binary = built(f"libvgpu/tests/{name}")
-    result = subprocess.run([str(binary)], capture_output=True, text=True, timeout=120, check=False)
-    output = result.stdout + result.stderr
-    assert result.returncode == 0, output
-    assert re.search(rf"^{name}: \d+ checks, 0 failed$", result.stdout, re.MULTILINE), output
+    check_c_test(name)
 
 
 def test_huffman_table_matches_python_hpack() -> None:

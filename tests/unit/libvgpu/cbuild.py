@@ -4,10 +4,11 @@
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 from pathlib import Path
 
-from tests.support import BUILD, built
+from tests.support import BUILD, REPO, built
 
 #: the prefixes of the variables the library and the fakes read: a run starts without any of the
 #: caller's, so only what the run sets counts
@@ -140,3 +141,21 @@ def run_on_own_driver(tmp: Path, driver: str, caller: str, profile: Path, **extr
     return subprocess.run(
         [str(program)], env=env, capture_output=True, text=True, check=True, timeout=30
     ).stdout
+
+
+def makefile_tests(variable: str) -> list[str]:
+    """The test list `variable` (TESTS, CORE_TESTS) of csrc/libvgpu/Makefile, so a new C test is
+    picked up without editing the Python side."""
+    text = (REPO / "csrc" / "libvgpu" / "Makefile").read_text()
+    match = re.search(rf"^{variable}\s*:=\s*(.+)$", text, re.MULTILINE)
+    assert match, f"csrc/libvgpu/Makefile has no {variable} line"
+    return match.group(1).split()
+
+
+def check_c_test(name: str) -> None:
+    """Run the C unit test build/libvgpu/tests/`name`: it must exit 0 and report no failed check."""
+    binary = built(f"libvgpu/tests/{name}")
+    result = subprocess.run([str(binary)], capture_output=True, text=True, timeout=120, check=False)
+    output = result.stdout + result.stderr
+    assert result.returncode == 0, output
+    assert re.search(rf"^{name}: \d+ checks, 0 failed$", result.stdout, re.MULTILINE), output
