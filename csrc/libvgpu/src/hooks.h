@@ -2,8 +2,8 @@
  * name. The dlsym hook and cuGetProcAddress routing both answer from it.
  *
  * Adding a hook (see ../README.md "Adding a hook"):
- *   1. define it with the exact public signature and VGPU_EXPORT in a .c file, calling the
- *      original through REAL_CU(name) / REAL_NVML(name) (real.h) after vgpu_init();
+ *   1. define it with the exact public signature and VGPU_EXPORT in a .c file, starting with
+ *      HOOK_REAL_CU(name) / HOOK_REAL_NVML(name) (vgpu_state.h) and calling the original as real();
  *   2. list it as VGPU_HOOK(name) in hooks_lib.def (lib's hooks) or core_hooks.def (core's).
  * Every listed name is also put in the real-function index, so cuGetProcAddress maps the driver's
  * pointer for it back to this exact name. */

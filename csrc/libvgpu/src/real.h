@@ -27,7 +27,7 @@ VGPU_HIDDEN void *vgpu_real_cached(void **slot, enum vgpu_lib lib, const char *n
 
 /* The original of hook `name` (declared with its exact prototype), typed as the hook:
  *   CUresult r = REAL_CU(cuMemAlloc_v2)(dptr, size);
- * The result is NULL when the driver lacks it; the hook must check (see CALL_REAL_CU). */
+ * The result is NULL when the driver lacks it; the hook must check (HOOK_REAL_CU in vgpu_state.h). */
 #define REAL_CU(name)                                                                          \
     ({                                                                                         \
         static void *vgpu_slot_;                                                               \
