@@ -51,7 +51,6 @@ static int admit(int host, unsigned long long bytes, int *fd)
         return r_;                                                                             \
     } while (0)
 
-#define MISSING(fn) ((fn) == NULL ? CUDA_ERROR_NOT_FOUND : CUDA_SUCCESS)
 
 /* Managed memory standing in for device memory past real_memory: charged to the ledger, as every
  * managed allocation on a limited device (cuMemAllocManaged below). */

@@ -37,9 +37,10 @@ static int nvml_view(int host, unsigned long long physical, unsigned long long *
 {
     const struct vgpu_device_cfg *d = &vgpu_cfg()->dev[host];
     unsigned long long u, vmem, f;
+    /* the total first: a caller falls back to the device's usage under it when ours is unknown */
+    vgpu_limited_view(d->mem_limit, d->mem_ratio > 1.0 || d->mem_oversold, physical, 0, total, &f);
     if (vgpu_usage(host, &u, &vmem) < 0)
         return -1;
-    vgpu_limited_view(d->mem_limit, d->mem_ratio > 1.0 || d->mem_oversold, physical, 0, total, &f);
     *used = u + vmem < *total ? u + vmem : *total;
     return 0;
 }
