@@ -4,7 +4,10 @@
 etcd + kube-apiserver (tests/kubeapi.py), kube-scheduler, containerd 1.7 (CDI on, NRI on or off by
 track, restrict_oom_score_adj, cgroupfs, its sockets under the temp dir, the local images imported),
 kubelet (DRA, cgroupfs, failCgroupV1: false) and vgpud as a host process with the mock GPU backend and
-the reference DaemonSet's environment. `start()` returns once the node is Ready, vgpud's health service
+the reference DaemonSet's environment. `LocalNode(fake_gpu=True)` runs vgpud on the NVML backend with the
+fake libnvidia-ml.so.1 (build/fakenvml) serving the same profile, and a fake GPU state file that the
+node's containers share with it (tests/e2e/fakegpu.py mounts the fake driver into them), and imports the
+dynamic-libc image localhost/vgpud-cudaprobe. `start()` returns once the node is Ready, vgpud's health service
 says SERVING and its ResourceSlice is published; `stop()` tears everything down by PID in reverse order
 and leaves no process, mount or cgroup behind. The binaries come from hack/install-kube.sh (kube.env)
 and hack/install-node.sh (node.env).
@@ -54,6 +57,12 @@ NODE_NAME = "e2e-node"
 READY_TIMEOUT_S = 120.0
 STOP_TIMEOUT_S = 15.0
 SERVING = 1
+#: the fake GPUs (csrc/fakecuda, csrc/fakenvml): the variables both fakes read
+FAKE_PROFILE_ENV = "FAKE_NVML_PROFILE"
+FAKE_STATE_ENV = "FAKE_GPU_STATE"
+FAKE_STATE_FILE = "state"
+FAKE_CUDA_LIBRARY = BUILD / "fakecuda" / "libcuda.so.1"
+FAKE_NVML_LIBRARY = BUILD / "fakenvml" / "libnvidia-ml.so.1"
 INSTALL_HINT = "run make build, hack/install-kube.sh and hack/install-node.sh (the test command does it)"
 
 
@@ -137,6 +146,8 @@ class LocalNode:
     metrics_port: int = 0
     #: seconds between vgpud's drift self-checks (which also count eager partition conflicts)
     drift_interval: int = 5
+    #: vgpud sees the fake GPUs (fake NVML + shared state) instead of the mock backend
+    fake_gpu: bool = False
     _cgroups_before: set[Path] = field(default_factory=set)
     _netns_before: set[str] = field(default_factory=set)
     _shared_before: set[Path] = field(default_factory=set)
@@ -194,6 +205,21 @@ class LocalNode:
         return self.logs / f"{name}.log"
 
     @property
+    def fake_gpu_dir(self) -> Path:
+        """Holds the fake GPU state file (FAKE_GPU_STATE) vgpud and the containers share."""
+        return self.workdir / "fakegpu"
+
+    @property
+    def fake_gpu_state(self) -> Path:
+        return self.fake_gpu_dir / FAKE_STATE_FILE
+
+    @property
+    def gpu_profile_path(self) -> Path:
+        from vgpud.gpu.mock import shipped_profiles
+
+        return shipped_profiles()[GPU_PROFILE]
+
+    @property
     def debug_socket(self) -> Path:
         """vgpud's debug endpoint and live hook stream (`vgpud debug tail --socket ...`)."""
         return self.plugin_dir / "debug.sock"
@@ -222,7 +248,7 @@ class LocalNode:
         self._cgroups_before = cgroup_dirs()
         self._netns_before = set(os.listdir("/run/netns")) if os.path.isdir("/run/netns") else set()
         self._shared_before = _shared_run_entries()
-        for sub in ("logs", "c", "cdi", "nri", "cni", "kubelet", "vgpu", "pod-logs"):
+        for sub in ("logs", "c", "cdi", "nri", "cni", "kubelet", "vgpu", "pod-logs", "fakegpu"):
             (self.workdir / sub).mkdir(parents=True, exist_ok=True)
         try:
             self.api = start_apiserver(self.workdir / "kube", timeout_s=timeout_s)
@@ -346,7 +372,12 @@ state = "{w}/c/state"
         return subprocess.run(argv, capture_output=True, text=True, check=check, timeout=timeout)
 
     def _import_images(self) -> None:
-        for key in ("PAUSE_IMAGE_TAR", "BUSYBOX_IMAGE_TAR"):
+        keys = ["PAUSE_IMAGE_TAR", "BUSYBOX_IMAGE_TAR"]
+        if self.fake_gpu:
+            if not Path(self.env.get("CUDA_IMAGE_TAR", "/nonexistent")).exists():
+                raise FileNotFoundError(f"no dynamic-libc image (CUDA_IMAGE_TAR): {INSTALL_HINT}")
+            keys.append("CUDA_IMAGE_TAR")
+        for key in keys:
             self.ctr("images", "import", "--no-unpack=false", self.env[key])
 
     def _remove_all_containers(self) -> None:
@@ -460,6 +491,15 @@ state = "{w}/c/state"
         """The environment the reference's DaemonSet sets, with this node's paths."""
         assert self.api is not None
         gates = f"NRISupport={str(self.nri).lower()},DevicePluginClientMode={str(self.client_mode).lower()}"
+        if self.fake_gpu:
+            gpus = {
+                "GPU_BACKEND": "nvml",
+                "NVML_LIBRARY": str(FAKE_NVML_LIBRARY),
+                FAKE_PROFILE_ENV: str(self.gpu_profile_path),
+                FAKE_STATE_ENV: str(self.fake_gpu_state),
+            }
+        else:
+            gpus = {"GPU_BACKEND": "mock", "GPU_PROFILE": GPU_PROFILE}
         return {
             "NODE_NAME": self.name,
             "FEATURE_GATES": gates,
@@ -471,8 +511,7 @@ state = "{w}/c/state"
             "CGROUP_DRIVER": "cgroupfs",
             "HEALTHCHECK_PORT": str(self.vgpud_port),
             "HEALTHCHECK_ADDRESS": "127.0.0.1",
-            "GPU_BACKEND": "mock",
-            "GPU_PROFILE": GPU_PROFILE,
+            **gpus,
             "KUBECONFIG": str(self.api.kubeconfig),
             "LOG_LEVEL": "info",
             "METRICS_ADDRESS": f"127.0.0.1:{self.metrics_port}",
