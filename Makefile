@@ -41,7 +41,7 @@ protos: setup  ## regenerate vgpud/_pb from protos/
 check-protos: setup  ## fail if vgpud/_pb is not what protos/ generates
 	@./hack/gen-protos.sh --check
 
-demo: build kube node-deps  ## the main job on a real local node (root): a pod with two containers on one vGPU claim
+demo: build kube node-deps  ## the main job on a real local node (root): a pod with two containers on one vGPU claim, then a CUDA program hitting its memory limit
 	@$(PY) hack/demo.py
 
 bench: build

@@ -21,6 +21,7 @@ import argparse
 import contextlib
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -63,6 +64,9 @@ FAKE_STATE_ENV = "FAKE_GPU_STATE"
 FAKE_STATE_FILE = "state"
 FAKE_CUDA_LIBRARY = BUILD / "fakecuda" / "libcuda.so.1"
 FAKE_NVML_LIBRARY = BUILD / "fakenvml" / "libnvidia-ml.so.1"
+#: one Prometheus text sample: name, labels, value
+_SAMPLE = re.compile(r"^(\w+)(?:\{(.*)\})? (\S+)$")
+_LABEL = re.compile(r'(\w+)="([^"]*)"')
 INSTALL_HINT = "run make build, hack/install-kube.sh and hack/install-node.sh (the test command does it)"
 
 
@@ -564,6 +568,16 @@ state = "{w}/c/state"
             if line.startswith((f"{name} ", f"{name}{{"))
         ]
         return sum(values) if values else None
+
+    def metric_samples(self, name: str) -> list[tuple[dict[str, str], float]]:
+        """Every sample of metric `name` as (labels, value)."""
+        out = []
+        for line in self.metrics().splitlines():
+            match = _SAMPLE.match(line)
+            if match and match.group(1) == name:
+                labels = dict(_LABEL.findall(match.group(2) or ""))
+                out.append((labels, float(match.group(3))))
+        return out
 
     def vgpud_health(self, service: str = "liveness") -> int:
         import grpc

@@ -6,7 +6,6 @@ fake NVML with the same GPU state, so its metrics and debug state show what each
 from __future__ import annotations
 
 import os
-import re
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -55,25 +54,11 @@ def first_gpu_uuid(node: LocalNode) -> str:
     return devices[0]["attributes"]["uuid"]["string"]
 
 
-_SAMPLE = re.compile(r"^(\w+)\{(.*)\} (\S+)$")
-
-
-def samples(node: LocalNode, name: str) -> list[tuple[dict[str, str], float]]:
-    """Every sample of metric `name`: (labels, value)."""
-    out = []
-    for line in node.metrics().splitlines():
-        match = _SAMPLE.match(line)
-        if match and match.group(1) == name:
-            labels = dict(re.findall(r'(\w+)="([^"]*)"', match.group(2)))
-            out.append((labels, float(match.group(3))))
-    return out
-
-
 def used_by_partition(node: LocalNode, claim_uid: str) -> dict[str, tuple[str, float]]:
     """partition -> (uuid, used bytes) of the claim's containers, from vgpud's metrics."""
     return {
         labels["partition"]: (labels["uuid"], value)
-        for labels, value in samples(node, names.CONTAINER_MEMORY_USED.name)
+        for labels, value in node.metric_samples(names.CONTAINER_MEMORY_USED.name)
         if labels["claim_uid"] == claim_uid
     }
 
