@@ -41,6 +41,7 @@ from tests.e2e.node import (  # noqa: E402
     GPU_PROFILE,
     INSTALL_HINT,
     LocalNode,
+    fake_gpu_available,
     node_available,
 )
 from vgpud import metrics_names as names  # noqa: E402
@@ -182,7 +183,7 @@ def wait_for_user() -> None:
 def main() -> int:
     if os.geteuid() != 0:
         sys.exit("make demo needs root (containerd, runc and the kubelet do)")
-    if not node_available():
+    if not (node_available() and fake_gpu_available()):
         sys.exit(f"the local node is not installed: {INSTALL_HINT}")
     node = LocalNode(nri=True, client_mode=True, fake_gpu=True)
     with stop_on_signals():  # SIGTERM and SIGHUP tear the node down like Ctrl-C

@@ -12,7 +12,8 @@ says SERVING and its ResourceSlice is published; `stop()` tears everything down 
 and leaves no process, mount or cgroup behind. The binaries come from hack/install-kube.sh (kube.env)
 and hack/install-node.sh (node.env).
 
-    python -m tests.e2e.node [--nri on|off]   bring a node up, print where everything is, Ctrl-C stops it
+    python -m tests.e2e.node [--nri on|off] [--fake-gpu]   bring a node up, print where everything is,
+                                                          Ctrl-C stops it
 """
 
 from __future__ import annotations
@@ -88,6 +89,14 @@ def node_available() -> bool:
     have_kube = all(binary(name) for name in ("etcd", "kube-apiserver", "kube-scheduler", "kubelet"))
     built = all((BUILD / "libvgpu" / name).exists() for name in ("vgpu-register", "libvgpu-control.so"))
     return have_node and have_kube and built
+
+
+def fake_gpu_available() -> bool:
+    """True when a `LocalNode(fake_gpu=True)` has what it needs beyond `node_available()`: the fakes
+    (make build) and the dynamic-libc image (hack/install-node.sh)."""
+    image = node_env().get("CUDA_IMAGE_TAR")
+    fakes = FAKE_CUDA_LIBRARY.exists() and FAKE_NVML_LIBRARY.exists()
+    return fakes and image is not None and Path(image).is_file()
 
 
 # --------------------------------------------------------------------------------------------------
@@ -244,6 +253,8 @@ class LocalNode:
         env = node_env()
         if not node_available():
             raise FileNotFoundError(f"the local node is not installed: {INSTALL_HINT}")
+        if self.fake_gpu and not fake_gpu_available():
+            raise FileNotFoundError(f"no fake GPU driver or dynamic-libc image: {INSTALL_HINT}")
         self.env = env
         for line in reap_dead_nodes(own=self.workdir):
             print(f"local node: {line}", file=sys.stderr, flush=True)
@@ -378,8 +389,6 @@ state = "{w}/c/state"
     def _import_images(self) -> None:
         keys = ["PAUSE_IMAGE_TAR", "BUSYBOX_IMAGE_TAR"]
         if self.fake_gpu:
-            if not Path(self.env.get("CUDA_IMAGE_TAR", "/nonexistent")).exists():
-                raise FileNotFoundError(f"no dynamic-libc image (CUDA_IMAGE_TAR): {INSTALL_HINT}")
             keys.append("CUDA_IMAGE_TAR")
         for key in keys:
             self.ctr("images", "import", "--no-unpack=false", self.env[key])
@@ -679,9 +688,10 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="Bring up the local node until Ctrl-C.")
     parser.add_argument("--nri", choices=("on", "off"), default="on")
     parser.add_argument("--keep", action="store_true", help="keep the temp dir (logs) after stopping")
+    parser.add_argument("--fake-gpu", action="store_true", help="vgpud on the fake NVML (simulated GPUs)")
     args = parser.parse_args(argv)
     started = time.monotonic()
-    node = LocalNode(nri=args.nri == "on", keep=args.keep)
+    node = LocalNode(nri=args.nri == "on", keep=args.keep, fake_gpu=args.fake_gpu)
     with stop_on_signals():  # SIGTERM and SIGHUP tear the node down like Ctrl-C
         try:
             node.start()

@@ -16,7 +16,7 @@ from tests.e2e import fakegpu
 from tests.e2e import workload as w
 from tests.e2e.conftest import TRACKS
 from tests.e2e.leftovers import stop_on_signals
-from tests.e2e.node import DRIVER, INSTALL_HINT, LocalNode, node_available
+from tests.e2e.node import DRIVER, INSTALL_HINT, LocalNode, fake_gpu_available, node_available
 from tests.support import require
 from vgpud import metrics_names as names
 from vgpud.observe.client import Endpoint, get_json
@@ -32,6 +32,7 @@ def fake_node(request: pytest.FixtureRequest) -> Iterator[LocalNode]:
     """A local node whose vgpud and containers share the fake GPUs, one per track."""
     require(os.geteuid() == 0, "root (containerd, runc and the kubelet need it)", "run the tests as root")
     require(node_available(), "the local node (containerd, runc, kubelet, images)", INSTALL_HINT)
+    require(fake_gpu_available(), "the fake GPU driver and the dynamic-libc image", INSTALL_HINT)
     local = LocalNode(nri=TRACKS[request.param], fake_gpu=True, keep=bool(os.environ.get("VGPUD_KEEP_NODE")))
     with stop_on_signals():
         local.start()
