@@ -5,8 +5,6 @@ fake NVML with the same GPU state, so its metrics and debug state show what each
 
 from __future__ import annotations
 
-import os
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -14,10 +12,8 @@ import pytest
 
 from tests.e2e import fakegpu
 from tests.e2e import workload as w
-from tests.e2e.conftest import TRACKS
-from tests.e2e.leftovers import stop_on_signals
-from tests.e2e.node import DRIVER, INSTALL_HINT, LocalNode, fake_gpu_available, node_available
-from tests.support import require
+from tests.e2e.conftest import FAKE_GPU_TRACKS
+from tests.e2e.node import DRIVER, LocalNode
 from vgpud import metrics_names as names
 from vgpud.observe.client import Endpoint, get_json
 
@@ -27,19 +23,8 @@ CUDA_ERROR_OUT_OF_MEMORY = 2
 RESULT_KEYS = ("count", "total", "error")
 
 
-@pytest.fixture(scope="module", params=sorted(TRACKS))
-def fake_node(request: pytest.FixtureRequest) -> Iterator[LocalNode]:
-    """A local node whose vgpud and containers share the fake GPUs, one per track."""
-    require(os.geteuid() == 0, "root (containerd, runc and the kubelet need it)", "run the tests as root")
-    require(node_available(), "the local node (containerd, runc, kubelet, images)", INSTALL_HINT)
-    require(fake_gpu_available(), "the fake GPU driver and the dynamic-libc image", INSTALL_HINT)
-    local = LocalNode(nri=TRACKS[request.param], fake_gpu=True, keep=bool(os.environ.get("VGPUD_KEEP_NODE")))
-    with stop_on_signals():
-        local.start()
-        try:
-            yield local
-        finally:
-            local.stop()
+#: every test here runs on both tracks with vgpud and the containers on the simulated GPUs
+pytestmark = pytest.mark.parametrize("node", sorted(FAKE_GPU_TRACKS), indirect=True)
 
 
 def pinned_request(name: str, memory: str, uuid: str) -> dict[str, Any]:
@@ -82,8 +67,7 @@ def wait_used(node: LocalNode, claim_uid: str, expect: list[float]) -> dict[str,
     )
 
 
-def test_container_gets_oom_at_its_claims_memory(fake_node: LocalNode) -> None:
-    node = fake_node
+def test_container_gets_oom_at_its_claims_memory(node: LocalNode) -> None:
     ns = w.namespace(node)
     claim = w.create_claim(node, ns, "gpu", [w.vgpu_request("gpu", "4Gi", "10")])
     uid = claim["metadata"]["uid"]
@@ -112,8 +96,7 @@ def test_container_gets_oom_at_its_claims_memory(fake_node: LocalNode) -> None:
     w.release_claim(node, ns, "gpu")
 
 
-def test_two_containers_on_one_gpu_are_limited_independently(fake_node: LocalNode) -> None:
-    node = fake_node
+def test_two_containers_on_one_gpu_are_limited_independently(node: LocalNode) -> None:
     ns = w.namespace(node)
     uuid = first_gpu_uuid(node)
     requests = [pinned_request("a", "2Gi", uuid), pinned_request("b", "3Gi", uuid)]
