@@ -103,6 +103,11 @@ def container_log(node: LocalNode, ns: str, pod: dict[str, Any], container: str)
     return "\n".join(lines)
 
 
+def parse(text: str) -> dict[str, str]:
+    """memprobe's `key value` lines."""
+    return dict(line.split(" ", 1) for line in text.splitlines() if " " in line)
+
+
 def probe_result(
     node: LocalNode, ns: str, pod: dict[str, Any], container: str, keys: tuple[str, ...]
 ) -> dict[str, str]:
@@ -111,7 +116,7 @@ def probe_result(
     text = ""
     while time.monotonic() < end:
         text = container_log(node, ns, pod, container)
-        got = dict(line.split(" ", 1) for line in text.splitlines() if " " in line)
+        got = parse(text)
         if all(k in got for k in keys):
             return got
         time.sleep(0.3)

@@ -76,7 +76,8 @@ def test_container_gets_oom_at_its_claims_memory(node: LocalNode) -> None:
     pod = w.wait_running(node, ns, "p")
 
     # the probe's own environment (hostPID: /proc/1 in the container is the host's init)
-    environ = Path(f"/proc/{w.task_pid(node, w.container_id(pod, 'main'))}/environ").read_bytes()
+    cid = w.container_id(pod, "main")
+    environ = Path(f"/proc/{w.task_pid(node, cid)}/environ").read_bytes()
     env = dict(item.split("=", 1) for item in environ.decode().split("\0") if "=" in item)
     assert env["LD_PRELOAD"] == "/etc/vgpu-manager/driver/libvgpu-control.so", env
     out = fakegpu.probe_result(node, ns, pod, "main", RESULT_KEYS)
@@ -91,6 +92,12 @@ def test_container_gets_oom_at_its_claims_memory(node: LocalNode) -> None:
     (device,) = [d for d in entry["devices"].values() if d["memory_limit_bytes"] is not None]
     assert device["memory_limit_bytes"] == 4 * GiB, entry
     assert device["used_bytes"] == 4 * GiB and device["nvml_bytes"] == 4 * GiB, entry
+
+    # a second process of the container shares the limit: it sees the limited view, full, and is refused
+    info = fakegpu.parse(w.exec_in(node, cid, f"{fakegpu.PROBE} info").stdout)
+    assert int(info["meminfo_total"]) == 4 * GiB and int(info["meminfo_free"]) == 0, info
+    more = fakegpu.parse(w.exec_in(node, cid, f"{fakegpu.PROBE} fill direct {CHUNK}").stdout)
+    assert (int(more["count"]), int(more["error"])) == (0, CUDA_ERROR_OUT_OF_MEMORY), more
 
     w.delete_pod(node, ns, "p")
     w.release_claim(node, ns, "gpu")
