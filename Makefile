@@ -15,7 +15,7 @@ build: setup  ## C helpers (fake NVML, libvgpu) into build/
 kube:  ## etcd, kube-apiserver, kube-scheduler, kubelet into ~/.cache/vgpud (idempotent, cached)
 	@./hack/install-kube.sh
 
-node-deps:  ## containerd, runc, CNI loopback, busybox + pause images into ~/.cache/vgpud
+node-deps: build  ## containerd, runc, CNI loopback, busybox + pause + cudaprobe images into ~/.cache/vgpud (the probe links against build/fakecuda)
 	@./hack/install-node.sh
 
 node: build kube node-deps  ## a local node (etcd, apiserver, scheduler, containerd, kubelet, vgpud) until Ctrl-C; NRI=off for eager
@@ -41,7 +41,7 @@ protos: setup  ## regenerate vgpud/_pb from protos/
 check-protos: setup  ## fail if vgpud/_pb is not what protos/ generates
 	@./hack/gen-protos.sh --check
 
-demo: build kube node-deps  ## the main job on a real local node (root): a pod with two containers on one vGPU claim
+demo: build kube node-deps  ## the main job on a real local node (root): a pod with two containers on one vGPU claim, then a CUDA program hitting its memory limit
 	@$(PY) hack/demo.py
 
 bench: build

@@ -1,14 +1,20 @@
 """`make demo`: the main job on a real local node (tests/e2e/node.py), NRI on, client registration on.
 
 1. brings up etcd + kube-apiserver, kube-scheduler, containerd (NRI + CDI), the kubelet (DRA) and vgpud
-   with mock GPUs (2x A100-40GB), everything under one temp dir, and prints where each log is;
+   on simulated GPUs (2x A100-40GB: the fake libnvidia-ml.so.1 of csrc/fakenvml, whose state the fake
+   libcuda.so.1 of csrc/fakecuda shares), everything under one temp dir, and prints where each log is;
 2. installs the DeviceClass and shows the ResourceSlice vgpud published (consumable memory and cores);
 3. creates a claim with two requests (8Gi + 50 cores, 4Gi + 20 cores) and ONE pod whose two containers
    use one request each; the scheduler allocates, the kubelet prepares through vgpud, containerd asks
    vgpud's NRI plugin for each container's edits;
 4. prints what each container received: its vGPU env, its vgpud mounts, and the pids.config it sees
    after running vgpu-register inside it (as libvgpu does at CUDA init);
-5. prints where the live hook stream is, waits (Ctrl-C when interactive, DEMO_SECONDS otherwise, default
+5. shows the memory limit enforced: a pod on a 4096Mi claim runs a CUDA program (a dynamic-libc image,
+   the fake driver mounted as the NVIDIA container toolkit mounts the real one, libvgpu-control.so
+   preloaded by vgpud's edits) that allocates 256 MiB at a time; the library refuses the allocation
+   that would pass 4096 MiB with CUDA_ERROR_OUT_OF_MEMORY (2), though the GPU has 40 GiB free, and
+   vgpud's metrics show what the container holds;
+6. prints where the live hook stream is, waits (Ctrl-C when interactive, DEMO_SECONDS otherwise, default
    2) and tears the whole node down. Needs root and hack/install-kube.sh + hack/install-node.sh.
 """
 
@@ -24,9 +30,21 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
+from tests.e2e import fakegpu  # noqa: E402
 from tests.e2e import workload as w  # noqa: E402
 from tests.e2e.leftovers import stop_on_signals  # noqa: E402
-from tests.e2e.node import DEVICE_CLASS, GPU_PROFILE, INSTALL_HINT, LocalNode, node_available  # noqa: E402
+from tests.e2e.node import (  # noqa: E402
+    DEVICE_CLASS,
+    FAKE_NVML_LIBRARY,
+    FAKE_PROFILE_ENV,
+    FAKE_STATE_ENV,
+    GPU_PROFILE,
+    INSTALL_HINT,
+    LocalNode,
+    fake_gpu_available,
+    node_available,
+)
+from vgpud import metrics_names as names  # noqa: E402
 
 VGPUD = [sys.executable, "-m", "vgpud"]
 BOLD, RESET = ("\033[1m", "\033[0m") if sys.stdout.isatty() else ("", "")
@@ -35,6 +53,16 @@ CLAIM, POD = "shared-gpu", "trainer-and-eval"
 CONTAINERS = {"trainer": ("8Gi", "50"), "sidecar-eval": ("4Gi", "20")}
 ENV_PREFIXES = ("MANAGER_", "CUDA_", "VGPU_")
 MOUNT_PREFIXES = ("/etc/vgpu-manager", "/tmp/.vgpu")
+LIMITED_CLAIM, LIMITED_POD, LIMIT_MIB = "small-gpu", "allocator", 4096
+LIMITED_MEMORY = f"{LIMIT_MIB}Mi"
+CHUNK = 256 << 20
+ENFORCED = """What the control library (libvgpu-control.so, preloaded into every vGPU container) enforces:
+  memory  each container's device memory: usage (NVML's memory of the container's registered
+          processes + the library's ledger of what NVML cannot see) plus the new allocation may not
+          pass the claim's memory; past it every allocation call returns CUDA_ERROR_OUT_OF_MEMORY (2)
+          before the driver is called, and cuMemGetInfo / nvmlDeviceGetMemoryInfo show the limit;
+  cores   kernel launches are throttled by a token bucket so the container's SM utilization
+          averages to its claim's cores (an average over a window, not a per-kernel cap)."""
 
 
 def section(title: str) -> None:
@@ -90,6 +118,40 @@ def show_container(node: LocalNode, pod: dict, name: str) -> None:
         )
 
 
+def show_enforced(node: LocalNode) -> None:
+    print(ENFORCED)
+    w.create_claim(node, NAMESPACE, LIMITED_CLAIM, [w.vgpu_request("gpu", LIMITED_MEMORY, "20")])
+    args = ("fill", "direct", str(CHUNK), "hold")
+    probe = fakegpu.probe_container(node, "alloc", None, *args)
+    fakegpu.create_probe_pod(node, NAMESPACE, LIMITED_POD, [probe], LIMITED_CLAIM)
+    pod = w.wait_running(node, NAMESPACE, LIMITED_POD)
+    print(
+        f"\npod {LIMITED_POD} (image {fakegpu.image(node)}, a dynamic libc) on claim {LIMITED_CLAIM} "
+        f"({LIMITED_MEMORY} memory), runs: memprobe {' '.join(args)}"
+    )
+    print(f"  driver: {fakegpu.DRIVER_LIB_DIR}/libcuda.so.1 and libnvidia-ml.so.1 bind-mounted (the fakes)")
+    out = fakegpu.probe_result(node, NAMESPACE, pod, "alloc", ("count", "total", "error"))
+    total, error = int(out["total"]), int(out["error"])
+    print(f"  limit enforced:  {LIMIT_MIB} MiB (the claim's memory)")
+    print(f"  allocated:       {out['count']} x {CHUNK >> 20} MiB = {total >> 20} MiB")
+    name = "CUDA_ERROR_OUT_OF_MEMORY" if error == 2 else "not an out-of-memory error"
+    claim = w.get_claim(node, NAMESPACE, LIMITED_CLAIM)
+    uid, (result,) = claim["metadata"]["uid"], claim["status"]["allocation"]["devices"]["results"]
+    devices = {d["name"]: d for item in node.slices() for d in item["spec"]["devices"]}
+    physical = int(devices[result["device"]]["capacity"]["memory"]["value"])
+    print(f"  next allocation: CUDA error {error} ({name}); {result['device']} has {physical >> 20} MiB")
+
+    def used() -> list[float]:
+        return [
+            v
+            for labels, v in node.metric_samples(names.CONTAINER_MEMORY_USED.name)
+            if labels["claim_uid"] == uid and v > 0
+        ]
+
+    seen = w.wait_for(used, what="vgpud's usage metric")
+    print(f"  vgpud sees:      {names.CONTAINER_MEMORY_USED.name} = {int(seen[0]) >> 20} MiB")
+
+
 def hook_stream(node: LocalNode) -> str:
     has_debug = (
         subprocess.run([*VGPUD, "debug", "--help"], capture_output=True, check=False, cwd=REPO).returncode
@@ -121,9 +183,9 @@ def wait_for_user() -> None:
 def main() -> int:
     if os.geteuid() != 0:
         sys.exit("make demo needs root (containerd, runc and the kubelet do)")
-    if not node_available():
+    if not (node_available() and fake_gpu_available()):
         sys.exit(f"the local node is not installed: {INSTALL_HINT}")
-    node = LocalNode(nri=True, client_mode=True)
+    node = LocalNode(nri=True, client_mode=True, fake_gpu=True)
     with stop_on_signals():  # SIGTERM and SIGHUP tear the node down like Ctrl-C
         return run_demo(node)
 
@@ -140,10 +202,14 @@ def run_demo(node: LocalNode) -> int:
         print(f"ready in {time.monotonic() - started:.1f} s")
         print(node.describe())
 
-        section(f"GPUs (mock profile {GPU_PROFILE})")
-        subprocess.run(
-            [*VGPUD, "gpus", "--gpu-backend", "mock", "--gpu-profile", GPU_PROFILE], check=False, cwd=REPO
-        )
+        section(f"GPUs (simulated: the fake NVML serving profile {GPU_PROFILE})")
+        env = {
+            **os.environ,
+            FAKE_PROFILE_ENV: str(node.gpu_profile_path),
+            FAKE_STATE_ENV: str(node.fake_gpu_state),
+        }
+        argv = [*VGPUD, "gpus", "--gpu-backend", "nvml", "--nvml-library", str(FAKE_NVML_LIBRARY)]
+        subprocess.run(argv, check=False, cwd=REPO, env=env)
 
         section("What vgpud published")
         node.install_device_class()  # start() did it already; idempotent
@@ -168,6 +234,9 @@ def run_demo(node: LocalNode) -> int:
             show_container(node, pod, name)
         uid = w.get_claim(node, NAMESPACE, CLAIM)["metadata"]["uid"]
         print(f"directories under {short(str(node.claim_dir(uid)), node)}: {w.claim_subdirs(node, uid)}")
+
+        section("The memory limit, enforced")
+        show_enforced(node)
 
         section("Watching vgpud")
         print(hook_stream(node))

@@ -1,5 +1,9 @@
 """The local node fixture: one real node per track (NRI on: lazy, per-container directories; NRI off:
-eager, per-partition directories) for the whole session; tests isolate themselves by namespace."""
+eager, per-partition directories) for the whole session; tests isolate themselves by namespace.
+
+A module that needs vgpud on the simulated GPUs (tests/e2e/fakegpu.py) parametrizes `node` indirectly
+with FAKE_GPU_TRACKS. It is the same fixture, so pytest stops one node before it starts the next: two
+nodes never run at once (they would share /run/containerd and the kubepods cgroups)."""
 
 from __future__ import annotations
 
@@ -10,10 +14,12 @@ from collections.abc import Iterator
 import pytest
 
 from tests.e2e.leftovers import stop_on_signals
-from tests.e2e.node import INSTALL_HINT, LocalNode, node_available
+from tests.e2e.node import INSTALL_HINT, LocalNode, fake_gpu_available, node_available
 from tests.support import require
 
 TRACKS = {"nri": True, "eager": False}
+#: the same tracks with vgpud on the fake NVML and the fake driver for containers
+FAKE_GPU_TRACKS = {"nri-fakegpu": True, "eager-fakegpu": False}
 
 
 @pytest.fixture(scope="session", params=sorted(TRACKS))
@@ -21,8 +27,15 @@ def node(request: pytest.FixtureRequest) -> Iterator[LocalNode]:
     """A running local node (kubelet, containerd, vgpud ...) for one track."""
     require(os.geteuid() == 0, "root (containerd, runc and the kubelet need it)", "run the tests as root")
     require(node_available(), "the local node (containerd, runc, kubelet, images)", INSTALL_HINT)
+    fake_gpu = request.param in FAKE_GPU_TRACKS
+    if fake_gpu:
+        require(fake_gpu_available(), "the fake GPU driver and the dynamic-libc image", INSTALL_HINT)
     started = time.monotonic()
-    local = LocalNode(nri=TRACKS[request.param], keep=bool(os.environ.get("VGPUD_KEEP_NODE")))
+    local = LocalNode(
+        nri={**TRACKS, **FAKE_GPU_TRACKS}[request.param],
+        fake_gpu=fake_gpu,
+        keep=bool(os.environ.get("VGPUD_KEEP_NODE")),
+    )
     with stop_on_signals():  # a SIGTERM'd or SIGHUP'd test run still tears its node down
         local.start()
         took = time.monotonic() - started

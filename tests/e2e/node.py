@@ -4,12 +4,16 @@
 etcd + kube-apiserver (tests/kubeapi.py), kube-scheduler, containerd 1.7 (CDI on, NRI on or off by
 track, restrict_oom_score_adj, cgroupfs, its sockets under the temp dir, the local images imported),
 kubelet (DRA, cgroupfs, failCgroupV1: false) and vgpud as a host process with the mock GPU backend and
-the reference DaemonSet's environment. `start()` returns once the node is Ready, vgpud's health service
+the reference DaemonSet's environment. `LocalNode(fake_gpu=True)` runs vgpud on the NVML backend with the
+fake libnvidia-ml.so.1 (build/fakenvml) serving the same profile, and a fake GPU state file that the
+node's containers share with it (tests/e2e/fakegpu.py mounts the fake driver into them), and imports the
+dynamic-libc image localhost/vgpud-cudaprobe. `start()` returns once the node is Ready, vgpud's health service
 says SERVING and its ResourceSlice is published; `stop()` tears everything down by PID in reverse order
 and leaves no process, mount or cgroup behind. The binaries come from hack/install-kube.sh (kube.env)
 and hack/install-node.sh (node.env).
 
-    python -m tests.e2e.node [--nri on|off]   bring a node up, print where everything is, Ctrl-C stops it
+    python -m tests.e2e.node [--nri on|off] [--fake-gpu]   bring a node up, print where everything is,
+                                                          Ctrl-C stops it
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ import argparse
 import contextlib
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -54,6 +59,15 @@ NODE_NAME = "e2e-node"
 READY_TIMEOUT_S = 120.0
 STOP_TIMEOUT_S = 15.0
 SERVING = 1
+#: the fake GPUs (csrc/fakecuda, csrc/fakenvml): the variables both fakes read
+FAKE_PROFILE_ENV = "FAKE_NVML_PROFILE"
+FAKE_STATE_ENV = "FAKE_GPU_STATE"
+FAKE_STATE_FILE = "state"
+FAKE_CUDA_LIBRARY = BUILD / "fakecuda" / "libcuda.so.1"
+FAKE_NVML_LIBRARY = BUILD / "fakenvml" / "libnvidia-ml.so.1"
+#: one Prometheus text sample: name, labels, value
+_SAMPLE = re.compile(r"^(\w+)(?:\{(.*)\})? (\S+)$")
+_LABEL = re.compile(r'(\w+)="([^"]*)"')
 INSTALL_HINT = "run make build, hack/install-kube.sh and hack/install-node.sh (the test command does it)"
 
 
@@ -75,6 +89,14 @@ def node_available() -> bool:
     have_kube = all(binary(name) for name in ("etcd", "kube-apiserver", "kube-scheduler", "kubelet"))
     built = all((BUILD / "libvgpu" / name).exists() for name in ("vgpu-register", "libvgpu-control.so"))
     return have_node and have_kube and built
+
+
+def fake_gpu_available() -> bool:
+    """True when a `LocalNode(fake_gpu=True)` has what it needs beyond `node_available()`: the fakes
+    (make build) and the dynamic-libc image (hack/install-node.sh)."""
+    image = node_env().get("CUDA_IMAGE_TAR")
+    fakes = FAKE_CUDA_LIBRARY.exists() and FAKE_NVML_LIBRARY.exists()
+    return fakes and image is not None and Path(image).is_file()
 
 
 # --------------------------------------------------------------------------------------------------
@@ -137,6 +159,8 @@ class LocalNode:
     metrics_port: int = 0
     #: seconds between vgpud's drift self-checks (which also count eager partition conflicts)
     drift_interval: int = 5
+    #: vgpud sees the fake GPUs (fake NVML + shared state) instead of the mock backend
+    fake_gpu: bool = False
     _cgroups_before: set[Path] = field(default_factory=set)
     _netns_before: set[str] = field(default_factory=set)
     _shared_before: set[Path] = field(default_factory=set)
@@ -194,6 +218,21 @@ class LocalNode:
         return self.logs / f"{name}.log"
 
     @property
+    def fake_gpu_dir(self) -> Path:
+        """Holds the fake GPU state file (FAKE_GPU_STATE) vgpud and the containers share."""
+        return self.workdir / "fakegpu"
+
+    @property
+    def fake_gpu_state(self) -> Path:
+        return self.fake_gpu_dir / FAKE_STATE_FILE
+
+    @property
+    def gpu_profile_path(self) -> Path:
+        from vgpud.gpu.mock import shipped_profiles
+
+        return shipped_profiles()[GPU_PROFILE]
+
+    @property
     def debug_socket(self) -> Path:
         """vgpud's debug endpoint and live hook stream (`vgpud debug tail --socket ...`)."""
         return self.plugin_dir / "debug.sock"
@@ -214,6 +253,8 @@ class LocalNode:
         env = node_env()
         if not node_available():
             raise FileNotFoundError(f"the local node is not installed: {INSTALL_HINT}")
+        if self.fake_gpu and not fake_gpu_available():
+            raise FileNotFoundError(f"no fake GPU driver or dynamic-libc image: {INSTALL_HINT}")
         self.env = env
         for line in reap_dead_nodes(own=self.workdir):
             print(f"local node: {line}", file=sys.stderr, flush=True)
@@ -222,7 +263,7 @@ class LocalNode:
         self._cgroups_before = cgroup_dirs()
         self._netns_before = set(os.listdir("/run/netns")) if os.path.isdir("/run/netns") else set()
         self._shared_before = _shared_run_entries()
-        for sub in ("logs", "c", "cdi", "nri", "cni", "kubelet", "vgpu", "pod-logs"):
+        for sub in ("logs", "c", "cdi", "nri", "cni", "kubelet", "vgpu", "pod-logs", "fakegpu"):
             (self.workdir / sub).mkdir(parents=True, exist_ok=True)
         try:
             self.api = start_apiserver(self.workdir / "kube", timeout_s=timeout_s)
@@ -346,7 +387,10 @@ state = "{w}/c/state"
         return subprocess.run(argv, capture_output=True, text=True, check=check, timeout=timeout)
 
     def _import_images(self) -> None:
-        for key in ("PAUSE_IMAGE_TAR", "BUSYBOX_IMAGE_TAR"):
+        keys = ["PAUSE_IMAGE_TAR", "BUSYBOX_IMAGE_TAR"]
+        if self.fake_gpu:
+            keys.append("CUDA_IMAGE_TAR")
+        for key in keys:
             self.ctr("images", "import", "--no-unpack=false", self.env[key])
 
     def _remove_all_containers(self) -> None:
@@ -460,6 +504,15 @@ state = "{w}/c/state"
         """The environment the reference's DaemonSet sets, with this node's paths."""
         assert self.api is not None
         gates = f"NRISupport={str(self.nri).lower()},DevicePluginClientMode={str(self.client_mode).lower()}"
+        if self.fake_gpu:
+            gpus = {
+                "GPU_BACKEND": "nvml",
+                "NVML_LIBRARY": str(FAKE_NVML_LIBRARY),
+                FAKE_PROFILE_ENV: str(self.gpu_profile_path),
+                FAKE_STATE_ENV: str(self.fake_gpu_state),
+            }
+        else:
+            gpus = {"GPU_BACKEND": "mock", "GPU_PROFILE": GPU_PROFILE}
         return {
             "NODE_NAME": self.name,
             "FEATURE_GATES": gates,
@@ -471,8 +524,7 @@ state = "{w}/c/state"
             "CGROUP_DRIVER": "cgroupfs",
             "HEALTHCHECK_PORT": str(self.vgpud_port),
             "HEALTHCHECK_ADDRESS": "127.0.0.1",
-            "GPU_BACKEND": "mock",
-            "GPU_PROFILE": GPU_PROFILE,
+            **gpus,
             "KUBECONFIG": str(self.api.kubeconfig),
             "LOG_LEVEL": "info",
             "METRICS_ADDRESS": f"127.0.0.1:{self.metrics_port}",
@@ -525,6 +577,16 @@ state = "{w}/c/state"
             if line.startswith((f"{name} ", f"{name}{{"))
         ]
         return sum(values) if values else None
+
+    def metric_samples(self, name: str) -> list[tuple[dict[str, str], float]]:
+        """Every sample of metric `name` as (labels, value)."""
+        out = []
+        for line in self.metrics().splitlines():
+            match = _SAMPLE.match(line)
+            if match and match.group(1) == name:
+                labels = dict(_LABEL.findall(match.group(2) or ""))
+                out.append((labels, float(match.group(3))))
+        return out
 
     def vgpud_health(self, service: str = "liveness") -> int:
         import grpc
@@ -626,9 +688,10 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="Bring up the local node until Ctrl-C.")
     parser.add_argument("--nri", choices=("on", "off"), default="on")
     parser.add_argument("--keep", action="store_true", help="keep the temp dir (logs) after stopping")
+    parser.add_argument("--fake-gpu", action="store_true", help="vgpud on the fake NVML (simulated GPUs)")
     args = parser.parse_args(argv)
     started = time.monotonic()
-    node = LocalNode(nri=args.nri == "on", keep=args.keep)
+    node = LocalNode(nri=args.nri == "on", keep=args.keep, fake_gpu=args.fake_gpu)
     with stop_on_signals():  # SIGTERM and SIGHUP tear the node down like Ctrl-C
         try:
             node.start()
