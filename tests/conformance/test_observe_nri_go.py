@@ -102,8 +102,10 @@ async def curl(socket_path: Path, target: str) -> Any:
 
 
 async def wait_state(socket_path: Path, done: Any, what: str) -> dict[str, Any]:
-    """Poll /debug/state until `done(state)`; the last state."""
-    with trio.fail_after(STEP_TIMEOUT):
+    """Poll /debug/state until `done(state)`; the last state. A timeout names `what` and the last
+    state seen."""
+    state = None
+    with trio.move_on_after(STEP_TIMEOUT):
         while True:
             if socket_path.exists():
                 try:
@@ -113,7 +115,7 @@ async def wait_state(socket_path: Path, done: Any, what: str) -> dict[str, Any]:
                 if state is not None and done(state):
                     return state
             await trio.sleep(0.1)
-    raise AssertionError(what)  # pragma: no cover
+    raise AssertionError(f"{what} (not within {STEP_TIMEOUT} s; last state: {state})")
 
 
 def metrics(port: int) -> dict[str, list[Any]]:
