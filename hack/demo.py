@@ -218,6 +218,7 @@ def run_demo(node: LocalNode) -> int:
 
         section(f"A pod with two containers on two requests of one vGPU claim ({NAMESPACE}/{POD})")
         node.request("POST", "/api/v1/namespaces", {"metadata": {"name": NAMESPACE}})
+        w.wait_default_service_account(node, NAMESPACE)
         requests = [w.vgpu_request(name, *capacity) for name, capacity in CONTAINERS.items()]
         w.create_claim(node, NAMESPACE, CLAIM, requests)
         containers = [

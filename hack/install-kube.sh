@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # Installs the real Kubernetes peers the tests run against, into a machine-wide cache that survives fresh
-# clones: etcd (Debian trixie's etcd-server .deb, unpacked, not installed) and kube-apiserver,
-# kube-scheduler and kubelet (built from the k8s.io/kubernetes Go module through a wrapper module that
-# pins every k8s.io/* staging module), and crictl (sigs.k8s.io/cri-tools, a CRI client for tests that
-# act as an operator on containerd's CRI: `crictl rm` of one container). Idempotent: prints nothing and does nothing when the cache holds
-# what this recipe asks for; a version bump rebuilds.
+# clones: etcd (Debian trixie's etcd-server .deb, unpacked, not installed), kube-apiserver,
+# kube-controller-manager, kube-scheduler and kubelet (built from the k8s.io/kubernetes Go module through
+# a wrapper module that pins every k8s.io/* staging module), crictl (sigs.k8s.io/cri-tools, a CRI client
+# for tests that act as an operator on containerd's CRI: `crictl rm` of one container) and helm
+# (helm.sh/helm/v4, to lint, render and install the chart in helm/vgpud). Idempotent: prints nothing and
+# does nothing when the cache holds what this recipe asks for; a version bump rebuilds.
 #
 #   hack/install-kube.sh             install what is missing, then write <cache>/kube.env
 #   hack/install-kube.sh --print-env also print kube.env (KUBE_BIN_DIR=..., ETCD_BIN=..., ...)
@@ -17,8 +18,9 @@ set -euo pipefail
 KUBE_VERSION=${KUBE_VERSION:-v1.36.5}        # newest 1.36 k8s.io/kubernetes the Go module proxy serves
 ETCD_SUITE=${ETCD_SUITE:-trixie}              # etcd-server 3.5.16 runs on bookworm (libc 2.36)
 ETCD_RECIPE=1                                 # bump when a recipe below changes, to redo that part
-KUBE_RECIPE=3
+KUBE_RECIPE=4
 CRICTL_VERSION=${CRICTL_VERSION:-v1.34.0}     # cri-tools release the Go module proxy serves
+HELM_VERSION=${HELM_VERSION:-v4.3.1}          # newest helm the Go module proxy serves
 CACHE=${VGPUD_CACHE:-$HOME/.cache/vgpud}
 
 print_env=0
@@ -39,7 +41,7 @@ mkdir -p "$CACHE"
 # One installer at a time per cache (CI jobs on one machine share it).
 exec 9>"$CACHE/.install-kube.lock"
 flock 9
-rm -rf "$CACHE"/.kube.* "$CACHE"/.etcd.*  # what an interrupted run left (we hold the lock)
+rm -rf "$CACHE"/.kube.* "$CACHE"/.etcd.* "$CACHE"/.helm.tmp "$CACHE"/.crictl.tmp  # what an interrupted run left (we hold the lock)
 
 # --- etcd ------------------------------------------------------------------------------------------
 ETCD_DIR=$CACHE/etcd-$ETCD_SUITE
@@ -70,10 +72,10 @@ if [ ! -x "$ETCD_BIN" ] || ! grep -q "^$etcd_stamp version=" "$ETCD_DIR/.stamp" 
   install_etcd
 fi
 
-# --- kube-apiserver, kube-scheduler, kubelet ---------------------------------------------------------
+# --- kube-apiserver, kube-controller-manager, kube-scheduler, kubelet-----------------------------------------------------
 KUBE_DIR=$CACHE/kube-$KUBE_VERSION
 KUBE_BIN_DIR=$KUBE_DIR/bin
-KUBE_CMDS=(kube-apiserver kube-scheduler kubelet)
+KUBE_CMDS=(kube-apiserver kube-controller-manager kube-scheduler kubelet)
 kube_stamp="version=$KUBE_VERSION recipe=$KUBE_RECIPE cmds=${KUBE_CMDS[*]}"
 
 build_kube() {
@@ -167,11 +169,33 @@ if [ ! -x "$CRICTL_BIN" ]; then
   done
 fi
 
+# --- helm --------------------------------------------------------------------------------------------
+HELM_DIR=$CACHE/helm-$HELM_VERSION
+HELM_BIN=$HELM_DIR/helm
+if ! "$HELM_BIN" version --template '{{.Version}}' 2>/dev/null | grep -qxF "$HELM_VERSION"; then
+  command -v go >/dev/null || PATH=$PATH:/usr/local/go/bin
+  say "helm: building helm.sh/helm/v4/cmd/helm@$HELM_VERSION into $HELM_DIR"
+  rm -rf "$CACHE/.helm.tmp"
+  # helm prints its version from these variables; a module build leaves them at their defaults.
+  GOBIN=$CACHE/.helm.tmp GOTOOLCHAIN=local CGO_ENABLED=0 go install -trimpath \
+    -ldflags "-s -w -X helm.sh/helm/v4/internal/version.version=$HELM_VERSION" \
+    "helm.sh/helm/v4/cmd/helm@$HELM_VERSION"
+  mkdir -p "$HELM_DIR" && mv "$CACHE/.helm.tmp/helm" "$HELM_BIN" && rm -rf "$CACHE/.helm.tmp"
+  if ! "$HELM_BIN" version --template '{{.Version}}' | grep -qxF "$HELM_VERSION"; then
+    say "helm: $HELM_BIN says '$("$HELM_BIN" version 2>&1)', not $HELM_VERSION"
+    exit 1
+  fi
+  for old in "$CACHE"/helm-v*; do
+    [ "$old" = "$HELM_DIR" ] || rm -rf "$old"
+  done
+fi
+
 # --- kube.env ----------------------------------------------------------------------------------------
 env_file=$CACHE/kube.env
 env_text="KUBE_VERSION=$KUBE_VERSION
 KUBE_BIN_DIR=$KUBE_BIN_DIR
 CRICTL_BIN=$CRICTL_BIN
+HELM_BIN=$HELM_BIN
 ETCD_BIN=$ETCD_BIN
 ETCD_VERSION=$(sed -n 's/.* version=//p' "$ETCD_DIR/.stamp")"
 if [ "$(cat "$env_file" 2>/dev/null)" != "$env_text" ]; then

@@ -5,11 +5,15 @@ The binaries come from `hack/install-kube.sh` (the test command runs it), which 
 `/readyz` answers ok; `ApiServer.stop()` stops both by PID. The session fixture `kube_apiserver` shares
 one server across a test session: tests isolate themselves by namespace or object names.
 
-The control plane is deliberately minimal: no controller-manager (so no namespace deletion finalizer, no
-garbage collection, no service-account token controller: the ServiceAccount admission plugin is off, so
-pods need no `default` service account), no scheduler, and the `kubernetes` Service gets no endpoints
-(`--endpoint-reconciler-type=none`, loopback addresses are invalid endpoints). The admin token is in
-group system:masters; authorization is Node,RBAC as on a real cluster.
+The `kube_apiserver` fixture's control plane is deliberately minimal: no controller-manager (so no
+namespace deletion finalizer, no garbage collection, no service-account controller: the ServiceAccount
+admission plugin is off, so pods need no `default` service account), no scheduler, and the
+`kubernetes` Service gets no endpoints (`--endpoint-reconciler-type=none`, loopback addresses are
+invalid endpoints). `start_apiserver(..., controllers=True)` is the local node's: a
+kube-controller-manager runs beside it (tests/e2e/node.py), so the ServiceAccount admission plugin is on
+(pods get their service account's token, as in a real cluster) and `--enable-aggregator-routing` makes
+the server reach a webhook Service at its endpoints' pod IPs (there is no kube-proxy to route a cluster
+IP). The admin token is in group system:masters; authorization is Node,RBAC as on a real cluster.
 """
 
 from __future__ import annotations
@@ -176,8 +180,12 @@ def _etcd_argv(etcd: Path, workdir: Path, client_port: int, peer_port: int) -> l
     ]
 
 
-def _apiserver_argv(apiserver: Path, workdir: Path, etcd_url: str, port: int) -> list[str]:
+def _apiserver_argv(apiserver: Path, workdir: Path, etcd_url: str, port: int, controllers: bool) -> list[str]:
     sa_key = workdir / "sa.key"
+    if controllers:
+        cluster = ["--enable-aggregator-routing=true"]
+    else:
+        cluster = ["--disable-admission-plugins=ServiceAccount"]
     return [
         str(apiserver),
         f"--etcd-servers={etcd_url}",
@@ -192,7 +200,7 @@ def _apiserver_argv(apiserver: Path, workdir: Path, etcd_url: str, port: int) ->
         "--service-account-issuer=https://kubernetes.default.svc.cluster.local",
         "--service-cluster-ip-range=10.0.0.0/24",
         "--endpoint-reconciler-type=none",
-        "--disable-admission-plugins=ServiceAccount",
+        *cluster,
         "--allow-privileged=true",
         "--runtime-config=resource.k8s.io/v1=true",
         "--feature-gates=DRAConsumableCapacity=true",
@@ -263,8 +271,12 @@ def _wait_ready(server: ApiServer, deadline: float) -> None:
     raise _start_error(f"kube-apiserver not ready at {server.url}/readyz in time; last: {last}", server)
 
 
-def start_apiserver(workdir: Path, timeout_s: float = READY_TIMEOUT_S) -> ApiServer:
+def start_apiserver(
+    workdir: Path, timeout_s: float = READY_TIMEOUT_S, *, controllers: bool = False
+) -> ApiServer:
     """Start etcd and kube-apiserver with all state under `workdir`; return once /readyz is ok.
+
+    `controllers`: a kube-controller-manager will run beside it (see the module docstring).
 
     Raises StartError (with the tail of both logs) if either exits or /readyz is not ok in `timeout_s`.
     Ports are the kernel's free picks; if another process takes one first, it retries with new ones.
@@ -280,7 +292,7 @@ def start_apiserver(workdir: Path, timeout_s: float = READY_TIMEOUT_S) -> ApiSer
     _write_sa_key(workdir / "sa.key")
     for attempt in range(1, PORT_ATTEMPTS + 1):
         try:
-            return _start_once(etcd, apiserver, workdir, token, deadline)
+            return _start_once(etcd, apiserver, workdir, token, deadline, controllers=controllers)
         except StartError as exc:
             if attempt == PORT_ATTEMPTS or not exc.port_taken:
                 raise
@@ -291,7 +303,9 @@ def start_apiserver(workdir: Path, timeout_s: float = READY_TIMEOUT_S) -> ApiSer
     raise AssertionError("unreachable")
 
 
-def _start_once(etcd: Path, apiserver: Path, workdir: Path, token: str, deadline: float) -> ApiServer:
+def _start_once(
+    etcd: Path, apiserver: Path, workdir: Path, token: str, deadline: float, *, controllers: bool
+) -> ApiServer:
     client_port, peer_port, port = free_port(), free_port(), free_port()
     server = ApiServer(
         kubeconfig=workdir / "kubeconfig",
@@ -307,7 +321,9 @@ def _start_once(etcd: Path, apiserver: Path, workdir: Path, token: str, deadline
             _etcd_argv(etcd, workdir, client_port, peer_port), server.logs["etcd"], workdir
         )
         server.procs["kube-apiserver"] = _spawn(
-            _apiserver_argv(apiserver, workdir, server.etcd_url, port), server.logs["kube-apiserver"], workdir
+            _apiserver_argv(apiserver, workdir, server.etcd_url, port, controllers),
+            server.logs["kube-apiserver"],
+            workdir,
         )
         _wait_ready(server, deadline)
         # The self-signed bundle holds the serving certificate and the CA that signed it.

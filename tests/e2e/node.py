@@ -1,7 +1,10 @@
 """A real single-node Kubernetes cluster on this machine, for the node e2e suite and `make demo`.
 
 `LocalNode(nri=True|False)` starts, everything under one short temp dir:
-etcd + kube-apiserver (tests/kubeapi.py), kube-scheduler, containerd 1.7 (CDI on, NRI on or off by
+etcd + kube-apiserver (tests/kubeapi.py), kube-controller-manager (its default controllers: the node
+lifecycle controller lifts the kubelet's not-ready taint, the resourceclaim controller releases and
+deallocates claims, DaemonSets, Deployments, service accounts and garbage collection work as in a real
+cluster), kube-scheduler, containerd 1.7 (CDI on, NRI on or off by
 track, restrict_oom_score_adj, cgroupfs, its sockets under the temp dir, the local images imported),
 kubelet (DRA, cgroupfs, failCgroupV1: false) and vgpud as a host process with the mock GPU backend and
 the reference DaemonSet's environment. `LocalNode(fake_gpu=True)` runs vgpud on the NVML backend with the
@@ -9,8 +12,9 @@ fake libnvidia-ml.so.1 (build/fakenvml) serving the same profile, and a fake GPU
 node's containers share with it (tests/e2e/fakegpu.py mounts the fake driver into them), and imports the
 dynamic-libc image localhost/vgpud-cudaprobe. `start()` returns once the node is Ready, vgpud's health service
 says SERVING and its ResourceSlice is published; `stop()` tears everything down by PID in reverse order
-and leaves no process, mount or cgroup behind. The binaries come from hack/install-kube.sh (kube.env)
-and hack/install-node.sh (node.env).
+and leaves no process, mount or cgroup behind. The node's IP is an address of its own on `lo`
+(tests/e2e/nodeip.py), so host-network pods bind nowhere but this host. The binaries come from
+hack/install-kube.sh (kube.env) and hack/install-node.sh (node.env).
 
     python -m tests.e2e.node [--nri on|off] [--fake-gpu]   bring a node up, print where everything is,
                                                           Ctrl-C stops it
@@ -49,6 +53,7 @@ from tests.e2e.leftovers import (
     remove_cgroups,
     stop_on_signals,
 )
+from tests.e2e.nodeip import claim_node_ip, release_node_ip
 from tests.kubeapi import ApiServer, api_request, binary, cache_dir, free_port, log_tail, start_apiserver
 from tests.support import BUILD, REPO
 
@@ -86,7 +91,8 @@ def node_available() -> bool:
     env = node_env()
     need = ("CONTAINERD_BIN", "CTR_BIN", "RUNC_BIN", "BUSYBOX_IMAGE_TAR", "PAUSE_IMAGE_TAR")
     have_node = all(key in env and Path(env[key]).exists() for key in need)
-    have_kube = all(binary(name) for name in ("etcd", "kube-apiserver", "kube-scheduler", "kubelet"))
+    kube = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kubelet")
+    have_kube = all(binary(name) for name in kube)
     built = all((BUILD / "libvgpu" / name).exists() for name in ("vgpu-register", "libvgpu-control.so"))
     return have_node and have_kube and built
 
@@ -161,6 +167,11 @@ class LocalNode:
     drift_interval: int = 5
     #: vgpud sees the fake GPUs (fake NVML + shared state) instead of the mock backend
     fake_gpu: bool = False
+    #: this node's IP (an address on `lo`, see tests/e2e/nodeip.py); set by start()
+    node_ip: str = ""
+    #: vgpud installed with the Helm chart (tests/e2e/chart.py): the DaemonSet and the webhook as pods
+    #: of the node, instead of vgpud as a host process
+    chart: bool = False
     _cgroups_before: set[Path] = field(default_factory=set)
     _netns_before: set[str] = field(default_factory=set)
     _shared_before: set[Path] = field(default_factory=set)
@@ -238,8 +249,23 @@ class LocalNode:
         return self.plugin_dir / "debug.sock"
 
     @property
+    def vgpud_address(self) -> str:
+        """Where vgpud's health and metrics listen: loopback as a host process, the node IP as the
+        DaemonSet's host-network pod (it binds its pod IP, where the kubelet probes)."""
+        return self.node_ip if self.chart else "127.0.0.1"
+
+    @property
     def metrics_url(self) -> str:
-        return f"http://127.0.0.1:{self.metrics_port}/metrics"
+        return f"http://{self.vgpud_address}:{self.metrics_port}/metrics"
+
+    def vgpud_log(self) -> Path:
+        """vgpud's log: the host process's file, or the newest log of the DaemonSet pod's container."""
+        if not self.chart:
+            return self.log("vgpud")
+        from tests.e2e import chart
+
+        logs = sorted(self.workdir.glob(f"pod-logs/{chart.NAMESPACE}_*/vgpud/*.log"), key=os.path.getmtime)
+        return logs[-1] if logs else self.workdir / "pod-logs" / "no-vgpud-pod-log-yet"
 
     # -- lifecycle ---------------------------------------------------------------------------------
     def __enter__(self) -> LocalNode:
@@ -259,6 +285,7 @@ class LocalNode:
         for line in reap_dead_nodes(own=self.workdir):
             print(f"local node: {line}", file=sys.stderr, flush=True)
         mark_owner(self.workdir)
+        self.node_ip = claim_node_ip(self.workdir)
         deadline = time.monotonic() + timeout_s
         self._cgroups_before = cgroup_dirs()
         self._netns_before = set(os.listdir("/run/netns")) if os.path.isdir("/run/netns") else set()
@@ -266,14 +293,20 @@ class LocalNode:
         for sub in ("logs", "c", "cdi", "nri", "cni", "kubelet", "vgpu", "pod-logs", "fakegpu"):
             (self.workdir / sub).mkdir(parents=True, exist_ok=True)
         try:
-            self.api = start_apiserver(self.workdir / "kube", timeout_s=timeout_s)
+            self.api = start_apiserver(self.workdir / "kube", timeout_s=timeout_s, controllers=True)
+            self._start_controller_manager()
             self._start_scheduler()
             self.start_containerd()
             self._import_images()
             self._start_kubelet()
             self._wait_node_ready(deadline)
-            self.install_device_class()
-            self.start_vgpud()
+            if self.chart:
+                from tests.e2e import chart
+
+                chart.install(self, deadline)
+            else:
+                self.install_device_class()
+                self.start_vgpud()
             self.wait_vgpud(deadline)
             self.wait_slices(deadline)
         except BaseException:
@@ -289,18 +322,39 @@ class LocalNode:
         kill_pids(pids_naming(self.containerd_socket))  # shims whose containerd is gone
         remove_cgroups(cgroup_dirs() - self._cgroups_before)
         _stop(self.procs.pop("kube-scheduler", None))
+        _stop(self.procs.pop("kube-controller-manager", None))
         if self.api is not None:
             self.api.stop()
             self.api = None
         for point in mounts_under(self.workdir):
             subprocess.run(["umount", "-l", point], check=False, capture_output=True)
         self._remove_netns()
+        release_node_ip(self.workdir)
         for path in _shared_run_entries() - self._shared_before:  # what ctr/shims/runc left there
             shutil.rmtree(path, ignore_errors=True)
         if self.keep:
             print(f"local node: kept {self.workdir}", file=sys.stderr)
         else:
             shutil.rmtree(self.workdir, ignore_errors=True)
+
+    # -- kube-controller-manager ---------------------------------------------------------------------
+    def _start_controller_manager(self) -> None:
+        assert self.api is not None
+        argv = [
+            str(binary("kube-controller-manager")),
+            f"--kubeconfig={self.api.kubeconfig}",
+            f"--authentication-kubeconfig={self.api.kubeconfig}",
+            f"--authorization-kubeconfig={self.api.kubeconfig}",
+            "--leader-elect=false",
+            "--bind-address=127.0.0.1",
+            f"--secure-port={free_port()}",
+            # the key the API server verifies service-account tokens with, and the CA pods trust
+            f"--service-account-private-key-file={self.api.workdir / 'sa.key'}",
+            f"--root-ca-file={self.api.ca_file}",
+            "--feature-gates=DRAConsumableCapacity=true",
+            "--v=1",
+        ]
+        self.procs["kube-controller-manager"] = _spawn(argv, self.log("kube-controller-manager"))
 
     # -- kube-scheduler ----------------------------------------------------------------------------
     def _start_scheduler(self) -> None:
@@ -462,15 +516,18 @@ state = "{w}/c/state"
             f"--root-dir={self.kubelet_dir}",
             f"--cert-dir={self.kubelet_dir}/pki",
             f"--hostname-override={self.name}",
+            f"--node-ip={self.node_ip}",
             "--v=2",
         ]
         env = {**os.environ, "PATH": f"{self.env['NODE_PATH']}:{os.environ.get('PATH', '/usr/bin:/bin')}"}
         self.procs["kubelet"] = _spawn(argv, self.log("kubelet"), env)
 
     def _wait_node_ready(self, deadline: float) -> None:
+        """Ready, and the not-ready taint lifted by the node lifecycle controller (pods wait for both)."""
         last = "no Node object yet"
         while time.monotonic() < deadline:
             self._check_alive("kubelet")
+            self._check_alive("kube-controller-manager")
             try:
                 node = self.get(f"/api/v1/nodes/{self.name}")
             except urllib.error.HTTPError as err:
@@ -478,26 +535,15 @@ state = "{w}/c/state"
             else:
                 conditions = {c["type"]: c for c in node.get("status", {}).get("conditions", [])}
                 ready = conditions.get("Ready", {})
-                if ready.get("status") == "True":
-                    self._untaint(node)
+                taints = [t["key"] for t in node["spec"].get("taints", [])]
+                if ready.get("status") == "True" and not taints:
                     return
-                last = f"Ready={ready.get('status')}: {ready.get('message')}"
+                last = f"Ready={ready.get('status')}: {ready.get('message')}; taints {taints}"
             time.sleep(0.5)
-        raise RuntimeError(f"node {self.name} not Ready in time ({last}):\n{log_tail(self.log('kubelet'))}")
-
-    def _untaint(self, node: dict[str, Any]) -> None:
-        """Drop the `not-ready` taint the kubelet registers with: the node lifecycle controller's job, and
-        there is no kube-controller-manager here."""
-        taints = node["spec"].get("taints", [])
-        kept = [t for t in taints if t["key"] != "node.kubernetes.io/not-ready"]
-        if kept != taints:
-            patch = {
-                "metadata": {"resourceVersion": node["metadata"]["resourceVersion"]},
-                "spec": {"taints": kept},
-            }
-            self.request(
-                "PATCH", f"/api/v1/nodes/{self.name}", patch, content_type="application/merge-patch+json"
-            )
+        logs = "\n".join(
+            f"--- {name}:\n{log_tail(self.log(name))}" for name in ("kubelet", "kube-controller-manager")
+        )
+        raise RuntimeError(f"node {self.name} not Ready and untainted in time ({last}):\n{logs}")
 
     # -- vgpud -------------------------------------------------------------------------------------
     def vgpud_env(self) -> dict[str, str]:
@@ -553,6 +599,8 @@ state = "{w}/c/state"
             )
 
     def stop_vgpud(self, sig: int = signal.SIGTERM) -> None:
+        if self.chart:
+            raise RuntimeError("vgpud runs as the DaemonSet's pod: the kubelet starts and stops it")
         _stop(self.procs.pop("vgpud", None), sig)
 
     def restart_vgpud(self, sig: int = signal.SIGTERM, timeout_s: float = 60) -> None:
@@ -595,7 +643,7 @@ state = "{w}/c/state"
 
         request_cls = message_class("grpc.health.v1.HealthCheckRequest")
         response_cls = message_class("grpc.health.v1.HealthCheckResponse")
-        with grpc.insecure_channel(f"127.0.0.1:{self.vgpud_port}") as channel:
+        with grpc.insecure_channel(f"{self.vgpud_address}:{self.vgpud_port}") as channel:
             call = channel.unary_unary(
                 "/grpc.health.v1.Health/Check",
                 request_serializer=request_cls.SerializeToString,
@@ -614,7 +662,7 @@ state = "{w}/c/state"
             except grpc.RpcError:
                 pass
             time.sleep(0.2)
-        raise RuntimeError(f"vgpud not SERVING in time:\n{log_tail(self.log('vgpud'))}")
+        raise RuntimeError(f"vgpud not SERVING in time:\n{log_tail(self.vgpud_log())}")
 
     def slices(self) -> list[dict[str, Any]]:
         selector = urllib.parse.quote(f"spec.driver={DRIVER},spec.nodeName={self.name}")
@@ -626,7 +674,7 @@ state = "{w}/c/state"
             if sum(len(s["spec"].get("devices", [])) for s in items) == devices:
                 return items
             time.sleep(0.2)
-        raise RuntimeError(f"no ResourceSlice with {devices} devices in time:\n{log_tail(self.log('vgpud'))}")
+        raise RuntimeError(f"no ResourceSlice with {devices} devices in time:\n{log_tail(self.vgpud_log())}")
 
     # -- API helpers -------------------------------------------------------------------------------
     def get(self, path: str) -> dict[str, Any]:
@@ -659,10 +707,11 @@ state = "{w}/c/state"
         assert self.api is not None
         lines = [
             f"local node {self.name} (NRI {'on' if self.nri else 'off'}) in {self.workdir}",
+            f"  node IP          {self.node_ip} (on lo)",
             f"  kubeconfig       {self.api.kubeconfig}",
             f"  containerd       {self.containerd_socket}  (ctr: {self.env['CTR_BIN']} --address "
             f"{self.containerd_socket} -n k8s.io ...)",
-            f"  vgpud health     127.0.0.1:{self.vgpud_port}",
+            f"  vgpud health     {self.vgpud_address}:{self.vgpud_port}",
             f"  vgpud metrics    {self.metrics_url}",
             f"  vgpud debug      {self.debug_socket}",
             f"  manager root     {self.manager_dir}",

@@ -1,8 +1,8 @@
 """Pods and vGPU claims on the local node (tests/e2e/node.py), and what their containers see.
 
-The control plane has no kube-controller-manager, so `release_claim` does what its resourceclaim
-controller would once a claim's pods are gone: drop the reservation and the allocation (so the capacity
-is free again for later tests), then the finalizer, then the claim.
+The node runs a kube-controller-manager: a new namespace gets its `default` service account from it
+(pods are refused until then, as in a real cluster), and a claim whose pods are gone is released and
+deallocated by its resourceclaim controller, which then lets a deleted claim go.
 """
 
 from __future__ import annotations
@@ -32,9 +32,24 @@ def unique(prefix: str) -> str:
 
 
 def namespace(node: LocalNode, prefix: str = "t") -> str:
+    """A new namespace, once the service account controller gave it the `default` account pods need."""
     name = unique(prefix)
     node.request("POST", "/api/v1/namespaces", {"metadata": {"name": name}})
+    wait_default_service_account(node, name)
     return name
+
+
+def wait_default_service_account(node: LocalNode, ns: str, timeout: float = 30) -> None:
+    def present() -> bool:
+        try:
+            node.get(f"/api/v1/namespaces/{ns}/serviceaccounts/default")
+        except urllib.error.HTTPError as err:
+            if err.code == 404:
+                return False
+            raise
+        return True
+
+    wait_for(present, timeout=timeout, what=f"the service account {ns}/default")
 
 
 def vgpu_request(name: str, memory: str, cores: str) -> dict[str, Any]:
@@ -122,21 +137,30 @@ def delete_pod(node: LocalNode, ns: str, name: str, timeout: float = 60) -> None
     raise AssertionError(f"pod {ns}/{name} still there after {timeout} s")
 
 
-def release_claim(node: LocalNode, ns: str, name: str) -> None:
-    """What the resourceclaim controller does after the pods are gone: deallocate, then delete."""
+def release_claim(node: LocalNode, ns: str, name: str, timeout: float = 60) -> None:
+    """Delete the claim and wait until it is gone: the resourceclaim controller deallocates it once its
+    pods are gone (the capacity is free again for later tests) and then lifts its finalizer."""
     base = f"/apis/resource.k8s.io/v1/namespaces/{ns}/resourceclaims/{name}"
     try:
-        claim = node.get(base)
+        node.request("DELETE", base)
     except urllib.error.HTTPError as err:
         if err.code == 404:
             return
         raise
-    claim["status"] = {}
-    node.request("PUT", f"{base}/status", claim)
-    node.request(
-        "PATCH", base, {"metadata": {"finalizers": None}}, content_type="application/merge-patch+json"
+    end = time.monotonic() + timeout
+    claim: dict[str, Any] = {}
+    while time.monotonic() < end:
+        try:
+            claim = node.get(base)
+        except urllib.error.HTTPError as err:
+            if err.code == 404:
+                return
+            raise
+        time.sleep(0.3)
+    raise AssertionError(
+        f"claim {ns}/{name} not released in {timeout} s: finalizers {claim['metadata'].get('finalizers')}, "
+        f"status {claim.get('status')}"
     )
-    node.request("DELETE", base)
 
 
 def container_id(pod: dict[str, Any], name: str) -> str:
