@@ -3,7 +3,8 @@
 The binaries come from `hack/install-kube.sh` (the test command runs it), which writes
 `${VGPUD_CACHE:-~/.cache/vgpud}/kube.env` (helm too, for the chart tests). `start_apiserver(workdir)`
 starts both and returns once `/readyz` answers ok; `ApiServer.stop()` stops both by PID. The session
-fixture `kube_apiserver` shares one server across a test session: tests isolate themselves by namespace or object names.
+fixture `kube_apiserver` shares one server across a test session: tests isolate themselves by
+namespace or object names.
 
 The control plane is deliberately minimal: no controller-manager (so no namespace deletion finalizer, no
 garbage collection, no service-account token controller: the ServiceAccount admission plugin is off, so
