@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import re
 import subprocess
 import tempfile
 from collections.abc import Iterator, Mapping
@@ -91,6 +92,23 @@ def container(workload: Manifest) -> dict[str, Any]:
 def env_of(workload: Manifest) -> dict[str, Any]:
     """name -> value (a string) or valueFrom (a dict) of the workload's container."""
     return {e["name"]: e.get("value", e.get("valueFrom")) for e in container(workload).get("env", [])}
+
+
+#: what the kubelet would fill in for the downward-API fields in the tests' resolved env
+POD_IP = "10.9.8.7"
+NODE = "gpu-node-1"
+
+
+def resolved_env(workload: Manifest) -> dict[str, str]:
+    """The container's environment as the kubelet gives it: fieldRefs filled in, $(VAR) expanded."""
+    fields = {"spec.nodeName": NODE, "status.podIP": POD_IP}
+    env: dict[str, str] = {}
+    for name, value in env_of(workload).items():
+        if isinstance(value, dict):
+            env[name] = fields[value["fieldRef"]["fieldPath"]]
+        else:
+            env[name] = re.sub(r"\$\((\w+)\)", lambda m: env[m.group(1)], value)
+    return env
 
 
 def merge(*layers: Values) -> dict[str, Any]:

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import argparse
 import base64
-import re
 import subprocess
 import tomllib
 from pathlib import Path
@@ -18,6 +17,8 @@ import yaml
 from tests.chart.chart import (
     CHART,
     NAMESPACE,
+    NODE,
+    POD_IP,
     RELEASE,
     VARIANTS,
     Manifest,
@@ -28,29 +29,16 @@ from tests.chart.chart import (
     merge,
     one,
     render,
+    resolved_env,
     run_helm,
 )
 from tests.support import REPO
 from vgpud.config import OPTIONS, Settings, settings_from
 from vgpud.webhook.config import WEBHOOK_OPTIONS, WebhookSettings, webhook_settings_from
 
-POD_IP = "10.9.8.7"
-NODE = "gpu-node-1"
 #: env the chart sets that is not a vgpud setting: the pod IP for $(POD_IP), the API server override
 NOT_SETTINGS = {"POD_IP", "KUBERNETES_SERVICE_HOST", "KUBERNETES_SERVICE_PORT"}
 ids = [v.name for v in VARIANTS]
-
-
-def resolved_env(workload: Manifest) -> dict[str, str]:
-    """The container's environment as the kubelet gives it: fieldRefs filled in, $(VAR) expanded."""
-    fields = {"spec.nodeName": NODE, "status.podIP": POD_IP}
-    env: dict[str, str] = {}
-    for name, value in env_of(workload).items():
-        if isinstance(value, dict):
-            env[name] = fields[value["fieldRef"]["fieldPath"]]
-        else:
-            env[name] = re.sub(r"\$\((\w+)\)", lambda m: env[m.group(1)], value)
-    return env
 
 
 def daemon_settings(manifests: list[Manifest]) -> Settings:
