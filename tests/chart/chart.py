@@ -165,7 +165,14 @@ VARIANTS: tuple[Variant, ...] = (
         "everything",
         {
             "featureGates": {"NRISupport": True, "DevicePluginClientMode": True},
-            "node": {"cgroupDriver": "systemd", "extraEnv": [{"name": "PYTHONUNBUFFERED", "value": "1"}]},
+            "node": {
+                "cgroupDriver": "systemd",
+                "extraEnv": [{"name": "PYTHONUNBUFFERED", "value": "1"}],
+                "extraVolumes": [
+                    {"name": "fake-gpu", "hostPath": {"path": "/opt/fake-gpu", "type": "Directory"}}
+                ],
+                "extraVolumeMounts": [{"name": "fake-gpu", "mountPath": "/opt/fake-gpu", "readOnly": True}],
+            },
             "deviceClasses": [
                 {"name": "vgpu-manager"},
                 {
