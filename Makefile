@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 export PIP_CACHE_DIR := $(CURDIR)/.cache/pip
 
-.PHONY: setup build kube node-deps node test unit lint protos check-protos demo bench clean
+.PHONY: setup build kube chart-crds node-deps node test unit lint protos check-protos demo bench clean
 
 setup:  ## venv with vgpud and its dev dependencies (idempotent, cached)
 	@./hack/setup-venv.sh
@@ -15,13 +15,16 @@ build: setup  ## C helpers (fake NVML, libvgpu) into build/
 kube:  ## etcd, kube-apiserver, kube-scheduler, kubelet into ~/.cache/vgpud (idempotent, cached)
 	@./hack/install-kube.sh
 
+chart-crds:  ## cert-manager and ServiceMonitor CRDs (from their Go modules) for the chart's server-side dry run
+	@./hack/fetch-chart-crds.sh
+
 node-deps: build  ## containerd, runc, CNI loopback, busybox + pause + cudaprobe images into ~/.cache/vgpud (the probe links against build/fakecuda)
 	@./hack/install-node.sh
 
 node: build kube node-deps  ## a local node (etcd, apiserver, scheduler, containerd, kubelet, vgpud) until Ctrl-C; NRI=off for eager
 	@$(PY) -m tests.e2e.node --nri $(or $(NRI),on)
 
-test: build kube node-deps  ## every test tier that runs on this machine (as root: the e2e runs a node)
+test: build kube chart-crds node-deps  ## every test tier that runs on this machine (as root: the e2e runs a node)
 	@$(VENV)/bin/ruff check
 	@$(VENV)/bin/ruff format --check --quiet
 	@$(PY) -m pytest -q tests --ignore=tests/launcher

@@ -1,9 +1,10 @@
 """A real etcd + kube-apiserver for tests, bound to 127.0.0.1 only, everything under one directory.
 
 The binaries come from `hack/install-kube.sh` (the test command runs it), which writes
-`${VGPUD_CACHE:-~/.cache/vgpud}/kube.env`. `start_apiserver(workdir)` starts both and returns once
-`/readyz` answers ok; `ApiServer.stop()` stops both by PID. The session fixture `kube_apiserver` shares
-one server across a test session: tests isolate themselves by namespace or object names.
+`${VGPUD_CACHE:-~/.cache/vgpud}/kube.env` (helm too, for the chart tests). `start_apiserver(workdir)`
+starts both and returns once `/readyz` answers ok; `ApiServer.stop()` stops both by PID. The session
+fixture `kube_apiserver` shares one server across a test session: tests isolate themselves by
+namespace or object names.
 
 The `kube_apiserver` fixture's control plane is deliberately minimal: no controller-manager (so no
 namespace deletion finalizer, no garbage collection, no service-account controller: the ServiceAccount
@@ -73,6 +74,12 @@ def binary(name: str) -> Path | None:
     else:
         path = Path(env["KUBE_BIN_DIR"]) / name if "KUBE_BIN_DIR" in env else None
     return path if path is not None and os.access(path, os.X_OK) else None
+
+
+def helm_binary() -> Path | None:
+    """Path of `helm` as hack/install-kube.sh installs it (HELM_BIN in kube.env); None if absent."""
+    path = kube_env().get("HELM_BIN")
+    return Path(path) if path and os.access(path, os.X_OK) else None
 
 
 def apiserver_available() -> bool:
@@ -384,6 +391,7 @@ __all__ = [
     "api_request",
     "apiserver_available",
     "binary",
+    "helm_binary",
     "kube_apiserver",
     "kube_env",
     "start_apiserver",

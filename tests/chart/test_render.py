@@ -1,0 +1,302 @@
+"""What `helm template` renders, checked against vgpud itself: the env the workloads get is parsed by
+vgpud's own settings code (so a name or value vgpud would refuse fails here, not on a node), every host
+path is mounted at the same path, and the optional parts appear exactly when switched on."""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import subprocess
+import tomllib
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from tests.chart.chart import (
+    CHART,
+    NAMESPACE,
+    NODE,
+    POD_IP,
+    RELEASE,
+    VARIANTS,
+    Manifest,
+    Variant,
+    container,
+    env_of,
+    find,
+    merge,
+    one,
+    render,
+    resolved_env,
+    run_helm,
+)
+from tests.support import REPO
+from vgpud.config import OPTIONS, Settings, settings_from
+from vgpud.webhook.config import WEBHOOK_OPTIONS, WebhookSettings, webhook_settings_from
+
+#: env the chart sets that is not a vgpud setting: the pod IP for $(POD_IP), the API server override
+NOT_SETTINGS = {"POD_IP", "KUBERNETES_SERVICE_HOST", "KUBERNETES_SERVICE_PORT"}
+ids = [v.name for v in VARIANTS]
+
+
+def daemon_settings(manifests: list[Manifest]) -> Settings:
+    return settings_from(argparse.Namespace(), resolved_env(one(manifests, "DaemonSet")))
+
+
+def values_of(variant: Variant) -> dict[str, Any]:
+    """The chart's defaults with the variant's values over them."""
+    defaults = yaml.safe_load((CHART / "values.yaml").read_text())
+    return merge(defaults, variant.values)
+
+
+@pytest.mark.parametrize("variant", VARIANTS, ids=ids)
+def test_helm_lint_strict_is_clean(variant: Variant) -> None:
+    done = run_helm("lint", "--strict", str(CHART), "--namespace", NAMESPACE, values=variant.values)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "1 chart(s) linted, 0 chart(s) failed" in done.stdout
+    assert "[WARNING]" not in done.stdout and "[ERROR]" not in done.stdout, done.stdout
+
+
+@pytest.mark.parametrize("variant", VARIANTS, ids=ids)
+def test_daemon_env_is_what_vgpud_run_reads_and_accepts(variant: Variant) -> None:
+    manifests = render(variant.values)
+    values = values_of(variant)
+    env = env_of(one(manifests, "DaemonSet"))
+    extra = {e["name"] for e in values["node"]["extraEnv"]}
+    known = {option.env for option in OPTIONS}
+    assert set(env) - NOT_SETTINGS - extra <= known, (
+        f"not read by vgpud run: {set(env) - NOT_SETTINGS - known}"
+    )
+
+    settings = daemon_settings(manifests)  # raises ConfigError on anything vgpud would refuse
+    gates = values["featureGates"]
+    assert settings.feature_gates.enabled("NRISupport") is gates["NRISupport"]
+    assert settings.feature_gates.enabled("DevicePluginClientMode") is gates["DevicePluginClientMode"]
+    assert settings.node_name == NODE
+    assert settings.driver_name == values["driverName"]
+    paths = values["hostPaths"]
+    assert str(settings.manager_dir) == paths["managerDir"]
+    assert str(settings.cdi_root) == paths["cdiRoot"]
+    assert str(settings.kubelet_registrar_dir) == paths["kubeletRegistrarDir"]
+    assert str(settings.kubelet_plugins_dir) == paths["kubeletPluginsDir"]
+    assert ("NRI_ROOT" in env) is gates["NRISupport"]
+    if gates["NRISupport"]:
+        assert str(settings.nri_root) == paths["nriRoot"]
+    # the probes' port, bound on the pod IP only
+    assert (settings.healthcheck_address, settings.healthcheck_port) == (
+        POD_IP,
+        values["node"]["healthcheckPort"],
+    )
+    if values["metrics"]["enabled"]:
+        assert settings.metrics_address == (POD_IP, values["metrics"]["port"])
+    else:
+        assert settings.metrics_address is None
+    assert settings.gpu_backend == values["node"]["gpu"]["backend"]
+
+
+@pytest.mark.parametrize("variant", VARIANTS, ids=ids)
+def test_daemonset_runs_vgpud_as_the_reference_does(variant: Variant) -> None:
+    manifests = render(variant.values)
+    values = values_of(variant)
+    daemon = one(manifests, "DaemonSet")
+    pod = daemon["spec"]["template"]["spec"]
+    ctr = container(daemon)
+    assert ctr["args"] == ["run"]
+    assert pod["hostPID"] is True
+    assert pod["priorityClassName"] == "system-node-critical"
+    assert pod["hostNetwork"] is values["node"]["hostNetwork"]
+    assert ctr["securityContext"]["privileged"] is True
+    assert pod["serviceAccountName"] == one(manifests, "ServiceAccount", "-node")["metadata"]["name"]
+    port = daemon_settings(manifests).healthcheck_port
+    for probe in ("startupProbe", "livenessProbe"):
+        assert ctr[probe]["grpc"] == {"port": port, "service": "liveness"}
+    # the kubelet's liveness restart (tier 2) comes after vgpud's own 3-minute grace, not instead of it
+    liveness = ctr["livenessProbe"]
+    assert liveness["periodSeconds"] * liveness["failureThreshold"] >= 30
+    assert pod["terminationGracePeriodSeconds"] > daemon_settings(manifests).shutdown_timeout
+    assert daemon["spec"]["updateStrategy"] == {
+        "type": "RollingUpdate",
+        "rollingUpdate": {"maxUnavailable": 1},
+    }
+    tag = values["image"]["tag"] or yaml.safe_load((CHART / "Chart.yaml").read_text())["appVersion"]
+    assert ctr["image"] == f"{values['image']['repository']}:{tag}"
+
+
+@pytest.mark.parametrize("variant", VARIANTS, ids=ids)
+def test_every_host_path_is_mounted_at_the_same_path(variant: Variant) -> None:
+    daemon = one(render(variant.values), "DaemonSet")
+    values = values_of(variant)
+    volumes = {v["name"]: v["hostPath"] for v in daemon["spec"]["template"]["spec"]["volumes"]}
+    mounts = {m["name"]: m for m in container(daemon)["volumeMounts"]}
+    assert set(volumes) == set(mounts)
+    for name, host in volumes.items():
+        assert mounts[name]["mountPath"] == host["path"], name
+    by_path = {host["path"]: mounts[name] for name, host in volumes.items()}
+    paths = values["hostPaths"]
+    for key in ("kubeletRegistrarDir", "kubeletPluginsDir"):
+        assert by_path[paths[key]].get("mountPropagation") == "Bidirectional"
+    for key in ("managerDir", "cdiRoot"):
+        assert not by_path[paths[key]].get("readOnly")
+    assert by_path["/sys/fs/cgroup"]["readOnly"] is True
+    nri = values["featureGates"]["NRISupport"]
+    assert (paths["nriRoot"] in by_path) is nri
+    if nri:
+        assert by_path[paths["nriRoot"]]["readOnly"] is True
+
+
+@pytest.mark.parametrize("variant", [v for v in VARIANTS if v.name != "webhook-off"], ids=lambda v: v.name)
+def test_webhook_env_is_what_vgpud_webhook_reads_and_accepts(variant: Variant) -> None:
+    manifests = render(variant.values)
+    values = values_of(variant)
+    deployment = one(manifests, "Deployment", "-webhook")
+    env = resolved_env(deployment)
+    known = {option.env for option in WEBHOOK_OPTIONS}
+    assert set(env) - NOT_SETTINGS <= known, f"not read by vgpud webhook: {set(env) - NOT_SETTINGS - known}"
+    settings: WebhookSettings = webhook_settings_from(argparse.Namespace(), env)
+    classes = [c["name"] for c in values["deviceClasses"]]
+    assert settings.policy.vgpu_classes == frozenset(classes)
+    assert {m["metadata"]["name"] for m in find(manifests, "DeviceClass")} == set(classes)
+    assert settings.address == POD_IP and settings.port == values["webhook"]["port"]
+    assert settings.driver_name == values["driverName"]
+    ctr = container(deployment)
+    assert ctr["args"] == ["webhook"]
+    # the certificate files come from the Secret the TLS template writes, mounted whole (reloadable)
+    (mount,) = ctr["volumeMounts"]
+    assert mount.get("subPath") is None
+    assert Path(mount["mountPath"]) == settings.tls_cert_file.parent == settings.tls_key_file.parent
+    (volume,) = deployment["spec"]["template"]["spec"]["volumes"]
+    assert volume["secret"]["secretName"].endswith("-webhook-tls")
+    for probe in ("readinessProbe", "livenessProbe"):
+        assert ctr[probe]["httpGet"] == {"path": "/healthz", "port": "https", "scheme": "HTTPS"}
+    assert ctr["ports"] == [{"name": "https", "containerPort": settings.port, "protocol": "TCP"}]
+    pdbs = find(manifests, "PodDisruptionBudget")
+    assert len(pdbs) == (1 if values["webhook"]["replicas"] > 1 else 0)
+
+
+@pytest.mark.parametrize("variant", [v for v in VARIANTS if v.name != "webhook-off"], ids=lambda v: v.name)
+def test_webhook_configuration(variant: Variant) -> None:
+    manifests = render(variant.values)
+    values = values_of(variant)
+    (hook,) = one(manifests, "ValidatingWebhookConfiguration")["webhooks"]
+    service = one(manifests, "Service", "-webhook")
+    assert hook["failurePolicy"] == "Fail" and hook["sideEffects"] == "None"
+    assert hook["admissionReviewVersions"] == ["v1"]
+    assert hook["clientConfig"]["service"] == {
+        "name": service["metadata"]["name"],
+        "namespace": NAMESPACE,
+        "path": "/validate",
+        "port": 443,
+    }
+    assert service["spec"]["ports"] == [
+        {"name": "https", "port": 443, "targetPort": "https", "protocol": "TCP"}
+    ]
+    rules = {(tuple(r["apiGroups"]), tuple(r["operations"]), tuple(r["resources"])) for r in hook["rules"]}
+    assert rules == {
+        (("",), ("CREATE",), ("pods",)),
+        (("resource.k8s.io",), ("CREATE", "UPDATE"), ("resourceclaims", "resourceclaims/status")),
+    }
+    (namespaces,) = hook["namespaceSelector"]["matchExpressions"]
+    assert namespaces["key"] == "kubernetes.io/metadata.name" and namespaces["operator"] == "NotIn"
+    assert set(namespaces["values"]) == {"kube-system", NAMESPACE, *values["webhook"]["excludedNamespaces"]}
+    label = values["webhook"]["optOutLabel"]
+    assert hook["objectSelector"] == {
+        "matchExpressions": [{"key": label["key"], "operator": "NotIn", "values": [label["value"]]}]
+    }
+
+
+def openssl(*args: str, stdin: bytes | None = None) -> str:
+    done = subprocess.run(["openssl", *args], input=stdin, capture_output=True, check=False)
+    assert done.returncode == 0, done.stderr.decode()
+    return done.stdout.decode()
+
+
+def test_self_signed_certificate_made_at_install_matches_the_ca_bundle(tmp_path: Path) -> None:
+    manifests = render()
+    secret = one(manifests, "Secret", "-webhook-tls")
+    (hook,) = one(manifests, "ValidatingWebhookConfiguration")["webhooks"]
+    assert hook["clientConfig"]["caBundle"] == secret["data"]["ca.crt"]
+    files = {key: tmp_path / key for key in ("ca.crt", "tls.crt", "tls.key")}
+    for key, path in files.items():
+        path.write_bytes(base64.b64decode(secret["data"][key]))
+    host = f"{RELEASE}-webhook.{NAMESPACE}.svc"
+    for name in (host, f"{host}.cluster.local"):
+        out = openssl(
+            "verify", "-CAfile", str(files["ca.crt"]), "-verify_hostname", name, str(files["tls.crt"])
+        )
+        assert out.strip().endswith(": OK")
+    # the key is the certificate's
+    modulus = openssl("x509", "-noout", "-pubkey", "-in", str(files["tls.crt"]))
+    assert openssl("pkey", "-pubout", "-in", str(files["tls.key"])) == modulus
+
+
+def test_cert_manager_issues_the_same_secret_and_injects_the_ca() -> None:
+    manifests = render({"webhook": {"certManager": {"enabled": True}}})
+    assert not find(manifests, "Secret")
+    issuer = one(manifests, "Issuer")
+    certificate = one(manifests, "Certificate")
+    assert issuer["spec"] == {"selfSigned": {}}
+    assert certificate["spec"]["issuerRef"] == {"kind": "Issuer", "name": issuer["metadata"]["name"]}
+    host = f"{RELEASE}-webhook.{NAMESPACE}.svc"
+    assert certificate["spec"]["dnsNames"] == [host, f"{host}.cluster.local"]
+    deployment = one(manifests, "Deployment", "-webhook")
+    (volume,) = deployment["spec"]["template"]["spec"]["volumes"]
+    assert volume["secret"]["secretName"] == certificate["spec"]["secretName"]
+    config = one(manifests, "ValidatingWebhookConfiguration")
+    assert config["metadata"]["annotations"] == {
+        "cert-manager.io/inject-ca-from": f"{NAMESPACE}/{certificate['metadata']['name']}"
+    }
+    assert "caBundle" not in config["webhooks"][0]["clientConfig"]
+
+
+def test_webhook_disabled_renders_none_of_it() -> None:
+    manifests = render({"webhook": {"enabled": False}})
+    kinds = {m["kind"] for m in manifests}
+    assert not kinds & {"Deployment", "ValidatingWebhookConfiguration", "Secret", "PodDisruptionBudget"}
+    assert not [m for m in manifests if m["metadata"]["name"].endswith("-webhook")]
+    assert one(manifests, "DaemonSet") and find(manifests, "DeviceClass")
+
+
+def test_metrics_service_and_service_monitor() -> None:
+    manifests = render({"metrics": {"serviceMonitor": {"enabled": True, "labels": {"release": "prom"}}}})
+    service = one(manifests, "Service", "-metrics")
+    daemon = one(manifests, "DaemonSet")
+    pod_labels = daemon["spec"]["template"]["metadata"]["labels"]
+    assert service["spec"]["selector"].items() <= pod_labels.items()
+    assert service["spec"]["ports"][0]["targetPort"] == "metrics"
+    assert {"name": "metrics", "containerPort": 9464, "protocol": "TCP"} in container(daemon)["ports"]
+    monitor = one(manifests, "ServiceMonitor")
+    assert monitor["metadata"]["labels"]["release"] == "prom"
+    assert monitor["spec"]["selector"]["matchLabels"].items() <= service["metadata"]["labels"].items()
+    assert monitor["spec"]["endpoints"][0]["port"] == "metrics"
+
+    off = render({"metrics": {"enabled": False}})
+    assert not find(off, "Service", "-metrics")
+    assert all(p["name"] != "metrics" for p in container(one(off, "DaemonSet"))["ports"])
+
+
+def test_api_server_override_reaches_both_workloads() -> None:
+    manifests = render({"kubernetesServiceHost": "127.0.0.1", "kubernetesServicePort": 6443})
+    for workload in (one(manifests, "DaemonSet"), one(manifests, "Deployment")):
+        env = env_of(workload)
+        assert (env["KUBERNETES_SERVICE_HOST"], env["KUBERNETES_SERVICE_PORT"]) == ("127.0.0.1", "6443")
+    for workload in (one(render(), "DaemonSet"), one(render(), "Deployment")):
+        assert "KUBERNETES_SERVICE_HOST" not in env_of(workload)
+
+
+def test_labels_follow_helm_conventions() -> None:
+    for manifest in render():
+        labels = manifest["metadata"]["labels"]
+        assert labels["app.kubernetes.io/name"] == "vgpud"
+        assert labels["app.kubernetes.io/instance"] == RELEASE
+        assert labels["app.kubernetes.io/managed-by"] == "Helm"
+        assert labels["helm.sh/chart"].startswith("vgpud-")
+
+
+def test_app_version_is_vgpuds_version() -> None:
+    """The default image tag is the appVersion: it must be the version the image's vgpud reports."""
+    chart = yaml.safe_load((CHART / "Chart.yaml").read_text())
+    project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
+    assert chart["appVersion"] == project["version"]
+    assert chart["apiVersion"] == "v2"

@@ -1,0 +1,112 @@
+"""Values the chart must refuse, each with a message that names the setting: what vgpud itself refuses
+(the gates it cannot honour), unknown keys, values out of range, and settings that do nothing."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+
+from tests.chart.chart import CHART, env_of, one, render, render_error
+from vgpud.gates import GATES, parse_feature_gates
+
+REFUSED: list[tuple[str, dict[str, Any], str]] = [
+    (
+        "VGPUSupport off",
+        {"featureGates": {"VGPUSupport": False}},
+        "/featureGates/VGPUSupport': value must be true",
+    ),
+    (
+        "NVMLDeviceHealthCheck on",
+        {"featureGates": {"NVMLDeviceHealthCheck": True}},
+        "/featureGates/NVMLDeviceHealthCheck': value must be false",
+    ),
+    (
+        "SharedSMUtilizationWatcher on",
+        {"featureGates": {"SharedSMUtilizationWatcher": True}},
+        "/featureGates/SharedSMUtilizationWatcher': value must be false",
+    ),
+    ("unknown gate", {"featureGates": {"NRISuport": True}}, "additional properties 'NRISuport' not allowed"),
+    ("gate not a bool", {"featureGates": {"NRISupport": "yes"}}, "/featureGates/NRISupport'"),
+    (
+        "unknown top-level key",
+        {"webhooks": {"enabled": False}},
+        "additional properties 'webhooks' not allowed",
+    ),
+    ("unknown nested key", {"node": {"hostPid": False}}, "additional properties 'hostPid' not allowed"),
+    ("port too big", {"node": {"healthcheckPort": 70000}}, "/node/healthcheckPort': maximum"),
+    ("port zero", {"webhook": {"port": 0}}, "/webhook/port': minimum"),
+    ("port not a number", {"metrics": {"port": "http"}}, "/metrics/port'"),
+    ("relative host path", {"hostPaths": {"cdiRoot": "var/run/cdi"}}, "/hostPaths/cdiRoot'"),
+    ("bad log level", {"node": {"logLevel": "trace"}}, "/node/logLevel'"),
+    ("unknown GPU backend", {"node": {"gpu": {"backend": "rocm"}}}, "/node/gpu/backend'"),
+    ("bad driver name", {"driverName": "Manager_NVIDIA"}, "/driverName'"),
+    ("no DeviceClass", {"deviceClasses": []}, "/deviceClasses'"),
+    ("bad NRI index", {"node": {"nriPluginIdx": "5"}}, "/node/nriPluginIdx'"),
+    (
+        "mock without profile",
+        {"node": {"gpu": {"backend": "mock"}}},
+        "node.gpu.backend=mock needs node.gpu.profile",
+    ),
+    (
+        "profile with nvml",
+        {"node": {"gpu": {"profile": "a100-40gb-x2"}}},
+        "node.gpu.profile is only used with",
+    ),
+    (
+        "NVML library with mock",
+        {
+            "node": {
+                "gpu": {"backend": "mock", "profile": "a100-40gb-x2", "nvmlLibrary": "/lib/libnvidia-ml.so.1"}
+            }
+        },
+        "node.gpu.nvmlLibrary is only used with node.gpu.backend=nvml",
+    ),
+    (
+        "cgroup driver without client mode",
+        {"node": {"cgroupDriver": "systemd"}},
+        "node.cgroupDriver is only used",
+    ),
+    ("API host without port", {"kubernetesServiceHost": "10.0.0.1"}, "without kubernetesServicePort"),
+    ("API port without host", {"kubernetesServicePort": 6443}, "without kubernetesServiceHost"),
+    (
+        "grace not above shutdown",
+        {"node": {"terminationGracePeriodSeconds": 10, "shutdownTimeoutSeconds": 10}},
+        "node.terminationGracePeriodSeconds (10) must exceed node.shutdownTimeoutSeconds (10)",
+    ),
+    ("metrics on the health port", {"metrics": {"port": 51515}}, "metrics.port and node.healthcheckPort"),
+    (
+        "ServiceMonitor without metrics",
+        {"metrics": {"enabled": False, "serviceMonitor": {"enabled": True}}},
+        "metrics.serviceMonitor.enabled needs metrics.enabled",
+    ),
+]
+
+
+@pytest.mark.parametrize(("values", "message"), [r[1:] for r in REFUSED], ids=[r[0] for r in REFUSED])
+def test_refused_with_a_message_naming_the_setting(values: dict[str, Any], message: str) -> None:
+    assert message in render_error(values)
+
+
+def test_schema_gates_are_vgpuds_gates() -> None:
+    """The schema's feature gates and the values it allows are those vgpud.gates accepts: a gate vgpud
+    gains or learns to honour shows up here until the schema follows."""
+    schema = json.loads((CHART / "values.schema.json").read_text())
+    gates = schema["properties"]["featureGates"]
+    assert gates["additionalProperties"] is False
+    assert set(gates["properties"]) == {gate.name for gate in GATES}
+    for gate in GATES:
+        declared = gates["properties"][gate.name]
+        if gate.settable:
+            assert declared["type"] == "boolean", gate.name
+        else:
+            (only,) = gate.accepts
+            assert declared == {"const": only, "description": declared["description"]}, gate.name
+
+
+def test_values_vgpud_accepts_for_the_fixed_gates_render() -> None:
+    """Setting a fixed gate to the one value vgpud runs with is accepted (it is the truth)."""
+    fixed = {gate.name: gate.accepts[0] for gate in GATES if not gate.settable}
+    gates = parse_feature_gates(env_of(one(render({"featureGates": fixed}), "DaemonSet"))["FEATURE_GATES"])
+    assert all(gates.enabled(name) is on for name, on in fixed.items())
