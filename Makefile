@@ -12,7 +12,7 @@ setup:  ## venv with vgpud and its dev dependencies (idempotent, cached)
 build: setup  ## C helpers (fake NVML, libvgpu) into build/
 	@for d in csrc/*/; do [ -f "$$d/Makefile" ] || continue; $(MAKE) --no-print-directory -C "$$d" OUT=$(CURDIR)/build || exit 1; done
 
-kube:  ## etcd, kube-apiserver, kube-scheduler, kubelet into ~/.cache/vgpud (idempotent, cached)
+kube:  ## etcd, kube-apiserver, kube-controller-manager, kube-scheduler, kubelet, crictl, helm into ~/.cache/vgpud (idempotent, cached)
 	@./hack/install-kube.sh
 
 chart-crds:  ## cert-manager and ServiceMonitor CRDs (from their Go modules) for the chart's server-side dry run
@@ -21,7 +21,7 @@ chart-crds:  ## cert-manager and ServiceMonitor CRDs (from their Go modules) for
 node-deps: build  ## containerd, runc, CNI loopback, busybox + pause + cudaprobe images into ~/.cache/vgpud (the probe links against build/fakecuda)
 	@./hack/install-node.sh
 
-node: build kube node-deps  ## a local node (etcd, apiserver, scheduler, containerd, kubelet, vgpud) until Ctrl-C; NRI=off for eager
+node: build kube node-deps  ## a local node (etcd, apiserver, controller manager, scheduler, containerd, kubelet, vgpud) until Ctrl-C; NRI=off for eager
 	@$(PY) -m tests.e2e.node --nri $(or $(NRI),on)
 
 test: build kube chart-crds node-deps  ## every test tier that runs on this machine (as root: the e2e runs a node)

@@ -1,9 +1,12 @@
 """`make demo`: the main job on a real local node (tests/e2e/node.py), NRI on, client registration on.
 
-1. brings up etcd + kube-apiserver, kube-scheduler, containerd (NRI + CDI), the kubelet (DRA) and vgpud
-   on simulated GPUs (2x A100-40GB: the fake libnvidia-ml.so.1 of csrc/fakenvml, whose state the fake
-   libcuda.so.1 of csrc/fakecuda shares), everything under one temp dir, and prints where each log is;
-2. installs the DeviceClass and shows the ResourceSlice vgpud published (consumable memory and cores);
+1. brings up etcd + kube-apiserver, kube-controller-manager, kube-scheduler, containerd (NRI + CDI)
+   and the kubelet (DRA), everything under one temp dir, then installs vgpud as a user does: the vgpud
+   image (make image) imported into containerd and `helm install` of helm/vgpud, so vgpud runs as the
+   chart's DaemonSet pod with its service account and the webhook as its Deployment; vgpud sees
+   simulated GPUs (2x A100-40GB: the fake libnvidia-ml.so.1 of csrc/fakenvml, whose state the fake
+   libcuda.so.1 of csrc/fakecuda shares, mounted into its pod); prints where each log is;
+2. shows the chart's pods and the ResourceSlice vgpud published (consumable memory and cores);
 3. creates a claim with two requests (8Gi + 50 cores, 4Gi + 20 cores) and ONE pod whose two containers
    use one request each; the scheduler allocates, the kubelet prepares through vgpud, containerd asks
    vgpud's NRI plugin for each container's edits;
@@ -15,7 +18,7 @@
    that would pass 4096 MiB with CUDA_ERROR_OUT_OF_MEMORY (2), though the GPU has 40 GiB free, and
    vgpud's metrics show what the container holds;
 6. prints where the live hook stream is, waits (Ctrl-C when interactive, DEMO_SECONDS otherwise, default
-   2) and tears the whole node down. Needs root and hack/install-kube.sh + hack/install-node.sh.
+   2) and tears the whole node down. Needs root, hack/install-kube.sh, hack/install-node.sh and make image.
 """
 
 from __future__ import annotations
@@ -30,7 +33,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from tests.e2e import fakegpu  # noqa: E402
+from tests.e2e import chart, fakegpu  # noqa: E402
 from tests.e2e import workload as w  # noqa: E402
 from tests.e2e.leftovers import stop_on_signals  # noqa: E402
 from tests.e2e.node import (  # noqa: E402
@@ -71,6 +74,17 @@ def section(title: str) -> None:
 
 def short(path: str, node: LocalNode) -> str:
     return path.replace(str(node.workdir), "<node>")
+
+
+def show_release(node: LocalNode) -> None:
+    for pod in node.get(f"/api/v1/namespaces/{chart.NAMESPACE}/pods")["items"]:
+        ready = {c["type"]: c["status"] for c in pod["status"].get("conditions", [])}.get("Ready")
+        owner = pod["metadata"]["ownerReferences"][0]["kind"]
+        spec = pod["spec"]
+        print(
+            f"  pod {pod['metadata']['name']:32} ({owner}) {pod['status']['phase']}, Ready={ready}, "
+            f"image {spec['containers'][0]['image']}, service account {spec['serviceAccountName']}"
+        )
 
 
 def show_slices(node: LocalNode) -> None:
@@ -162,9 +176,9 @@ def hook_stream(node: LocalNode) -> str:
             f"live hook stream: {sys.executable} -m vgpud debug tail --socket {node.debug_socket}\n"
             f"vgpud state:      {sys.executable} -m vgpud debug state --socket {node.debug_socket}\n"
             f"metrics:          curl -s {node.metrics_url}\n"
-            f"vgpud log:        {node.log('vgpud')}"
+            f"vgpud log:        {node.vgpud_log()}"
         )
-    return f"vgpud has no debug endpoint here; its hook calls are in the log: {node.log('vgpud')}"
+    return f"vgpud has no debug endpoint here; its hook calls are in the log: {node.vgpud_log()}"
 
 
 def wait_for_user() -> None:
@@ -185,7 +199,9 @@ def main() -> int:
         sys.exit("make demo needs root (containerd, runc and the kubelet do)")
     if not (node_available() and fake_gpu_available()):
         sys.exit(f"the local node is not installed: {INSTALL_HINT}")
-    node = LocalNode(nri=True, client_mode=True, fake_gpu=True)
+    if not chart.chart_available():
+        sys.exit(f"no vgpud image or helm: {chart.INSTALL_HINT}")
+    node = LocalNode(nri=True, client_mode=True, fake_gpu=True, chart=True)
     with stop_on_signals():  # SIGTERM and SIGHUP tear the node down like Ctrl-C
         return run_demo(node)
 
@@ -202,6 +218,10 @@ def run_demo(node: LocalNode) -> int:
         print(f"ready in {time.monotonic() - started:.1f} s")
         print(node.describe())
 
+        section("vgpud, installed with its Helm chart")
+        print(f"$ {node.install_command}")
+        show_release(node)
+
         section(f"GPUs (simulated: the fake NVML serving profile {GPU_PROFILE})")
         env = {
             **os.environ,
@@ -212,8 +232,7 @@ def run_demo(node: LocalNode) -> int:
         subprocess.run(argv, check=False, cwd=REPO, env=env)
 
         section("What vgpud published")
-        node.install_device_class()  # start() did it already; idempotent
-        print(f"DeviceClass {DEVICE_CLASS} installed (selects {node.name}'s vGPUs of manager.nvidia.com)")
+        print(f"DeviceClass {DEVICE_CLASS} (the chart's; selects the vGPUs of manager.nvidia.com)")
         show_slices(node)
 
         section(f"A pod with two containers on two requests of one vGPU claim ({NAMESPACE}/{POD})")

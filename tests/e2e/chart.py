@@ -11,26 +11,26 @@ ServiceAccount's rights only.
 
 from __future__ import annotations
 
-import os
+import json
 import subprocess
+import tempfile
 import time
+import urllib.parse
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import yaml
-
-from tests.kubeapi import kube_env, log_tail
+from tests.kubeapi import helm_binary, log_tail
 from tests.support import BUILD, REPO
+
+if TYPE_CHECKING:
+    from tests.e2e.node import LocalNode
 
 CHART = REPO / "helm" / "vgpud"
 NAMESPACE = "vgpud-system"
 RELEASE = "vgpud"
 IMAGE_ENV = BUILD / "image" / "image.env"
-HELM_TIMEOUT = "180s"
+HELM_TIMEOUT_S = 180
 INSTALL_HINT = "run make image and hack/install-kube.sh (the test command does both)"
-
-if False:  # pragma: no cover - typing only
-    from tests.e2e.node import LocalNode
 
 
 def image_env() -> dict[str, str]:
@@ -43,12 +43,148 @@ def image_env() -> dict[str, str]:
     return {key.strip(): value.strip() for key, value in pairs}
 
 
-def helm_binary() -> Path | None:
-    path = kube_env().get("HELM_BIN")
-    return Path(path) if path and os.access(path, os.X_OK) else None
-
-
 def chart_available() -> bool:
     """True when helm and the vgpud image are built."""
     image = image_env().get("VGPUD_IMAGE_TAR")
     return helm_binary() is not None and image is not None and Path(image).is_file()
+
+
+def image_tag(image: str) -> str:
+    return image.rsplit(":", 1)[1]
+
+
+def values(node: LocalNode, tag: str) -> dict[str, Any]:
+    """The chart's values for this node (see the module docstring for why each differs)."""
+    assert node.api is not None
+    api = urllib.parse.urlsplit(node.api.url)
+    gates = {"NRISupport": node.nri, "DevicePluginClientMode": node.client_mode}
+    gpu = gpu_values(node)
+    intervals = [
+        {"name": "DRIFT_INTERVAL", "value": str(node.drift_interval)},
+        {"name": "USAGE_INTERVAL", "value": "1"},
+    ]
+    daemon = {**gpu, "healthcheckPort": node.vgpud_port, "extraEnv": [*intervals, *gpu.get("extraEnv", [])]}
+    if node.client_mode:
+        daemon["cgroupDriver"] = "cgroupfs"
+    return {
+        "image": {"repository": image_env()["VGPUD_IMAGE"].rsplit(":", 1)[0], "tag": tag},
+        "kubernetesServiceHost": api.hostname,
+        "kubernetesServicePort": api.port,
+        "featureGates": gates,
+        "hostPaths": {
+            "managerDir": str(node.manager_dir),
+            "cdiRoot": str(node.cdi_root),
+            "nriRoot": str(node.nri_root),
+            "kubeletRegistrarDir": str(node.registrar_dir),
+            "kubeletPluginsDir": str(node.plugins_dir),
+        },
+        "node": daemon,
+        "metrics": {"port": node.metrics_port},
+        "webhook": {"hostNetwork": True, "replicas": 1, "port": node.webhook_port},
+    }
+
+
+def gpu_values(node: LocalNode) -> dict[str, Any]:
+    """The mock backend, or with `fake_gpu` the nvml backend on the fake libnvidia-ml.so.1 and the
+    state it shares with the containers' fake driver: host files mounted at their own paths."""
+    if not node.fake_gpu:
+        return {"gpu": {"backend": "mock", "profile": "a100-40gb-x2"}}
+    from tests.e2e.node import FAKE_NVML_LIBRARY, FAKE_PROFILE_ENV, FAKE_STATE_ENV
+
+    files = {
+        "fake-nvml": (FAKE_NVML_LIBRARY, "File"),
+        "fake-profile": (node.gpu_profile_path, "File"),
+        "fake-state": (node.fake_gpu_dir, "Directory"),
+    }
+    return {
+        "gpu": {"backend": "nvml", "nvmlLibrary": str(FAKE_NVML_LIBRARY)},
+        "extraEnv": [
+            {"name": FAKE_PROFILE_ENV, "value": str(node.gpu_profile_path)},
+            {"name": FAKE_STATE_ENV, "value": str(node.fake_gpu_state)},
+        ],
+        "extraVolumes": [
+            {"name": name, "hostPath": {"path": str(path), "type": kind}}
+            for name, (path, kind) in files.items()
+        ],
+        "extraVolumeMounts": [
+            {"name": name, "mountPath": str(path), "readOnly": name != "fake-state"}
+            for name, (path, _kind) in files.items()
+        ],
+    }
+
+
+def helm(node: LocalNode, *args: str, values_: dict[str, Any] | None = None) -> str:
+    """Run helm against this node's API server (admin kubeconfig) in NAMESPACE; its stdout."""
+    assert node.api is not None
+    helm_bin = helm_binary()
+    if helm_bin is None:
+        raise FileNotFoundError(f"helm is not installed: {INSTALL_HINT}")
+    argv = [str(helm_bin), *args, "--kubeconfig", str(node.api.kubeconfig), "--namespace", NAMESPACE]
+    with tempfile.NamedTemporaryFile("w", suffix=".json", prefix="values-") as file:
+        if values_ is not None:
+            json.dump(values_, file)
+            file.flush()
+            argv += ["--values", file.name]
+        done = subprocess.run(argv, capture_output=True, text=True, timeout=HELM_TIMEOUT_S + 30, check=False)
+    if done.returncode != 0:
+        raise RuntimeError(
+            f"helm {' '.join(args)} failed ({done.returncode}):\n{done.stderr}\n"
+            f"--- vgpud:\n{log_tail(node.vgpud_log())}\n--- events:\n{events(node)}"
+        )
+    return done.stdout
+
+
+def events(node: LocalNode) -> str:
+    items = node.get(f"/api/v1/namespaces/{NAMESPACE}/events").get("items", [])
+    return "\n".join(f"  {e['involvedObject']['name']}: {e['reason']}: {e.get('message', '')}" for e in items)
+
+
+def import_image(node: LocalNode, tag: str | None = None) -> str:
+    """Import the built vgpud image into the node's containerd; tag it `tag` too when given (a second
+    tag of the same image: what an upgrade to a new tag rolls out). The image name to run."""
+    image = image_env()["VGPUD_IMAGE"]
+    node.ctr("images", "import", "--no-unpack=false", image_env()["VGPUD_IMAGE_TAR"], timeout=300)
+    if tag is None:
+        return image
+    retagged = f"{image.rsplit(':', 1)[0]}:{tag}"
+    node.ctr("images", "tag", "--force", image, retagged)
+    return retagged
+
+
+def install(node: LocalNode, deadline: float) -> None:
+    """`helm install` vgpud on the node and wait until its workloads are ready."""
+    from tests.kubeapi import free_port
+
+    if not chart_available():
+        raise FileNotFoundError(f"no vgpud image or helm: {INSTALL_HINT}")
+    node.vgpud_port = node.vgpud_port or free_port()
+    node.metrics_port = node.metrics_port or free_port()
+    node.webhook_port = node.webhook_port or free_port()
+    tag = image_tag(import_image(node))
+    timeout = max(30, int(deadline - time.monotonic()))
+    args = ("install", RELEASE, str(CHART), "--create-namespace", "--wait", f"--timeout={timeout}s")
+    helm(node, *args, values_=values(node, tag))
+    node.install_command = f"helm {' '.join(args)} --namespace {NAMESPACE} --values <this node's values>"
+
+
+def upgrade(node: LocalNode, tag: str) -> None:
+    """`helm upgrade` to image tag `tag` (the node's other values unchanged) and wait for the rollout."""
+    helm(
+        node,
+        "upgrade",
+        RELEASE,
+        str(CHART),
+        "--wait",
+        f"--timeout={HELM_TIMEOUT_S}s",
+        values_=values(node, tag),
+    )
+
+
+def uninstall(node: LocalNode) -> None:
+    helm(node, "uninstall", RELEASE, "--wait", f"--timeout={HELM_TIMEOUT_S}s")
+
+
+def daemon_pods(node: LocalNode) -> list[dict[str, Any]]:
+    """The DaemonSet's pods (not the webhook's)."""
+    selector = urllib.parse.quote("app.kubernetes.io/component=node")
+    return node.get(f"/api/v1/namespaces/{NAMESPACE}/pods?labelSelector={selector}")["items"]

@@ -163,6 +163,10 @@ class LocalNode:
     procs: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
     vgpud_port: int = 0
     metrics_port: int = 0
+    #: the chart's webhook port (host network, the node IP), with `chart`
+    webhook_port: int = 0
+    #: how vgpud was installed with `chart` (the helm command line)
+    install_command: str = ""
     #: seconds between vgpud's drift self-checks (which also count eager partition conflicts)
     drift_interval: int = 5
     #: vgpud sees the fake GPUs (fake NVML + shared state) instead of the mock backend

@@ -1,5 +1,6 @@
 """The main job on a real node, both tracks: slices, one container with one vGPU claim, registration
-from inside the container, and clean-up after pod deletion."""
+from inside the container, and clean-up after pod deletion. Most hold on the chart track too (vgpud as
+the chart's DaemonSet pod)."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import time
 import urllib.parse
 
 from tests.e2e import workload as w
+from tests.e2e.conftest import WITH_CHART
 from tests.e2e.node import DRIVER, LocalNode
 from tests.kubeapi import log_tail
 from vgpud import metrics_names as names
@@ -15,6 +17,7 @@ from vgpud.partition import libfiles as F
 GiB = 1 << 30
 
 
+@WITH_CHART
 def test_slices_published_and_recreated(node: LocalNode) -> None:
     slices = node.wait_slices(time_limit(30))
     devices = [d for s in slices for d in s["spec"]["devices"]]
@@ -34,6 +37,7 @@ def time_limit(seconds: float) -> float:
     return time.monotonic() + seconds
 
 
+@WITH_CHART
 def test_one_container_one_claim(node: LocalNode) -> None:
     ns = w.namespace(node)
     claim = w.create_claim(node, ns, "gpu", [w.vgpu_request("gpu", "4Gi", "10")])
@@ -142,6 +146,7 @@ def _forger(node: LocalNode, ns: str, claim_uid: str) -> tuple[dict[str, str], d
 INJECTED = ("VGPU_", "CUDA_", "MANAGER_VISIBLE", "LD_PRELOAD", "MANAGER_COMPATIBILITY_MODE")
 
 
+@WITH_CHART
 def test_forged_claim_uid_of_no_prepared_claim_gets_nothing(node: LocalNode) -> None:
     ns = w.namespace(node)
     env, mounts = _forger(node, ns, "0b8a3a1e-6a55-4d43-9c3e-9c1a6f0b1d11")
@@ -151,6 +156,7 @@ def test_forged_claim_uid_of_no_prepared_claim_gets_nothing(node: LocalNode) -> 
     w.delete_pod(node, ns, "forger")
 
 
+@WITH_CHART
 def test_forged_claim_uid_of_another_namespaces_claim(node: LocalNode) -> None:
     """The UID of a claim prepared for another namespace's pod: nothing at all. (The reference, which
     only checks that the claim is prepared, would give the forger a directory and VGPU_* env on the NRI
@@ -176,6 +182,7 @@ def test_forged_claim_uid_of_another_namespaces_claim(node: LocalNode) -> None:
         w.release_claim(node, owner_ns, "gpu")
 
 
+@WITH_CHART
 def test_driver_registered_with_kubelet(node: LocalNode) -> None:
     """The kubelet logs the driver as connected a while after the node is ready (its plugin watcher
     registers the socket on its own schedule), so wait for that line."""

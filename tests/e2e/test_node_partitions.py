@@ -12,6 +12,7 @@ import time
 from typing import Any
 
 from tests.e2e import workload as w
+from tests.e2e.conftest import WITH_CHART
 from tests.e2e.node import DRIVER, LocalNode
 
 REFUSED = "without NRI a vGPU claim serves one pod"
@@ -158,11 +159,13 @@ def test_one_container_two_requests_of_one_claim(node: LocalNode) -> None:
     cleanup(node, ns, ["p"], "gpu", uid)
 
 
+@WITH_CHART
 def test_bug2_container_after_prepare(node: LocalNode) -> None:
     """bug-2 proper: the claim is prepared for pod A (container ca on r1, cb on r2: two partitions in
     eager mode); pod B then uses the prepared claim with ONE container on r1 and r2 (the kubelet does not
     call Prepare again). NRI: B's container gets its own directory and registers. Eager: B's container
-    gets both partitions' CDI devices: one register UUID wins, the mounts of the two partitions collide."""
+    gets both partitions' CDI devices: one register UUID wins, the mounts of the two partitions collide.
+    The webhook refuses B (its rule 4); B opts out of it, as a pod could where it is bypassed."""
     ns = w.namespace(node)
     requests = [on_gpu(w.vgpu_request("r1", "2Gi", "10"), 0), on_gpu(w.vgpu_request("r2", "3Gi", "15"), 1)]
     uid = w.create_claim(node, ns, "gpu", requests)["metadata"]["uid"]
@@ -172,7 +175,8 @@ def test_bug2_container_after_prepare(node: LocalNode) -> None:
     dirs_a = w.claim_subdirs(node, uid)
     assert len(dirs_a) == 2, dirs_a
     conflicts_before = node.metric(CONFLICTS_METRIC)
-    w.create_pod(node, ns, "pb", [w.container("main", [("gpu", "r1"), ("gpu", "r2")])], {"gpu": "gpu"})
+    b = [w.container("main", [("gpu", "r1"), ("gpu", "r2")])]
+    w.create_pod(node, ns, "pb", b, {"gpu": "gpu"}, labels=w.WEBHOOK_OPT_OUT)
     pod_b = w.wait_running(node, ns, "pb")
     cid = w.container_id(pod_b, "main")
     env = w.container_env(node, cid)

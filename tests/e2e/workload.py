@@ -20,6 +20,8 @@ from typing import Any
 from tests.e2e.node import DEVICE_CLASS, LocalNode
 
 IMAGE = "localhost/vgpud-busybox:v1"
+#: the label that keeps a pod from the chart's webhook (helm/vgpud values webhook.optOutLabel)
+WEBHOOK_OPT_OUT = {"vgpud.io/webhook": "disabled"}
 POD_TIMEOUT_S = 90.0
 REGISTER = "/etc/vgpu-manager/registry/vgpu-register"
 PIDS_FILE = "/etc/vgpu-manager/config/pids.config"
@@ -83,6 +85,8 @@ def create_pod(
     name: str,
     containers: Sequence[dict[str, Any]],
     claims: dict[str, str] | None = None,
+    *,
+    labels: dict[str, str] | None = None,
 ) -> dict[str, Any]:
     """A host-network pod (no CNI here); `claims`: pod claim name -> ResourceClaim name."""
     spec: dict[str, Any] = {
@@ -92,7 +96,8 @@ def create_pod(
     }
     if claims:
         spec["resourceClaims"] = [{"name": k, "resourceClaimName": v} for k, v in claims.items()]
-    return node.request("POST", f"/api/v1/namespaces/{ns}/pods", {"metadata": {"name": name}, "spec": spec})
+    metadata: dict[str, Any] = {"name": name, **({"labels": labels} if labels else {})}
+    return node.request("POST", f"/api/v1/namespaces/{ns}/pods", {"metadata": metadata, "spec": spec})
 
 
 def get_pod(node: LocalNode, ns: str, name: str) -> dict[str, Any]:
