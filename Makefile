@@ -4,13 +4,16 @@ VENV := .venv
 PY := $(VENV)/bin/python
 export PIP_CACHE_DIR := $(CURDIR)/.cache/pip
 
-.PHONY: setup build kube node-deps node test unit lint protos check-protos demo bench clean
+.PHONY: setup build image kube node-deps node test unit lint protos check-protos demo bench clean
 
 setup:  ## venv with vgpud and its dev dependencies (idempotent, cached)
 	@./hack/setup-venv.sh
 
 build: setup  ## C helpers (fake NVML, libvgpu) into build/
 	@for d in csrc/*/; do [ -f "$$d/Makefile" ] || continue; $(MAKE) --no-print-directory -C "$$d" OUT=$(CURDIR)/build || exit 1; done
+
+image: build  ## vgpud's OCI image (a tarball for `ctr images import`) into build/image; its name and path in build/image/image.env
+	@./hack/build-image.sh
 
 kube:  ## etcd, kube-apiserver, kube-scheduler, kubelet into ~/.cache/vgpud (idempotent, cached)
 	@./hack/install-kube.sh
