@@ -23,7 +23,7 @@ PY=python3.11
 # the interpreter, its stdlib, and what its kept extension modules and the wheels' .so files link
 RUNTIME_PACKAGES=(libc6 libgcc-s1 libstdc++6 zlib1g libexpat1 libffi8 libbz2-1.0 liblzma5 libuuid1 libssl3
   "lib$PY-minimal" "lib$PY-stdlib" "$PY-minimal")
-RUNTIME_RECIPE=1                    # bump when the runtime recipe (packages, stripping) changes
+RUNTIME_RECIPE=2                    # bump when the runtime recipe (packages, stripping) changes
 IMAGE_REPO=localhost/vgpud
 IMAGE_LIB_DIR=/usr/lib/vgpud         # where the image holds the C parts vgpud installs on the node
 SITE=usr/lib/python3/dist-packages   # on Debian's sys.path
@@ -83,6 +83,8 @@ strip_runtime() {
   rm -rf "$root"/usr/share "$root"/usr/lib/x86_64-linux-gnu/gconv "$root"/etc/ld.so.conf.d "$root"/etc/$PY \
     "$lib/sitecustomize.py"
   find "$root"/usr/bin -mindepth 1 ! -name "$PY" -delete
+  # libc's libraries for debuggers and LD_PRELOAD tools, never linked by a program
+  rm -f "$root"/lib/x86_64-linux-gnu/{libthread_db,libmemusage,libpcprofile,libc_malloc_debug}.so*
   find "$root" -name '*.a' -delete
   # stdlib parts nothing here runs: tests, pydoc's topics, venv (no ensurepip, no pip)
   rm -rf "$lib"/test "$lib"/pydoc_data "$lib"/venv "$lib"/ensurepip "$lib"/idlelib "$lib"/tkinter "$lib"/lib2to3
