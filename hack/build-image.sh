@@ -37,7 +37,7 @@ print_env=0
 for arg in "$@"; do
   case $arg in
     --print-env) print_env=1 ;;
-    -h | --help) sed -n '2,19p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h | --help) sed -n '2,18p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "build-image: unknown argument: $arg" >&2; exit 2 ;;
   esac
 done
@@ -157,7 +157,7 @@ requirements=$("$VENV_PY" "$HERE/image-requirements.py" --drop aiohttp --drop ai
 DEPS_DIR=$OUT/deps
 deps_stamp="runtime=$(cat "$RUNTIME_DIR/.stamp") script=$(sha256sum <"$0" | cut -c1-16) requirements=$(echo "$requirements" | sha256sum | cut -c1-16)"
 
-# drop_outside_record SITE: RECORD files list only what is left in SITE (scripts and removed parts go).
+# prune_records SITE: each RECORD lists only what is left in SITE (the scripts and removed parts go).
 prune_records() {
   "$VENV_PY" - "$1" <<'EOF'
 import csv, io, sys
