@@ -4,13 +4,16 @@ VENV := .venv
 PY := $(VENV)/bin/python
 export PIP_CACHE_DIR := $(CURDIR)/.cache/pip
 
-.PHONY: setup build kube chart-crds node-deps node test unit lint protos check-protos demo bench clean
+.PHONY: setup build image kube chart-crds node-deps node test unit lint protos check-protos demo bench clean
 
 setup:  ## venv with vgpud and its dev dependencies (idempotent, cached)
 	@./hack/setup-venv.sh
 
 build: setup  ## C helpers (fake NVML, libvgpu) into build/
 	@for d in csrc/*/; do [ -f "$$d/Makefile" ] || continue; $(MAKE) --no-print-directory -C "$$d" OUT=$(CURDIR)/build || exit 1; done
+
+image: build  ## vgpud's OCI image (a tarball for `ctr images import`) into build/image; its name and path in build/image/image.env
+	@./hack/build-image.sh
 
 kube:  ## etcd, kube-apiserver, kube-controller-manager, kube-scheduler, kubelet, crictl, helm into ~/.cache/vgpud (idempotent, cached)
 	@./hack/install-kube.sh
@@ -24,7 +27,7 @@ node-deps: build  ## containerd, runc, CNI loopback, busybox + pause + cudaprobe
 node: build kube node-deps  ## a local node (etcd, apiserver, controller manager, scheduler, containerd, kubelet, vgpud) until Ctrl-C; NRI=off for eager
 	@$(PY) -m tests.e2e.node --nri $(or $(NRI),on)
 
-test: build kube chart-crds node-deps  ## every test tier that runs on this machine (as root: the e2e runs a node)
+test: build image kube chart-crds node-deps  ## every test tier that runs on this machine (as root: the e2e runs a node)
 	@$(VENV)/bin/ruff check
 	@$(VENV)/bin/ruff format --check --quiet
 	@$(PY) -m pytest -q tests --ignore=tests/launcher
@@ -44,7 +47,7 @@ protos: setup  ## regenerate vgpud/_pb from protos/
 check-protos: setup  ## fail if vgpud/_pb is not what protos/ generates
 	@./hack/gen-protos.sh --check
 
-demo: build kube node-deps  ## the main job on a real local node (root): a pod with two containers on one vGPU claim, then a CUDA program hitting its memory limit
+demo: build image kube node-deps  ## the main job on a real local node (root): a pod with two containers on one vGPU claim, then a CUDA program hitting its memory limit
 	@$(PY) hack/demo.py
 
 bench: build
