@@ -250,6 +250,17 @@ def test_cert_manager_issues_the_same_secret_and_injects_the_ca() -> None:
     assert "caBundle" not in config["webhooks"][0]["clientConfig"]
 
 
+@pytest.mark.parametrize("host_network", [False, True])
+def test_webhook_update_fits_the_network(host_network: bool) -> None:
+    """A host-network replica holds its port on the node: the update may not start a new one beside
+    it (maxSurge 0, or the rollout never ends on a one-node cluster); otherwise a new replica is
+    Ready before an old one goes."""
+    manifests = render({"webhook": {"hostNetwork": host_network}})
+    rolling = one(manifests, "Deployment", "-webhook")["spec"]["strategy"]["rollingUpdate"]
+    expected = {"maxSurge": 0, "maxUnavailable": 1} if host_network else {"maxSurge": 1, "maxUnavailable": 0}
+    assert rolling == expected
+
+
 def test_webhook_disabled_renders_none_of_it() -> None:
     manifests = render({"webhook": {"enabled": False}})
     kinds = {m["kind"] for m in manifests}

@@ -156,6 +156,7 @@ def test_uninstall_leaves_only_what_running_pods_use(node: LocalNode) -> None:
         w.wait_for(lambda: not chart.daemon_pods(node), timeout=60, what="the vgpud pod gone")
         remaining = node_files(node)
         print("after helm uninstall, on the node:\n  " + "\n  ".join(remaining))
+        print(f"ResourceSlices of {DRIVER}: {[s['metadata']['name'] for s in node.slices()]}")
         sockets = [f for f in remaining if f.endswith(".sock")]
         assert not sockets, f"vgpud left sockets behind: {sockets}"
         # what the running pod still uses: its directory, the library and the register client its
@@ -164,15 +165,17 @@ def test_uninstall_leaves_only_what_running_pods_use(node: LocalNode) -> None:
         claim = node.claim_dir(uid) / subdir
         kept = [
             claim / "config" / "pids.config",
-            node.manager_dir / "driver" / "libvgpu-control.so",
+            node.manager_dir / "ld.so.preload",
             node.manager_dir / "registry" / "vgpu-register",
             node.cdi_spec(uid),
             node.checkpoint,
         ]
         assert all(p.exists() for p in kept), [str(p) for p in kept if not p.exists()]
+        assert list(node.manager_dir.glob("libvgpu-control.so.*")), "the preloaded library is gone"
         allowed = (
             f"vgpu/claims/{uid}/",
-            "vgpu/driver/",
+            "vgpu/libvgpu-control.so.",
+            "vgpu/ld.so.preload",
             "vgpu/registry/",
             f"cdi/{Path(node.cdi_spec(uid)).name}",
             f"kubelet/plugins/{DRIVER}/",

@@ -165,10 +165,11 @@ def test_bug2_container_after_prepare(node: LocalNode) -> None:
     eager mode); pod B then uses the prepared claim with ONE container on r1 and r2 (the kubelet does not
     call Prepare again). NRI: B's container gets its own directory and registers. Eager: B's container
     gets both partitions' CDI devices: one register UUID wins, the mounts of the two partitions collide.
-    The webhook refuses B (its rule 4); B opts out of it, as a pod could where it is bypassed."""
+    The webhook refuses B, and B's reservation in the claim (its rule 4): on the chart track the claim
+    and B opt out of it, as they could where the webhook is bypassed."""
     ns = w.namespace(node)
     requests = [on_gpu(w.vgpu_request("r1", "2Gi", "10"), 0), on_gpu(w.vgpu_request("r2", "3Gi", "15"), 1)]
-    uid = w.create_claim(node, ns, "gpu", requests)["metadata"]["uid"]
+    uid = w.create_claim(node, ns, "gpu", requests, labels=w.WEBHOOK_OPT_OUT)["metadata"]["uid"]
     a = [w.container("ca", [("gpu", "r1")]), w.container("cb", [("gpu", "r2")])]
     w.create_pod(node, ns, "pa", a, {"gpu": "gpu"})
     w.wait_running(node, ns, "pa")

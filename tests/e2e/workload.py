@@ -59,8 +59,16 @@ def vgpu_request(name: str, memory: str, cores: str) -> dict[str, Any]:
     return {"name": name, "exactly": {"deviceClassName": DEVICE_CLASS, "capacity": capacity}}
 
 
-def create_claim(node: LocalNode, ns: str, name: str, requests: Sequence[dict[str, Any]]) -> dict[str, Any]:
-    body = {"metadata": {"name": name}, "spec": {"devices": {"requests": list(requests)}}}
+def create_claim(
+    node: LocalNode,
+    ns: str,
+    name: str,
+    requests: Sequence[dict[str, Any]],
+    *,
+    labels: dict[str, str] | None = None,
+) -> dict[str, Any]:
+    metadata: dict[str, Any] = {"name": name, **({"labels": labels} if labels else {})}
+    body = {"metadata": metadata, "spec": {"devices": {"requests": list(requests)}}}
     return node.request("POST", f"/apis/resource.k8s.io/v1/namespaces/{ns}/resourceclaims", body)
 
 
