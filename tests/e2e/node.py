@@ -1,23 +1,24 @@
 """A real single-node Kubernetes cluster on this machine, for the node e2e suite and `make demo`.
 
-`LocalNode(nri=True|False)` starts, everything under one short temp dir:
-etcd + kube-apiserver (tests/kubeapi.py), kube-controller-manager (its default controllers: the node
-lifecycle controller lifts the kubelet's not-ready taint, the resourceclaim controller releases and
-deallocates claims, DaemonSets, Deployments, service accounts and garbage collection work as in a real
-cluster), kube-scheduler, containerd 1.7 (CDI on, NRI on or off by
-track, restrict_oom_score_adj, cgroupfs, its sockets under the temp dir, the local images imported),
-kubelet (DRA, cgroupfs, failCgroupV1: false) and vgpud as a host process with the mock GPU backend and
-the reference DaemonSet's environment. `LocalNode(fake_gpu=True)` runs vgpud on the NVML backend with the
-fake libnvidia-ml.so.1 (build/fakenvml) serving the same profile, and a fake GPU state file that the
-node's containers share with it (tests/e2e/fakegpu.py mounts the fake driver into them), and imports the
-dynamic-libc image localhost/vgpud-cudaprobe. `start()` returns once the node is Ready, vgpud's health service
-says SERVING and its ResourceSlice is published; `stop()` tears everything down by PID in reverse order
-and leaves no process, mount or cgroup behind. The node's IP is an address of its own on `lo`
-(tests/e2e/nodeip.py), so host-network pods bind nowhere but this host. The binaries come from
-hack/install-kube.sh (kube.env) and hack/install-node.sh (node.env).
+`LocalNode(nri=True|False)` starts, everything under one short temp dir: etcd + kube-apiserver
+(tests/kubeapi.py), kube-controller-manager (its default controllers: the node lifecycle controller
+lifts the kubelet's not-ready taint, the resourceclaim controller releases and deallocates claims,
+DaemonSets, Deployments, service accounts and garbage collection work as in a real cluster),
+kube-scheduler, containerd 1.7 (CDI on, NRI on or off by track, restrict_oom_score_adj, cgroupfs, its
+sockets under the temp dir, the local images imported), kubelet (DRA, cgroupfs, failCgroupV1: false)
+and vgpud as a host process with the mock GPU backend and the reference DaemonSet's environment.
+`LocalNode(fake_gpu=True)` runs vgpud on the NVML backend with the fake libnvidia-ml.so.1
+(build/fakenvml) serving the same profile, and a fake GPU state file that the node's containers share
+with it (tests/e2e/fakegpu.py mounts the fake driver into them), and imports the dynamic-libc image
+localhost/vgpud-cudaprobe. `LocalNode(chart=True)` installs vgpud with `helm install` of helm/vgpud
+instead of running it as a host process (tests/e2e/chart.py). `start()` returns once the node is Ready,
+vgpud's health service says SERVING and its ResourceSlice is published; `stop()` tears everything down
+by PID in reverse order and leaves no process, mount or cgroup behind. The node's IP is an address of
+its own on `lo` (tests/e2e/nodeip.py), so host-network pods bind nowhere but this host. The binaries
+come from hack/install-kube.sh (kube.env) and hack/install-node.sh (node.env).
 
-    python -m tests.e2e.node [--nri on|off] [--fake-gpu]   bring a node up, print where everything is,
-                                                          Ctrl-C stops it
+    python -m tests.e2e.node [--nri on|off] [--fake-gpu] [--chart]   bring a node up, print where
+                                                                    everything is, Ctrl-C stops it
 """
 
 from __future__ import annotations
@@ -742,9 +743,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--nri", choices=("on", "off"), default="on")
     parser.add_argument("--keep", action="store_true", help="keep the temp dir (logs) after stopping")
     parser.add_argument("--fake-gpu", action="store_true", help="vgpud on the fake NVML (simulated GPUs)")
+    parser.add_argument(
+        "--chart",
+        action="store_true",
+        help="install vgpud with helm/vgpud (needs make image) instead of a host process",
+    )
     args = parser.parse_args(argv)
     started = time.monotonic()
-    node = LocalNode(nri=args.nri == "on", keep=args.keep, fake_gpu=args.fake_gpu)
+    node = LocalNode(nri=args.nri == "on", keep=args.keep, fake_gpu=args.fake_gpu, chart=args.chart)
     with stop_on_signals():  # SIGTERM and SIGHUP tear the node down like Ctrl-C
         try:
             node.start()
