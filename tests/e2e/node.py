@@ -342,40 +342,35 @@ class LocalNode:
         else:
             shutil.rmtree(self.workdir, ignore_errors=True)
 
-    # -- kube-controller-manager ---------------------------------------------------------------------
-    def _start_controller_manager(self) -> None:
+    # -- kube-controller-manager, kube-scheduler -----------------------------------------------------
+    def _start_control_plane_component(self, name: str, *extra: str) -> None:
+        """`name` with the admin kubeconfig, no leader election, its own port on loopback, DRA's gates."""
         assert self.api is not None
         argv = [
-            str(binary("kube-controller-manager")),
+            str(binary(name)),
             f"--kubeconfig={self.api.kubeconfig}",
             f"--authentication-kubeconfig={self.api.kubeconfig}",
             f"--authorization-kubeconfig={self.api.kubeconfig}",
             "--leader-elect=false",
             "--bind-address=127.0.0.1",
             f"--secure-port={free_port()}",
+            "--feature-gates=DRAConsumableCapacity=true",
+            "--v=1",
+            *extra,
+        ]
+        self.procs[name] = _spawn(argv, self.log(name))
+
+    def _start_controller_manager(self) -> None:
+        assert self.api is not None
+        self._start_control_plane_component(
+            "kube-controller-manager",
             # the key the API server verifies service-account tokens with, and the CA pods trust
             f"--service-account-private-key-file={self.api.workdir / 'sa.key'}",
             f"--root-ca-file={self.api.ca_file}",
-            "--feature-gates=DRAConsumableCapacity=true",
-            "--v=1",
-        ]
-        self.procs["kube-controller-manager"] = _spawn(argv, self.log("kube-controller-manager"))
+        )
 
-    # -- kube-scheduler ----------------------------------------------------------------------------
     def _start_scheduler(self) -> None:
-        assert self.api is not None
-        argv = [
-            str(binary("kube-scheduler")),
-            f"--kubeconfig={self.api.kubeconfig}",
-            f"--authentication-kubeconfig={self.api.kubeconfig}",
-            f"--authorization-kubeconfig={self.api.kubeconfig}",
-            "--leader-elect=false",
-            "--bind-address=127.0.0.1",
-            f"--secure-port={free_port()}",
-            "--feature-gates=DRAConsumableCapacity=true",
-            "--v=1",
-        ]
-        self.procs["kube-scheduler"] = _spawn(argv, self.log("kube-scheduler"))
+        self._start_control_plane_component("kube-scheduler")
 
     # -- containerd --------------------------------------------------------------------------------
     def containerd_config(self) -> str:

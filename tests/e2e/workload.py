@@ -59,6 +59,10 @@ def vgpu_request(name: str, memory: str, cores: str) -> dict[str, Any]:
     return {"name": name, "exactly": {"deviceClassName": DEVICE_CLASS, "capacity": capacity}}
 
 
+def _metadata(name: str, labels: dict[str, str] | None) -> dict[str, Any]:
+    return {"name": name, **({"labels": labels} if labels else {})}
+
+
 def create_claim(
     node: LocalNode,
     ns: str,
@@ -67,8 +71,7 @@ def create_claim(
     *,
     labels: dict[str, str] | None = None,
 ) -> dict[str, Any]:
-    metadata: dict[str, Any] = {"name": name, **({"labels": labels} if labels else {})}
-    body = {"metadata": metadata, "spec": {"devices": {"requests": list(requests)}}}
+    body = {"metadata": _metadata(name, labels), "spec": {"devices": {"requests": list(requests)}}}
     return node.request("POST", f"/apis/resource.k8s.io/v1/namespaces/{ns}/resourceclaims", body)
 
 
@@ -104,8 +107,8 @@ def create_pod(
     }
     if claims:
         spec["resourceClaims"] = [{"name": k, "resourceClaimName": v} for k, v in claims.items()]
-    metadata: dict[str, Any] = {"name": name, **({"labels": labels} if labels else {})}
-    return node.request("POST", f"/api/v1/namespaces/{ns}/pods", {"metadata": metadata, "spec": spec})
+    body = {"metadata": _metadata(name, labels), "spec": spec}
+    return node.request("POST", f"/api/v1/namespaces/{ns}/pods", body)
 
 
 def get_pod(node: LocalNode, ns: str, name: str) -> dict[str, Any]:
