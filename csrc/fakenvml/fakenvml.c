@@ -13,6 +13,11 @@
  *   FAKE_NVML_HIDE_PROCESS_MEMORY=1           process lists give usedGpuMemory as
  *                                             NVML_VALUE_NOT_AVAILABLE
  *
+ * Health, from the shared state (tests set it with tests/fakegpu_state.py, through the
+ * fakegpuRaiseXid / fakegpuSetLost entry points below): XID critical-error events through
+ * nvmlEventSetCreate / nvmlDeviceRegisterEvents / nvmlEventSetWait_v2, and a lost GPU, on which every
+ * device call (and a handle lookup) returns NVML_ERROR_GPU_IS_LOST until it is restored.
+ *
  * The profile is a flat YAML subset, defined in vgpud/gpu/profile.py and parsed by
  * csrc/fakestate/profile.c. A missing or unparsable profile (or state file) makes nvmlInit* fail
  * with NVML_ERROR_UNKNOWN, print one "fakenvml: ..." line to stderr, and
@@ -26,6 +31,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "profile.h"
 #include "state.h"
@@ -44,6 +50,7 @@ enum {
     NVML_ERROR_NOT_FOUND = 6,
     NVML_ERROR_INSUFFICIENT_SIZE = 7,
     NVML_ERROR_DRIVER_NOT_LOADED = 9,
+    NVML_ERROR_TIMEOUT = 10,
     NVML_ERROR_FUNCTION_NOT_FOUND = 13,
     NVML_ERROR_GPU_IS_LOST = 15,
     NVML_ERROR_ARGUMENT_VERSION_MISMATCH = 25,
@@ -94,10 +101,12 @@ static int valid(nvmlDevice_t device) {
     return device >= profile.gpus && device < profile.gpus + profile.count;
 }
 
+/* A lost GPU (tests/fakegpu_state.py set_lost) answers nothing but NVML_ERROR_GPU_IS_LOST. */
 #define REQUIRE_DEVICE(device, out)                                                               \
     do {                                                                                          \
         REQUIRE_INIT();                                                                           \
         if (!valid(device) || (out) == NULL) return NVML_ERROR_INVALID_ARGUMENT;                  \
+        if (fs_lost((device)->index)) return NVML_ERROR_GPU_IS_LOST;                              \
     } while (0)
 
 static nvmlReturn_t copy_out(const char *value, char *buffer, unsigned int length) {
@@ -153,6 +162,7 @@ EXPORT const char *nvmlErrorString(nvmlReturn_t result) {
     case NVML_ERROR_NOT_FOUND: return "Not Found";
     case NVML_ERROR_INSUFFICIENT_SIZE: return "Insufficient Size";
     case NVML_ERROR_DRIVER_NOT_LOADED: return "Driver Not Loaded";
+    case NVML_ERROR_TIMEOUT: return "Timeout";
     case NVML_ERROR_FUNCTION_NOT_FOUND: return "Function Not Found";
     case NVML_ERROR_GPU_IS_LOST: return "GPU is lost";
     case NVML_ERROR_ARGUMENT_VERSION_MISMATCH: return "Argument Version Mismatch";
@@ -189,6 +199,7 @@ EXPORT nvmlReturn_t nvmlDeviceGetCount(unsigned int *count) { return nvmlDeviceG
 EXPORT nvmlReturn_t nvmlDeviceGetHandleByIndex_v2(unsigned int index, nvmlDevice_t *device) {
     REQUIRE_INIT();
     if (device == NULL || index >= profile.count) return NVML_ERROR_INVALID_ARGUMENT;
+    if (fs_lost(index)) return NVML_ERROR_GPU_IS_LOST;
     *device = profile.by_index[index];
     return NVML_SUCCESS;
 }
@@ -419,6 +430,7 @@ EXPORT nvmlReturn_t nvmlDeviceGetHandleByUUID(const char *uuid, nvmlDevice_t *de
     if (uuid == NULL || device == NULL) return NVML_ERROR_INVALID_ARGUMENT;
     for (unsigned int i = 0; i < profile.count; i++)
         if (strcmp(profile.gpus[i].uuid, uuid) == 0) {
+            if (fs_lost(profile.gpus[i].index)) return NVML_ERROR_GPU_IS_LOST;
             *device = &profile.gpus[i];
             return NVML_SUCCESS;
         }
@@ -474,6 +486,7 @@ EXPORT nvmlReturn_t nvmlDeviceGetComputeMode(nvmlDevice_t device, unsigned int *
 EXPORT nvmlReturn_t nvmlDeviceSetComputeMode(nvmlDevice_t device, unsigned int mode) {
     REQUIRE_INIT();
     if (!valid(device) || mode > 3) return NVML_ERROR_INVALID_ARGUMENT;
+    if (fs_lost(device->index)) return NVML_ERROR_GPU_IS_LOST;
     compute_modes[device->index] = mode;
     return NVML_SUCCESS;
 }
@@ -483,4 +496,112 @@ EXPORT nvmlReturn_t nvmlDeviceGetPersistenceMode(nvmlDevice_t device, unsigned i
     REQUIRE_DEVICE(device, mode);
     *mode = 1;
     return NVML_SUCCESS;
+}
+
+/* ---- health: XID events and lost GPUs, from the shared state ---------------------------------- */
+
+#define nvmlEventTypeXidCriticalError 0x0000000000000008ull
+/* The only event type the fake raises; registering another is NVML_ERROR_NOT_SUPPORTED. */
+#define SUPPORTED_EVENTS nvmlEventTypeXidCriticalError
+/* How often a waiting nvmlEventSetWait_v2 looks at the shared state (a lock-free read). */
+#define EVENT_POLL_NS 5000000ull
+
+typedef struct {
+    nvmlDevice_t device;
+    unsigned long long eventType;
+    unsigned long long eventData; /* the XID */
+    unsigned int gpuInstanceId, computeInstanceId; /* 0xFFFFFFFF: not a MIG device */
+} nvmlEventData_t;
+
+_Static_assert(sizeof(nvmlEventData_t) == 32, "nvmlEventData_t layout");
+
+/* Per NVML index: the registered event types (0: not registered), the last XID sequence number and
+ * loss count delivered. Only events after the registration are delivered, as NVML does. */
+typedef struct nvmlEventSet_st {
+    unsigned long long types[FAKE_MAX_GPUS];
+    uint64_t seen_xid[FAKE_MAX_GPUS];
+    uint64_t seen_lost[FAKE_MAX_GPUS];
+} *nvmlEventSet_t;
+
+EXPORT nvmlReturn_t nvmlEventSetCreate(nvmlEventSet_t *set) {
+    REQUIRE_INIT();
+    if (set == NULL) return NVML_ERROR_INVALID_ARGUMENT;
+    *set = calloc(1, sizeof **set);
+    return *set ? NVML_SUCCESS : NVML_ERROR_UNKNOWN;
+}
+
+EXPORT nvmlReturn_t nvmlEventSetFree(nvmlEventSet_t set) {
+    REQUIRE_INIT();
+    if (set == NULL) return NVML_ERROR_INVALID_ARGUMENT;
+    free(set);
+    return NVML_SUCCESS;
+}
+
+EXPORT nvmlReturn_t nvmlDeviceGetSupportedEventTypes(nvmlDevice_t device, unsigned long long *types) {
+    REQUIRE_DEVICE(device, types);
+    *types = SUPPORTED_EVENTS;
+    return NVML_SUCCESS;
+}
+
+EXPORT nvmlReturn_t nvmlDeviceRegisterEvents(nvmlDevice_t device, unsigned long long types, nvmlEventSet_t set) {
+    REQUIRE_DEVICE(device, set);
+    if (types & ~SUPPORTED_EVENTS) return NVML_ERROR_NOT_SUPPORTED;
+    unsigned int i = device->index;
+    if (set->types[i] == 0) {
+        set->seen_xid[i] = fs_xid_seq(i);
+        set->seen_lost[i] = fs_lost_gen(i);
+    }
+    set->types[i] |= types;
+    return NVML_SUCCESS;
+}
+
+/* The next event of a registered device: a loss since the last look (NVML_ERROR_GPU_IS_LOST, once
+ * per loss), else its oldest undelivered XID; NVML_ERROR_TIMEOUT when none came in `timeoutms`. */
+EXPORT nvmlReturn_t nvmlEventSetWait_v2(nvmlEventSet_t set, nvmlEventData_t *data, unsigned int timeoutms) {
+    REQUIRE_INIT();
+    if (set == NULL || data == NULL) return NVML_ERROR_INVALID_ARGUMENT;
+    struct timespec now;
+    clock_gettime(CLOCK_MONOTONIC, &now);
+    uint64_t start = (uint64_t)now.tv_sec * 1000000000ull + (uint64_t)now.tv_nsec;
+    uint64_t deadline = start + (uint64_t)timeoutms * 1000000ull;
+    for (;;) {
+        for (unsigned int i = 0; i < profile.count; i++) {
+            if (set->types[i] == 0) continue;
+            uint64_t gen = fs_lost_gen(i);
+            if (gen != set->seen_lost[i]) {
+                set->seen_lost[i] = gen;
+                if (fs_lost(i)) return NVML_ERROR_GPU_IS_LOST;
+            }
+            uint64_t xid;
+            if ((set->types[i] & nvmlEventTypeXidCriticalError) && fs_next_xid(i, &set->seen_xid[i], &xid)) {
+                *data = (nvmlEventData_t){profile.by_index[i], nvmlEventTypeXidCriticalError, xid, 0xFFFFFFFFu,
+                                          0xFFFFFFFFu};
+                return NVML_SUCCESS;
+            }
+        }
+        clock_gettime(CLOCK_MONOTONIC, &now);
+        uint64_t t = (uint64_t)now.tv_sec * 1000000000ull + (uint64_t)now.tv_nsec;
+        if (t >= deadline) return NVML_ERROR_TIMEOUT;
+        uint64_t nap = deadline - t < EVENT_POLL_NS ? deadline - t : EVENT_POLL_NS;
+        struct timespec ts = {(time_t)(nap / 1000000000ull), (long)(nap % 1000000000ull)};
+        nanosleep(&ts, NULL);
+    }
+}
+
+EXPORT nvmlReturn_t nvmlEventSetWait(nvmlEventSet_t set, nvmlEventData_t *data, unsigned int timeoutms) {
+    return nvmlEventSetWait_v2(set, data, timeoutms);
+}
+
+/* ---- test control (not NVML): tests/fakegpu_state.py --------------------------------------- */
+
+/* Raise XID `xid` on GPU `index` of the state file `state_path`: every event set registered for it,
+ * in any process sharing the file, delivers it. 0, or -1 with `why` filled. */
+EXPORT int fakegpuRaiseXid(const char *state_path, unsigned int index, unsigned long long xid, char *why,
+                           unsigned int why_size) {
+    return fs_file_raise_xid(state_path, index, xid, why, why_size);
+}
+
+/* Make GPU `index` lost (lost != 0) or restore it. 0, or -1 with `why` filled. */
+EXPORT int fakegpuSetLost(const char *state_path, unsigned int index, int lost, char *why, unsigned int why_size) {
+    return fs_file_set_lost(state_path, index, lost, why, why_size);
 }

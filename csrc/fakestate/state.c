@@ -14,7 +14,7 @@
 #include <unistd.h>
 
 #define FS_MAGIC 0x46475331u /* "FGS1" */
-#define FS_VERSION 2u
+#define FS_VERSION 3u /* 3: per-device health (XIDs, lost) */
 #define FS_MAX_SLOTS 256
 #define FS_SPANS 256            /* busy spans kept exactly per slot / device; adjacent ones merge */
 #define FS_BUCKETS 2048         /* and busy time per 10 ms bucket, 20.48 s of them */
@@ -48,6 +48,12 @@ typedef struct {
     uint64_t total;
     uint64_t busy_until;
     fs_timeline busy;
+    /* health: written under the lock, peeked at without it (atomic loads) */
+    uint32_t lost;     /* 1 while the device is lost */
+    uint32_t pad;
+    uint64_t lost_gen; /* times it became lost */
+    uint64_t xid_seq;  /* XIDs raised so far; XID n (1-based) is in xid[(n - 1) % FS_XID_RING] */
+    uint64_t xid[FS_XID_RING];
 } fs_device;
 
 typedef struct {
@@ -424,4 +430,98 @@ uint64_t fs_busy_device(unsigned int dev, uint64_t t0, uint64_t t1) {
     uint64_t busy = overlap(&state->dev[dev].busy, t0, t1);
     unlock();
     return busy;
+}
+
+/* ---- health ------------------------------------------------------------------------------ */
+
+uint64_t fs_xid_seq(unsigned int dev) {
+    return valid_dev(dev) ? __atomic_load_n(&state->dev[dev].xid_seq, __ATOMIC_ACQUIRE) : 0;
+}
+
+int fs_next_xid(unsigned int dev, uint64_t *seen, uint64_t *xid) {
+    if (!valid_dev(dev) || fs_xid_seq(dev) == *seen) return 0; /* the common case: no lock taken */
+    lock();
+    fs_device *d = &state->dev[dev];
+    int got = 0;
+    if (d->xid_seq > *seen) {
+        uint64_t next = d->xid_seq - *seen > FS_XID_RING ? d->xid_seq - FS_XID_RING + 1 : *seen + 1;
+        *xid = d->xid[(next - 1) % FS_XID_RING];
+        *seen = next;
+        got = 1;
+    } else {
+        *seen = d->xid_seq;
+    }
+    unlock();
+    return got;
+}
+
+int fs_lost(unsigned int dev) {
+    return valid_dev(dev) && __atomic_load_n(&state->dev[dev].lost, __ATOMIC_ACQUIRE) != 0;
+}
+
+uint64_t fs_lost_gen(unsigned int dev) {
+    return valid_dev(dev) ? __atomic_load_n(&state->dev[dev].lost_gen, __ATOMIC_ACQUIRE) : 0;
+}
+
+/* Map the state file at `path` for one change, locked; NULL with *why set when it is no state file
+ * of this version or `dev` is not one of its devices. */
+static fs_file *control_open(const char *path, unsigned int dev, int *fd, char *why, unsigned long why_size) {
+    *fd = open(path, O_RDWR | O_CLOEXEC);
+    if (*fd < 0) {
+        snprintf(why, why_size, "state file %.200s: %s", path, strerror(errno));
+        return NULL;
+    }
+    struct stat st;
+    struct flock fl = {.l_type = F_WRLCK, .l_whence = SEEK_SET, .l_start = 0, .l_len = 0};
+    void *m = MAP_FAILED;
+    if (fstat(*fd, &st) < 0) {
+        snprintf(why, why_size, "state file %.200s: fstat: %s", path, strerror(errno));
+    } else if (st.st_size != (off_t)sizeof(fs_file)) {
+        snprintf(why, why_size, "state file %.200s: not a state file of version %u (%lld bytes)", path,
+                 FS_VERSION, (long long)st.st_size);
+    } else if ((m = mmap(NULL, sizeof(fs_file), PROT_READ | PROT_WRITE, MAP_SHARED, *fd, 0)) == MAP_FAILED) {
+        snprintf(why, why_size, "state file %.200s: mmap: %s", path, strerror(errno));
+    } else {
+        while (fcntl(*fd, F_OFD_SETLKW, &fl) < 0 && errno == EINTR) {
+        }
+        fs_file *f = m;
+        if (f->magic != FS_MAGIC || f->version != FS_VERSION || f->size != sizeof *f) {
+            snprintf(why, why_size, "state file %.200s: not a state file of version %u", path, FS_VERSION);
+        } else if (dev >= f->count) {
+            snprintf(why, why_size, "state file %.200s: no GPU %u (it has %u)", path, dev, f->count);
+        } else {
+            return f;
+        }
+        munmap(m, sizeof(fs_file));
+    }
+    close(*fd);
+    return NULL;
+}
+
+static void control_close(fs_file *f, int fd) {
+    munmap(f, sizeof *f);
+    close(fd); /* drops the OFD lock */
+}
+
+int fs_file_raise_xid(const char *path, unsigned int dev, uint64_t xid, char *why, unsigned long why_size) {
+    int fd;
+    fs_file *f = control_open(path, dev, &fd, why, why_size);
+    if (f == NULL) return -1;
+    fs_device *d = &f->dev[dev];
+    uint64_t seq = d->xid_seq + 1;
+    d->xid[(seq - 1) % FS_XID_RING] = xid;
+    __atomic_store_n(&d->xid_seq, seq, __ATOMIC_RELEASE);
+    control_close(f, fd);
+    return 0;
+}
+
+int fs_file_set_lost(const char *path, unsigned int dev, int lost, char *why, unsigned long why_size) {
+    int fd;
+    fs_file *f = control_open(path, dev, &fd, why, why_size);
+    if (f == NULL) return -1;
+    fs_device *d = &f->dev[dev];
+    if (lost && !d->lost) __atomic_store_n(&d->lost_gen, d->lost_gen + 1, __ATOMIC_RELEASE);
+    __atomic_store_n(&d->lost, lost ? 1u : 0u, __ATOMIC_RELEASE);
+    control_close(f, fd);
+    return 0;
 }

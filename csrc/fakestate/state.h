@@ -10,6 +10,11 @@
  * mutex (threads) and an OFD lock on the file (processes; the kernel drops it when a holder dies).
  * Slots of dead pids (kill(pid, 0) == ESRCH, or a zombie) are dropped by every call that reads
  * or charges memory or reads busy time, as a real driver frees a dead process's memory.
+ *
+ * Health, per device, for the fake NVML's events: the XIDs raised on it (a sequence number and the
+ * newest FS_XID_RING codes) and whether it is lost (fallen off the bus), with a count of losses.
+ * Tests set them in a state file with fs_file_raise_xid / fs_file_set_lost (exported by the fake
+ * NVML for tests/fakegpu_state.py), from any process, while the fakes run.
  */
 #ifndef FAKESTATE_STATE_H
 #define FAKESTATE_STATE_H
@@ -65,5 +70,24 @@ uint64_t fs_launch(unsigned int dev, uint64_t cost_ns);
 unsigned int fs_busy_by_pid(unsigned int dev, uint64_t t0, uint64_t t1, fs_busy *out, unsigned int max);
 /* Kernel time of the whole device inside [t0, t1]. */
 uint64_t fs_busy_device(unsigned int dev, uint64_t t0, uint64_t t1);
+
+/* ---- health ---------------------------------------------------------------------------- */
+
+#define FS_XID_RING 64 /* XIDs kept per device; a reader further behind misses the oldest */
+
+/* XIDs raised on `dev` so far (the sequence number of the newest; 0: none). */
+uint64_t fs_xid_seq(unsigned int dev);
+/* The oldest XID raised on `dev` after sequence number *seen: 1 with *xid set and *seen advanced,
+ * 0 when there is none. A reader more than FS_XID_RING behind skips what the ring dropped. */
+int fs_next_xid(unsigned int dev, uint64_t *seen, uint64_t *xid);
+/* Whether `dev` is lost now, and how many times it became lost. */
+int fs_lost(unsigned int dev);
+uint64_t fs_lost_gen(unsigned int dev);
+
+/* Test control of the state FILE at `path` (created by a fake's first attach; not this process's
+ * attached state, so any process may call them): raise XID `xid` on device `dev`, or make it lost /
+ * restore it. 0, or -1 with *why set. */
+int fs_file_raise_xid(const char *path, unsigned int dev, uint64_t xid, char *why, unsigned long why_size);
+int fs_file_set_lost(const char *path, unsigned int dev, int lost, char *why, unsigned long why_size);
 
 #endif
