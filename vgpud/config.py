@@ -20,6 +20,7 @@ from typing import Any
 
 from vgpud.artifacts import DEFAULT_LIBRARY_SOURCE, DEFAULT_REGISTER_CLIENT_SOURCE
 from vgpud.gates import FeatureGates, gates_help, parse_feature_gates
+from vgpud.gpu.healthrules import DEFAULT_IGNORED_XIDS, NO_XIDS, parse_xid_list
 from vgpud.gpu.source import BUILTIN_PROFILES, GPU_BACKENDS, GpuSource, gpu_profile
 from vgpud.options import ConfigError, Option, add_arguments, resolve
 from vgpud.parsers import (
@@ -216,6 +217,26 @@ OPTIONS: tuple[Option, ...] = (
         unset="the dynamic loader's search",
     ),
     Option(
+        "health_ignored_xids",
+        "--health-ignored-xids",
+        "HEALTH_IGNORED_XIDS",
+        parse_xid_list,
+        DEFAULT_IGNORED_XIDS,
+        "comma-separated XIDs that leave a GPU healthy (application errors, as NVIDIA's device plugin "
+        f"ignores them; {NO_XIDS!r}: every XID makes the GPU unhealthy; used with NVMLDeviceHealthCheck)",
+        "XIDS",
+    ),
+    Option(
+        "health_recovery_seconds",
+        "--health-recovery-seconds",
+        "HEALTH_RECOVERY_SECONDS",
+        int_in(1, 86400),
+        "300",
+        "an unhealthy GPU is healthy again once it answers NVML and has had no fatal XID or failed "
+        "check for this long (used with NVMLDeviceHealthCheck)",
+        "SECONDS",
+    ),
+    Option(
         "kubeconfig",
         "--kubeconfig",
         "KUBECONFIG",
@@ -348,6 +369,9 @@ class Settings:
     gpu_backend: str
     gpu_profile: Path | None
     nvml_library: Path | None
+    #: XIDs that leave a GPU healthy
+    health_ignored_xids: frozenset[int]
+    health_recovery_seconds: int
     kubeconfig: Path | None
     library_source: Path
     register_client_source: Path
@@ -394,6 +418,12 @@ class Settings:
     def gpu_source(self) -> GpuSource:
         return GpuSource(self.gpu_backend, self.gpu_profile, self.nvml_library)
 
+    @property
+    def device_health_check(self) -> bool:
+        """The health watcher runs: NVMLDeviceHealthCheck on, and NVML to watch (the mock backend
+        has none; an explicit gate with it is refused, the default is logged as not applicable)."""
+        return self.feature_gates.enabled(HEALTH_GATE) and self.gpu_backend == "nvml"
+
     def summary(self) -> dict[str, str]:
         """The settings as strings, for the start-up log line and `vgpud debug state`."""
         return {f.name: str(getattr(self, f.name)) for f in fields(self)}
@@ -436,8 +466,17 @@ def _check_gpu_source(source: GpuSource) -> None:
         raise ConfigError(problem)
 
 
+HEALTH_GATE = "NVMLDeviceHealthCheck"
+
+
 def _check_combinations(settings: Settings) -> None:
     _check_gpu_source(settings.gpu_source)
+    gates = settings.feature_gates
+    if settings.gpu_backend == "mock" and HEALTH_GATE in gates.explicit and gates.enabled(HEALTH_GATE):
+        raise ConfigError(
+            f"feature gate {HEALTH_GATE}=true needs --gpu-backend nvml: the mock GPU backend has no NVML "
+            "to watch"
+        )
     sockets = (settings.dra_socket, settings.registration_socket, settings.debug_socket_path)
     for path in sockets:
         if path is not None and len(str(path)) >= 108:

@@ -29,6 +29,8 @@ from vgpud.dra.driver import DraDriver
 from vgpud.dra.service import RegistrationService, node_services, probes
 from vgpud.dra.slices import SliceKeeper
 from vgpud.gpu import GpuInfo, GpuInventory, GpuInventoryError
+from vgpud.gpu.health import HealthBoard
+from vgpud.gpu.healthwatch import HealthRules, HealthWatcher
 from vgpud.grpcserve import serve
 from vgpud.health import HealthService
 from vgpud.kube import KubeApi, KubeError
@@ -63,6 +65,7 @@ CLAIM_MODES = "claim-modes"
 #: the control library is installed as `libvgpu-control.so.<version>` so an upgrade never swaps a live file
 LIBRARY_VERSION = __version__
 NRI_COMPONENT = "nri-plugin"
+HEALTH_WATCH_COMPONENT = "device-health"
 
 
 @dataclass(frozen=True)
@@ -97,6 +100,11 @@ class Node:
     #: the library's client registration (bit 200): only with DevicePluginClientMode
     registry: RegistryServer | None
     observe: Observability
+    #: every GPU's health (all healthy unless the watcher says otherwise): what the ResourceSlice
+    #: publisher and the kubelet's resource-health stream read
+    device_health: HealthBoard
+    #: its writer, with NVMLDeviceHealthCheck on and the nvml backend; None otherwise
+    health_watch: HealthWatcher | None
 
     @property
     def settings(self) -> Settings:
@@ -116,6 +124,34 @@ class Observability:
     usage: UsageReader | None
 
 
+def build_health_watch(
+    settings: Settings, inventory: GpuInventory | None, gpus: list[GpuInfo], board: HealthBoard
+) -> HealthWatcher | None:
+    """The device-health watcher over the inventory's NVML, when the gate is on and there is NVML."""
+    if not settings.feature_gates.enabled("NVMLDeviceHealthCheck"):
+        log.info("NVMLDeviceHealthCheck is off: no device health watching, every GPU is published healthy")
+        return None
+    if not settings.device_health_check:
+        log.info(
+            "NVMLDeviceHealthCheck is on but does not apply to the %s GPU backend (no NVML): every GPU "
+            "is published healthy",
+            settings.gpu_backend,
+        )
+        return None
+    from vgpud.gpu.nvml import NvmlHealthSession, NvmlInventory  # here: pynvml only where NVML is used
+
+    assert isinstance(inventory, NvmlInventory)
+    rules = HealthRules(
+        ignored_xids=settings.health_ignored_xids, recovery_seconds=settings.health_recovery_seconds
+    )
+    log.info(
+        "device health: XIDs and lost GPUs through NVML; ignored XIDs %s; recovery after %d s",
+        ",".join(map(str, sorted(rules.ignored_xids))) or "none",
+        rules.recovery_seconds,
+    )
+    return HealthWatcher(board, gpus, partial(NvmlHealthSession, inventory), rules)
+
+
 def build_observability(
     startup: Startup,
     *,
@@ -124,6 +160,8 @@ def build_observability(
     driver: DraDriver,
     nri: NriHooks | None,
     registry: RegistryServer | None,
+    device_health: HealthBoard | None = None,
+    health_watch: HealthWatcher | None = None,
 ) -> Observability:
     settings = startup.settings
     parts = NodeParts(
@@ -136,6 +174,8 @@ def build_observability(
         driver=driver,
         nri=nri,
         registry=registry,
+        device_health=device_health,
+        health_watch=health_watch,
     )
     stream = StreamStats()
     drift = DriftChecker(parts, settings.drift_interval) if settings.drift_interval > 0 else None
@@ -321,12 +361,32 @@ async def _main(startup: Startup) -> None:
                 health.register(NRI_COMPONENT, counts_for_health=False)
                 health.set(NRI_COMPONENT, HealthState.STOPPED, f"eager-mode fallback: {startup.nri_fallback}")
             watch_claim_modes(health, driver)
+            device_health = HealthBoard(gpu.uuid for gpu in startup.gpus)
+            health_watch = build_health_watch(settings, startup.inventory, startup.gpus, device_health)
             observe = build_observability(
-                startup, recorder=recorder, health=health, driver=driver, nri=nri, registry=registry
+                startup,
+                recorder=recorder,
+                health=health,
+                driver=driver,
+                nri=nri,
+                registry=registry,
+                device_health=device_health,
+                health_watch=health_watch,
             )
             async with Supervisor(shutdown_timeout=settings.shutdown_timeout, health=health) as supervisor:
                 registration = RegistrationService(settings.driver_name, settings.dra_socket)
-                node = Node(startup, recorder, supervisor, driver, registration, nri, registry, observe)
+                node = Node(
+                    startup,
+                    recorder,
+                    supervisor,
+                    driver,
+                    registration,
+                    nri,
+                    registry,
+                    observe,
+                    device_health,
+                    health_watch,
+                )
                 _start_components(node)
                 async for signum in signals:
                     log.info("%s received: stopping every component", signal.Signals(signum).name)
@@ -366,6 +426,10 @@ def _start_components(node: Node) -> None:
     )
     supervise("resource-slices", slices.run, *policies)
     supervise("dra-cleanup", node.driver.run_cleanup, *policies)
+    if node.health_watch is not None:
+        # a watcher that cannot use NVML keeps retrying and shows as failing, but the GPUs stay
+        # published: it never makes the node NOT_SERVING (NVIDIA's plugin runs on without its checks)
+        supervise(HEALTH_WATCH_COMPONENT, node.health_watch.run, *policies, counts_for_health=False)
     if node.nri is not None:
         # who may join a claim after Prepare; without it only the pods Prepare saw are injected
         claims = ClaimWatch(node.startup.kube, node.driver.index)

@@ -3,14 +3,17 @@
 `--feature-gates` / `FEATURE_GATES` takes the Kubernetes syntax, `Name=true,Other=false`; the rules
 are checked as it is parsed, so a bad combination stops vgpud before anything starts. A gate vgpud
 cannot honour is refused when it is set to what vgpud cannot do, never accepted and ignored:
-`VGPUSupport` is always on (whole-GPU publishing does not exist); `NVMLDeviceHealthCheck` and
-`SharedSMUtilizationWatcher` are off, as neither exists yet (`=false` is accepted: it is the truth).
+`VGPUSupport` is always on (whole-GPU publishing does not exist); `SharedSMUtilizationWatcher` is
+off, as it does not exist yet (`=false` is accepted: it is the truth). `NVMLDeviceHealthCheck` is on
+by default, as in the reference; which gates were set explicitly is kept, because an explicit
+`NVMLDeviceHealthCheck=true` with the mock GPU backend (no NVML to watch) is refused, while the
+default is only logged as not applicable (vgpud.config).
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from vgpud.options import ConfigError
 from vgpud.parsers import FALSE_WORDS, TRUE_WORDS
@@ -42,10 +45,8 @@ GATES: tuple[Gate, ...] = (
     ),
     Gate(
         "NVMLDeviceHealthCheck",
-        False,
-        help="watch NVML for device health",
-        accepts=(False,),
-        refusal="device health checking through NVML is not implemented",
+        True,
+        help="watch NVML for XIDs and lost GPUs; a sick GPU is marked unhealthy",
     ),
     Gate("DevicePluginClientMode", False, ("VGPUSupport",), "the library registers with vgpud (bit 200)"),
     Gate("NRISupport", False, ("VGPUSupport",), "per-container directories through containerd NRI"),
@@ -67,6 +68,8 @@ class FeatureGates:
     """The resolved gates; `enabled(name)` raises on a name that is not a gate (a typo is a bug)."""
 
     values: Mapping[str, bool]
+    #: the gates `--feature-gates` named (the others have their defaults)
+    explicit: frozenset[str] = field(default=frozenset(), compare=False)
 
     def enabled(self, name: str) -> bool:
         if name not in _GATES_BY_NAME:
@@ -113,4 +116,4 @@ def parse_feature_gates(text: str) -> FeatureGates:
         if values[name] not in gate.accepts:
             value = str(values[name]).lower()
             raise ConfigError(f"feature gate {name}={value} is not supported: {gate.refusal}")
-    return FeatureGates(values)
+    return FeatureGates(values, frozenset(explicit))

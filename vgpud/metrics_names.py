@@ -180,6 +180,23 @@ COMPONENT_HEALTH = MetricName(
     ("component", "state"),
 )
 
+#: each GPU's health as the device-health watcher decided it (1 healthy, 0 unhealthy; why is in the
+#: debug state and the log line, not a label: free text would make a series per message); present
+#: only while the watcher runs (NVMLDeviceHealthCheck on, nvml backend)
+DEVICE_HEALTHY = MetricName(
+    "vgpud_device_healthy",
+    "Whether vgpud's device-health watcher considers the GPU healthy (1) or not (0).",
+    ("uuid", "index"),
+)
+
+#: XID critical-error events NVML delivered, by GPU and code; kind: fatal (the GPU turned or stayed
+#: unhealthy) or ignored (an application error of --health-ignored-xids)
+DEVICE_XIDS = MetricName(
+    "vgpud_device_xid_events_total",
+    "XID critical-error events NVML reported, by GPU, XID and kind (fatal or ignored).",
+    ("uuid", "xid", "kind"),
+)
+
 #: completed drift self-checks
 DRIFT_CHECKS = MetricName(
     "vgpud_drift_checks_total",
@@ -304,6 +321,8 @@ ALL: tuple[MetricName, ...] = (
     NRI_OTHER_MODE_CONTAINERS,
     PARTITION_CONFLICTS,
     COMPONENT_HEALTH,
+    DEVICE_HEALTHY,
+    DEVICE_XIDS,
     DRIFT_CHECKS,
     DRIFT_DETECTED,
     DRIFT_DIFFERENCES,

@@ -87,7 +87,8 @@ def test_run_help_lists_only_gates_that_work() -> None:
     gates = _help_entries("run")["--feature-gates"]
     assert "DevicePluginClientMode (off)" in gates and "NRISupport (off)" in gates
     assert "VGPUSupport is always on" in gates
-    for refused in ("NVMLDeviceHealthCheck", "SharedSMUtilizationWatcher", "VGPUSupport (on)"):
+    assert "NVMLDeviceHealthCheck (on)" in gates
+    for refused in ("SharedSMUtilizationWatcher", "VGPUSupport (on)"):
         assert refused not in gates
 
 
@@ -98,7 +99,16 @@ def test_run_help_lists_only_gates_that_work() -> None:
         (["run", "--healthcheck-port", "99999"], {}, "--healthcheck-port: 99999 is outside -1..65535"),
         (["run"], {"FEATURE_GATES": "VGPUSupport=false,NRISupport=true"}, "NRISupport requires VGPUSupport"),
         (["run", "--feature-gates", "VGPUSupport=false"], {}, "VGPUSupport=false is not supported"),
-        (["run"], {"FEATURE_GATES": "NVMLDeviceHealthCheck=true"}, "NVMLDeviceHealthCheck=true is not"),
+        (
+            ["run", "--gpu-backend", "mock", "--gpu-profile", "a100-40gb-x2"],
+            {"FEATURE_GATES": "NVMLDeviceHealthCheck=true"},
+            "NVMLDeviceHealthCheck=true needs --gpu-backend nvml",
+        ),
+        (
+            ["run"],
+            {"HEALTH_IGNORED_XIDS": "13;31"},
+            "HEALTH_IGNORED_XIDS (environment): '13;31' is not an XID",
+        ),
         (["run"], {"FEATURE_GATES": "SharedSMUtilizationWatcher=true"}, "no SM utilization watcher"),
         (["run", "--cgroup-driver", "openrc"], {}, "--cgroup-driver: 'openrc' is not one of"),
         (["run", "--gpu-backend", "mock"], {}, "--gpu-backend mock needs --gpu-profile"),

@@ -34,6 +34,21 @@ def test_defaults_match_the_reference_system() -> None:
     assert s.feature_gates.enabled("VGPUSupport")
     assert not s.feature_gates.enabled("NRISupport")
     assert not s.feature_gates.enabled("DevicePluginClientMode")
+    assert s.feature_gates.enabled("NVMLDeviceHealthCheck") and s.device_health_check
+    assert s.health_ignored_xids == frozenset({13, 31, 43, 45, 68, 109})  # NVIDIA's device plugin's
+    assert s.health_recovery_seconds == 300
+
+
+def test_device_health_settings() -> None:
+    s = _settings(["--health-ignored-xids", " 13, 79 ,13", "--health-recovery-seconds", "5"])
+    assert s.health_ignored_xids == frozenset({13, 79}) and s.health_recovery_seconds == 5
+    assert _settings([], {"HEALTH_IGNORED_XIDS": "none"}).health_ignored_xids == frozenset()
+    assert not _settings(["--feature-gates", "NVMLDeviceHealthCheck=false"]).device_health_check
+
+
+def test_the_health_gate_on_by_default_does_not_apply_to_the_mock_backend() -> None:
+    s = _settings(["--gpu-backend", "mock", "--gpu-profile", "a100-40gb-x2"])
+    assert s.feature_gates.enabled("NVMLDeviceHealthCheck") and not s.device_health_check
 
 
 def test_flag_beats_environment_beats_default() -> None:
@@ -75,6 +90,22 @@ def test_root_prefix_moves_default_paths_but_not_explicit_ones(short_tmp: Path) 
         (["--healthcheck-address", "localhost"], {}, "is not an IP address"),
         ([], {"FEATURE_GATES": "NRISupport=maybe"}, "the value must be true or false"),
         (["--kubelet-plugins-dir", "/" + "p" * 100], {}, "longer than the 107 bytes"),
+        (["--health-ignored-xids", "13,x"], {}, "--health-ignored-xids: 'x' is not an XID"),
+        ([], {"HEALTH_IGNORED_XIDS": "13,,31"}, "HEALTH_IGNORED_XIDS (environment): '' is not an XID"),
+        (["--health-ignored-xids", "0"], {}, "'0' is not an XID (1..65535)"),
+        (["--health-recovery-seconds", "0"], {}, "--health-recovery-seconds: 0 is outside 1..86400"),
+        (
+            [
+                "--gpu-backend",
+                "mock",
+                "--gpu-profile",
+                "a100-40gb-x2",
+                "--feature-gates",
+                "NVMLDeviceHealthCheck=true",
+            ],
+            {},
+            "NVMLDeviceHealthCheck=true needs --gpu-backend nvml: the mock GPU backend has no NVML",
+        ),
     ],
 )
 def test_bad_values_name_the_setting(argv: list[str], env: dict[str, str], fragment: str) -> None:
@@ -154,7 +185,7 @@ class TestFeatureGates:
         gates = parse_feature_gates("")
         assert {g.name: gates.enabled(g.name) for g in GATES} == {
             "VGPUSupport": True,
-            "NVMLDeviceHealthCheck": False,  # no device health check exists yet
+            "NVMLDeviceHealthCheck": True,  # as the reference
             "DevicePluginClientMode": False,
             "NRISupport": False,
             "SharedSMUtilizationWatcher": False,
@@ -176,7 +207,6 @@ class TestFeatureGates:
         ("text", "fragment"),
         [
             ("VGPUSupport=false", "VGPUSupport=false is not supported: vgpud only shares GPUs as vGPUs"),
-            ("NVMLDeviceHealthCheck=true", "NVMLDeviceHealthCheck=true is not supported: device health"),
             ("SharedSMUtilizationWatcher=1", "SharedSMUtilizationWatcher=true is not supported: vgpud"),
         ],
     )
@@ -185,12 +215,21 @@ class TestFeatureGates:
             parse_feature_gates(text)
 
     def test_setting_what_is_true_anyway_is_accepted(self) -> None:
-        text = "VGPUSupport=true,NVMLDeviceHealthCheck=false,SharedSMUtilizationWatcher=false"
+        text = "VGPUSupport=true,NVMLDeviceHealthCheck=true,SharedSMUtilizationWatcher=false"
         assert parse_feature_gates(text) == parse_feature_gates("")
 
+    def test_the_gates_set_explicitly_are_kept(self) -> None:
+        assert parse_feature_gates("NVMLDeviceHealthCheck=true").explicit == {"NVMLDeviceHealthCheck"}
+        assert parse_feature_gates("").explicit == frozenset()
+
     def test_only_gates_that_work_are_offered(self) -> None:
-        assert [g.name for g in GATES if g.settable] == ["DevicePluginClientMode", "NRISupport"]
+        assert [g.name for g in GATES if g.settable] == [
+            "NVMLDeviceHealthCheck",
+            "DevicePluginClientMode",
+            "NRISupport",
+        ]
         assert gates_help() == (
+            "NVMLDeviceHealthCheck (on): watch NVML for XIDs and lost GPUs; a sick GPU is marked unhealthy; "
             "DevicePluginClientMode (off): the library registers with vgpud (bit 200); "
             "NRISupport (off): per-container directories through containerd NRI"
         )

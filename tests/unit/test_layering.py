@@ -26,6 +26,7 @@ PURE = {
     "vgpud.grpccodec",
     "vgpud.nri.ttrpc",
     "vgpud.nri.mux",
+    "vgpud.gpu.healthrules",
 }
 #: what else a pure module may import (prefix match): generated messages, the protobuf runtime, the
 #: client library's quantity parser, grpclib's codec interface

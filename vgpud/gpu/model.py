@@ -89,3 +89,16 @@ def normalize_pci_bus_id(bus_id: str) -> str:
 def cuda_version_string(version: int) -> str:
     """NVML's CUDA driver version integer (12040) as "12.4", the way the Go reference renders it."""
     return f"{version // 1000}.{version % 1000 // 10}"
+
+
+@dataclass(frozen=True)
+class XidEvent:
+    """NVML delivered a critical-error event: XID `xid` on the GPU of NVML index `index`."""
+
+    index: int
+    xid: int
+
+
+@dataclass(frozen=True)
+class GpusLost:
+    """NVML's event wait said a GPU is lost without saying which: check every GPU now."""

@@ -5,7 +5,9 @@ a library we name (a driver root's path, or the fake NVML in tests) and report e
 load, this module opens the library itself with ctypes and binds it into pynvml (vgpud.compat.pynvml)
 for the span of one read, under a lock. Every read is a whole NVML
 session (init, queries, shutdown), so repeated reads, even against different libraries in one
-process, do not interfere. All NVML use in vgpud goes through here. Calls block: run them in a thread.
+process, do not interfere. The health watcher's session (`NvmlHealthSession`) is the one held open:
+its event set lives as long as the watcher, while the reads above still come and go beside it (NVML
+counts its inits). All NVML use in vgpud goes through here. Calls block: run them in a thread.
 """
 
 from __future__ import annotations
@@ -27,6 +29,8 @@ from .model import (
     BRAND_NAMES,
     GpuInfo,
     GpuInventoryError,
+    GpusLost,
+    XidEvent,
     cuda_version_string,
     normalize_pci_bus_id,
 )
@@ -39,6 +43,8 @@ _session = threading.Lock()
 _T = TypeVar("_T")
 # An optional query that the driver lacks or the platform does not support yields None.
 _ABSENT = (pynvml.NVMLError_FunctionNotFound, pynvml.NVMLError_NotSupported)
+# What a GPU that fell off the bus (or needs a reset) answers: the GPU is sick, not NVML.
+_DEVICE_GONE = (pynvml.NVMLError_GpuIsLost, pynvml.NVMLError_ResetRequired)
 
 
 class NvmlInventory:
@@ -172,6 +178,126 @@ class NvmlInventory:
             else:
                 why = f"{symbol} failed{where}: {_error_string(err)} (NVML error {err.value})"
             raise GpuInventoryError(f"NVML library {self.library} {why}") from err
+
+
+class NvmlHealthSession:
+    """One NVML session held open for the device-health watcher: an event set with every GPU's XID
+    critical errors registered, and a per-GPU check. `open` and `close` take the session lock (NVML's
+    init count is shared with the inventory's reads); `wait` and `check` run beside other sessions.
+    Methods block; NVML failures other than a sick GPU raise GpuInventoryError."""
+
+    def __init__(self, inventory: NvmlInventory) -> None:
+        self._inventory = inventory
+        self._events: Any = None
+        self._initialized = False
+        self._handles: dict[int, Any] = {}
+        self._by_address: dict[int, int] = {}
+        #: GPUs whose events are registered, or that cannot report XID events at all
+        self._settled: set[int] = set()
+
+    def open(self) -> dict[int, str]:
+        """Init NVML and register every GPU's XID events; returns the GPUs that do not answer (NVML
+        index -> why: lost, or needing a reset). They are registered once they answer a `check`."""
+        call = self._inventory._call
+        with _session:
+            pynvml_compat.bind(self._inventory._lib)
+            call("nvmlInitWithFlags", pynvml.nvmlInit)
+            self._initialized = True
+        try:
+            count = call("nvmlDeviceGetCount_v2", pynvml.nvmlDeviceGetCount)
+            self._events = call("nvmlEventSetCreate", pynvml.nvmlEventSetCreate)
+            gone = {}
+            for index in range(count):
+                problem = self._register(index)
+                if problem is not None:
+                    gone[index] = problem
+            return gone
+        except BaseException:
+            self.close()
+            raise
+
+    def wait(self, timeout_ms: int) -> XidEvent | GpusLost | None:
+        """The next event within `timeout_ms`: an XID of a known GPU, a loss, or None (nothing)."""
+        try:
+            data = pynvml.nvmlEventSetWait_v2(self._events, timeout_ms)
+        except pynvml.NVMLError_Timeout:
+            return None
+        except pynvml.NVMLError_GpuIsLost:
+            return GpusLost()
+        except pynvml.NVMLError as err:
+            raise self._failed("nvmlEventSetWait_v2", err) from err
+        if data.eventType != pynvml.nvmlEventTypeXidCriticalError:
+            return None
+        index = self._by_address.get(_address(data.device))
+        if index is None:
+            log.warning("NVML reported XID %d of a GPU vgpud did not register: ignored", data.eventData)
+            return None
+        return XidEvent(index, int(data.eventData))
+
+    def check(self, index: int) -> str | None:
+        """None when the GPU answers NVML (registering its events if that had not been possible),
+        else why it does not."""
+        if index not in self._settled:
+            problem = self._register(index)
+            if problem is not None:
+                return problem
+        try:
+            pynvml.nvmlDeviceGetMemoryInfo(self._handles[index])
+        except _DEVICE_GONE as err:
+            return _gone("nvmlDeviceGetMemoryInfo", err)
+        except pynvml.NVMLError as err:
+            raise self._failed(f"nvmlDeviceGetMemoryInfo on GPU {index}", err) from err
+        return None
+
+    def close(self) -> None:
+        """Free the event set and end the session (idempotent; failures are logged)."""
+        with _session:
+            if self._events is not None:
+                try:
+                    pynvml.nvmlEventSetFree(self._events)
+                except pynvml.NVMLError as err:
+                    log.warning("nvmlEventSetFree through %s failed: %s", self._inventory.library, err)
+                self._events = None
+            if self._initialized:
+                self._initialized = False
+                try:
+                    pynvml.nvmlShutdown()
+                except pynvml.NVMLError as err:
+                    log.warning("nvmlShutdown through %s failed: %s", self._inventory.library, err)
+
+    def _register(self, index: int) -> str | None:
+        """Register GPU `index`'s XID events; why not when it does not answer (None when done)."""
+        try:
+            handle = pynvml.nvmlDeviceGetHandleByIndex(index)
+            self._handles[index] = handle
+            self._by_address[_address(handle)] = index
+            try:
+                supported = pynvml.nvmlDeviceGetSupportedEventTypes(handle)
+            except pynvml.NVMLError_NotSupported:
+                supported = 0
+            if supported & pynvml.nvmlEventTypeXidCriticalError:
+                pynvml.nvmlDeviceRegisterEvents(handle, pynvml.nvmlEventTypeXidCriticalError, self._events)
+            else:
+                log.warning("GPU %d reports no XID events: only its NVML checks tell its health", index)
+        except _DEVICE_GONE as err:
+            return _gone(f"registering XID events of GPU {index}", err)
+        except pynvml.NVMLError as err:
+            raise self._failed(f"registering XID events of GPU {index}", err) from err
+        self._settled.add(index)
+        return None
+
+    def _failed(self, what: str, err: pynvml.NVMLError) -> GpuInventoryError:
+        return GpuInventoryError(f"NVML library {self._inventory.library}: {_gone(what + ' failed', err)}")
+
+
+def _gone(what: str, err: pynvml.NVMLError) -> str:
+    return f"{what}: {_error_string(err)} (NVML error {err.value})"
+
+
+def _address(handle: Any) -> int:
+    """An NVML device handle's address: how an event's device is matched to a GPU without asking
+    NVML about a GPU that may be lost."""
+    return int(ctypes.cast(handle, ctypes.c_void_p).value or 0)
 
 
 def _error_string(err: pynvml.NVMLError) -> str:

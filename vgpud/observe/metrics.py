@@ -165,6 +165,7 @@ class StateCollector(Collector):
             for state in type(entry.state):  # every state of the enum, 1 for the current one
                 health.add_metric([component, state.value], 1 if entry.state is state else 0)
         yield health
+        yield from self._device_health()
         if parts.nri is not None:
             yield from self._nri()
         yield from self._drift_metrics()
@@ -174,6 +175,22 @@ class StateCollector(Collector):
         for reason, count in sorted(self._stream.closed.items()):
             closed.add_metric([reason], count)
         yield closed
+
+    def _device_health(self) -> Iterator[Metric]:
+        """Each GPU's health and XID counts, while the watcher runs."""
+        board, watcher = self._parts.device_health, self._parts.health_watch
+        if board is None or watcher is None:
+            return
+        healthy = _gauge(names.DEVICE_HEALTHY)
+        snapshot = board.snapshot()
+        for index, uuid in sorted(watcher.uuids().items()):
+            if uuid in snapshot:
+                healthy.add_metric([uuid, str(index)], 1 if snapshot[uuid].healthy else 0)
+        yield healthy
+        xids = _counter(names.DEVICE_XIDS)
+        for (uuid, xid, kind), count in sorted(watcher.stats.xids.items()):
+            xids.add_metric([uuid, str(xid), kind], count)
+        yield xids
 
     def _nri(self) -> Iterator[Metric]:
         nri = self._parts.nri

@@ -26,6 +26,9 @@ Shape (every key always present; a section that does not apply to this node is n
                                                                            client registration only
     drift:       {interval_seconds, checks, last_check, differences: [{kind, subject, detail}],
                   detected: {kind: n}, partition_conflicts, last_error}   when the self-check runs
+    device_health: {ignored_xids, recovery_seconds, sessions, checks,
+                  devices: {uuid: {index, healthy, reason, since, xid}},
+                  xids: [{uuid, xid, kind, count}]}            when the device-health watcher runs
     usage:       {interval_seconds, reads, last_read, process_memory_error,
                   containers: {"<claim UID>/<partition>": {claim_uid, partition, pod_uid, container,
                                directory, files: {vgpu_config, vmem_node, sm_node}, pids,
@@ -58,6 +61,8 @@ if TYPE_CHECKING:
     from vgpud.dra.claimindex import ClaimIndex, ClaimRef
     from vgpud.dra.driver import DraDriver
     from vgpud.dra.partitions import ClaimPartitions
+    from vgpud.gpu.health import HealthBoard
+    from vgpud.gpu.healthwatch import HealthWatcher
     from vgpud.nri.hooks import NriHooks
     from vgpud.observe.drift import DriftChecker
     from vgpud.observe.usage import UsageReader
@@ -83,6 +88,9 @@ class NodeParts:
     driver: DraDriver
     nri: NriHooks | None = None
     registry: RegistryServer | None = None
+    #: every GPU's health, and its writer (None when the watcher does not run)
+    device_health: HealthBoard | None = None
+    health_watch: HealthWatcher | None = None
 
 
 @dataclass
@@ -108,6 +116,31 @@ def health_json(components: Mapping[str, ComponentHealth], now: float) -> JsonOb
             "counts_for_health": entry.counts_for_health,
         }
         for name, entry in sorted(components.items())
+    }
+
+
+def device_health_json(board: HealthBoard, watcher: HealthWatcher) -> JsonObject:
+    """Each GPU's health as the board holds it, and what the watcher counted."""
+    indices = {uuid: index for index, uuid in watcher.uuids().items()}
+    return {
+        "ignored_xids": sorted(watcher.rules.ignored_xids),
+        "recovery_seconds": watcher.rules.recovery_seconds,
+        "sessions": watcher.stats.sessions,
+        "checks": watcher.stats.checks,
+        "devices": {
+            uuid: {
+                "index": indices.get(uuid),
+                "healthy": health.healthy,
+                "reason": health.reason,
+                "since": health.since,
+                "xid": health.xid,
+            }
+            for uuid, health in sorted(board.snapshot().items())
+        },
+        "xids": [
+            {"uuid": uuid, "xid": xid, "kind": kind, "count": count}
+            for (uuid, xid, kind), count in sorted(watcher.stats.xids.items())
+        ],
     }
 
 
@@ -243,6 +276,11 @@ class DebugState:
             "partition_errors": None,
             "register_uuids": None,
             "drift": self.drift.status().to_dict() if self.drift is not None else None,
+            "device_health": (
+                device_health_json(parts.device_health, parts.health_watch)
+                if parts.device_health is not None and parts.health_watch is not None
+                else None
+            ),
             "usage": self.usage.status().to_dict() if self.usage is not None else None,
             "stream": {"clients": self.stream.clients, "closed": dict(self.stream.closed)},
             "calls": {

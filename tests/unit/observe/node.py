@@ -11,7 +11,11 @@ from pathlib import Path
 
 import trio
 
-from tests.draharness import Harness
+from tests.draharness import GPUS, Harness
+from tests.unit.gpu.healthshim import ScriptedNvml
+from vgpud.gpu.health import HealthBoard
+from vgpud.gpu.healthrules import APPLICATION_XIDS
+from vgpud.gpu.healthwatch import HealthRules, HealthWatcher
 from vgpud.nri.hooks import NriHooks
 from vgpud.observe.app import ObserveApp
 from vgpud.observe.drift import DriftChecker
@@ -35,6 +39,8 @@ class Node:
     metrics: NodeMetrics
     hub: StreamHub
     state: DebugState
+    #: the NVML the device-health watcher (parts.health_watch, not running until a test runs it) reads
+    gpu_shim: ScriptedNvml
 
     @property
     def nri(self) -> NriHooks:
@@ -76,6 +82,10 @@ def make_node(
             proc_root=root / "proc",
             cgroup_root=root / "cgroup",
         )
+    board = HealthBoard(gpu.uuid for gpu in GPUS)
+    rules = HealthRules(frozenset(APPLICATION_XIDS), recovery_seconds=60, wait_ms=50)
+    shim = ScriptedNvml(len(GPUS))
+    watcher = HealthWatcher(board, GPUS, lambda: shim, rules)
     parts = NodeParts(
         node_name="node-a",
         mode="lazy" if lazy else "eager",
@@ -86,6 +96,8 @@ def make_node(
         driver=h.driver,
         nri=nri,
         registry=registry,
+        device_health=board,
+        health_watch=watcher,
     )
     stream = StreamStats()
     drift = DriftChecker(parts, interval=1.0)
@@ -93,7 +105,7 @@ def make_node(
     metrics = NodeMetrics(parts, stream=stream, drift=drift, usage=usage)
     hub = StreamHub(h.recorder, stream, buffer=stream_buffer)
     state = DebugState(parts, stream=stream, drift=drift, usage=usage)
-    return Node(h, parts, stream, drift, usage, metrics, hub, state)
+    return Node(h, parts, stream, drift, usage, metrics, hub, state, shim)
 
 
 @asynccontextmanager

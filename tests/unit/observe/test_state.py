@@ -94,6 +94,7 @@ async def test_lazy_state_maps_directories_to_containers(short_tmp: Path) -> Non
         "partition_errors",
         "register_uuids",
         "drift",
+        "device_health",
         "usage",
         "stream",
         "calls",
