@@ -18,9 +18,9 @@ REFUSED: list[tuple[str, dict[str, Any], str]] = [
         "/featureGates/VGPUSupport': value must be true",
     ),
     (
-        "NVMLDeviceHealthCheck on",
-        {"featureGates": {"NVMLDeviceHealthCheck": True}},
-        "/featureGates/NVMLDeviceHealthCheck': value must be false",
+        "NVMLDeviceHealthCheck not a bool",
+        {"featureGates": {"NVMLDeviceHealthCheck": "on"}},
+        "/featureGates/NVMLDeviceHealthCheck'",
     ),
     (
         "SharedSMUtilizationWatcher on",
