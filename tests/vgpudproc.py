@@ -1,5 +1,6 @@
-"""`vgpud run` as a child process, as a node daemon runs it: mock GPUs, every host path under one
-temp root, a real API server. Shared by the conformance and e2e tests and by `make demo`."""
+"""`vgpud run` as a child process, as a node daemon runs it: mock GPUs (or the GPU flags given),
+every host path under one temp root, a real API server. Shared by the conformance and e2e tests and
+by `make demo`."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ import time
 import urllib.error
 import urllib.parse
 import uuid
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +23,7 @@ from tests.stdproto import message_class
 
 DRIVER = "manager.nvidia.com"
 SERVING = 1  # grpc.health.v1.HealthCheckResponse.ServingStatus
+MOCK_GPUS = ("--gpu-backend", "mock", "--gpu-profile", "a100-40gb-x2")
 
 
 def ensure_node(api: ApiServer, name: str) -> None:
@@ -52,6 +54,8 @@ class Vgpud:
         kubeconfig: Path,
         extra: Sequence[str] = (),
         prefix: Sequence[str] = (),
+        gpus: Sequence[str] = MOCK_GPUS,
+        env: Mapping[str, str] | None = None,
     ) -> None:
         self.root, self.node, self.port = root, node, port
         self.log = root / "vgpud.log"
@@ -61,10 +65,7 @@ class Vgpud:
             "-m",
             "vgpud",
             "run",
-            "--gpu-backend",
-            "mock",
-            "--gpu-profile",
-            "a100-40gb-x2",
+            *gpus,
             "--root-prefix",
             str(root),
             "--node-name",
@@ -83,7 +84,7 @@ class Vgpud:
             argv,
             stdout=self.log.open("w"),
             stderr=subprocess.STDOUT,
-            env={**os.environ, "PYTHONUNBUFFERED": "1"},
+            env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})},
         )
 
     @property
