@@ -547,11 +547,12 @@ EXPORT nvmlReturn_t nvmlDeviceRegisterEvents(nvmlDevice_t device, unsigned long 
     REQUIRE_DEVICE(device, set);
     if (types & ~SUPPORTED_EVENTS) return NVML_ERROR_NOT_SUPPORTED;
     unsigned int i = device->index;
-    if (set->types[i] == 0) {
+    if (__atomic_load_n(&set->types[i], __ATOMIC_ACQUIRE) == 0) {
         set->seen_xid[i] = fs_xid_seq(i);
         set->seen_lost[i] = fs_lost_gen(i);
     }
-    set->types[i] |= types;
+    /* a wait in another thread may be reading the set: the marks above are published with the types */
+    __atomic_or_fetch(&set->types[i], types, __ATOMIC_RELEASE);
     return NVML_SUCCESS;
 }
 
@@ -566,14 +567,15 @@ EXPORT nvmlReturn_t nvmlEventSetWait_v2(nvmlEventSet_t set, nvmlEventData_t *dat
     uint64_t deadline = start + (uint64_t)timeoutms * 1000000ull;
     for (;;) {
         for (unsigned int i = 0; i < profile.count; i++) {
-            if (set->types[i] == 0) continue;
+            unsigned long long types = __atomic_load_n(&set->types[i], __ATOMIC_ACQUIRE);
+            if (types == 0) continue;
             uint64_t gen = fs_lost_gen(i);
             if (gen != set->seen_lost[i]) {
                 set->seen_lost[i] = gen;
                 if (fs_lost(i)) return NVML_ERROR_GPU_IS_LOST;
             }
             uint64_t xid;
-            if ((set->types[i] & nvmlEventTypeXidCriticalError) && fs_next_xid(i, &set->seen_xid[i], &xid)) {
+            if ((types & nvmlEventTypeXidCriticalError) && fs_next_xid(i, &set->seen_xid[i], &xid)) {
                 *data = (nvmlEventData_t){profile.by_index[i], nvmlEventTypeXidCriticalError, xid, 0xFFFFFFFFu,
                                           0xFFFFFFFFu};
                 return NVML_SUCCESS;

@@ -38,6 +38,8 @@ log = logging.getLogger(__name__)
 
 #: seconds between checks of every GPU (a lost GPU is also found at once through the event wait)
 CHECK_INTERVAL = 5.0
+#: seconds the event wait pauses after NVML reported a lost GPU (which it may do on every wait)
+LOST_PAUSE = 1.0
 #: one event wait in the worker thread; bounds how long a cancellation waits for the thread
 WAIT_MS = 500
 #: what happens to a device that changes health (the consumers are the slice publisher and the
@@ -145,6 +147,8 @@ class HealthWatcher:
                 self._on_xid(event)
             elif isinstance(event, GpusLost):
                 self._check_now.set()
+                # NVML may say so on every wait while the loss lasts: look again a little later
+                await trio.sleep(LOST_PAUSE)
 
     async def _check_periodically(self, source: HealthSource) -> None:
         indices = sorted(self._gpus)

@@ -229,7 +229,12 @@ class NvmlHealthSession:
         if data.eventType != pynvml.nvmlEventTypeXidCriticalError:
             return None
         index = self._by_address.get(_address(data.device))
-        if index is None:
+        if index is None:  # a handle of another address for a registered GPU: NVML names its index
+            try:
+                index = int(pynvml.nvmlDeviceGetIndex(data.device))
+            except pynvml.NVMLError:
+                index = None
+        if index is None or index not in self._settled:
             log.warning("NVML reported XID %d of a GPU vgpud did not register: ignored", data.eventData)
             return None
         return XidEvent(index, int(data.eventData))
