@@ -3,8 +3,8 @@
 The board holds the current health of every GPU of the inventory (all healthy at start). The watcher
 (behind the `NVMLDeviceHealthCheck` gate) is its only writer; the ResourceSlice publisher (device
 taints) and the kubelet's DRA resource-health stream read it and wait for the next change. Updates
-happen on the Trio thread (a watcher in a worker thread hands them over with `trio.from_thread`), so
-readers see every change in order and never a torn state.
+happen on the Trio thread (the watcher's NVML calls run in worker threads; it decides and updates
+back on the Trio thread), so readers see every change in order and never a torn state.
 """
 
 from __future__ import annotations
