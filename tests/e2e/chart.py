@@ -89,7 +89,7 @@ def gpu_values(node: LocalNode) -> dict[str, Any]:
     state it shares with the containers' fake driver: host files mounted at their own paths."""
     if not node.fake_gpu:
         return {"gpu": {"backend": "mock", "profile": "a100-40gb-x2"}}
-    from tests.e2e.node import FAKE_NVML_LIBRARY, FAKE_PROFILE_ENV, FAKE_STATE_ENV
+    from tests.e2e.node import FAKE_NVML_LIBRARY, FAKE_PROFILE_ENV, FAKE_STATE_ENV, HEALTH_RECOVERY_S
 
     files = {
         "fake-nvml": (FAKE_NVML_LIBRARY, "File"),
@@ -101,6 +101,7 @@ def gpu_values(node: LocalNode) -> dict[str, Any]:
         "extraEnv": [
             {"name": FAKE_PROFILE_ENV, "value": str(node.gpu_profile_path)},
             {"name": FAKE_STATE_ENV, "value": str(node.fake_gpu_state)},
+            {"name": "HEALTH_RECOVERY_SECONDS", "value": str(HEALTH_RECOVERY_S)},
         ],
         "extraVolumes": [
             {"name": name, "hostPath": {"path": str(path), "type": kind}}

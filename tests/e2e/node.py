@@ -63,6 +63,9 @@ DEVICE_CLASS = "vgpu-manager"
 GPU_PROFILE = "a100-40gb-x2"
 NODE_NAME = "e2e-node"
 READY_TIMEOUT_S = 120.0
+#: vgpud's HEALTH_RECOVERY_SECONDS on the simulated GPUs: a sick GPU is healthy again this long after
+#: its last fatal XID (the default, 5 minutes, is too long for a test)
+HEALTH_RECOVERY_S = 15
 STOP_TIMEOUT_S = 15.0
 SERVING = 1
 #: the fake GPUs (csrc/fakecuda, csrc/fakenvml): the variables both fakes read
@@ -556,6 +559,7 @@ state = "{w}/c/state"
                 "NVML_LIBRARY": str(FAKE_NVML_LIBRARY),
                 FAKE_PROFILE_ENV: str(self.gpu_profile_path),
                 FAKE_STATE_ENV: str(self.fake_gpu_state),
+                "HEALTH_RECOVERY_SECONDS": str(HEALTH_RECOVERY_S),
             }
         else:
             gpus = {"GPU_BACKEND": "mock", "GPU_PROFILE": GPU_PROFILE}

@@ -9,7 +9,6 @@ import json
 import os
 import signal
 import time
-from typing import Any
 
 from tests.e2e import workload as w
 from tests.e2e.conftest import WITH_CHART
@@ -17,13 +16,6 @@ from tests.e2e.node import DRIVER, LocalNode
 
 REFUSED = "without NRI a vGPU claim serves one pod"
 CONFLICTS_METRIC = "vgpud_partition_conflicts"
-
-
-def on_gpu(request: dict[str, Any], minor: int) -> dict[str, Any]:
-    """`request` restricted to the GPU with this minor number (so two requests land on two GPUs)."""
-    expression = f"device.attributes['{DRIVER}'].minor == {minor}"
-    request["exactly"]["selectors"] = [{"cel": {"expression": expression}}]
-    return request
 
 
 def reserved_for(node: LocalNode, ns: str, claim: str) -> list[str]:
@@ -116,7 +108,10 @@ def _two_pods(node: LocalNode, ns: str) -> None:
 
 def test_one_container_two_requests_of_one_claim(node: LocalNode) -> None:
     ns = w.namespace(node)
-    requests = [on_gpu(w.vgpu_request("r1", "2Gi", "10"), 0), on_gpu(w.vgpu_request("r2", "3Gi", "15"), 1)]
+    requests = [
+        w.on_gpu(w.vgpu_request("r1", "2Gi", "10"), 0),
+        w.on_gpu(w.vgpu_request("r2", "3Gi", "15"), 1),
+    ]
     claim = w.create_claim(node, ns, "gpu", requests)
     uid = claim["metadata"]["uid"]
     conflicts_before = node.metric(CONFLICTS_METRIC)
@@ -168,7 +163,10 @@ def test_bug2_container_after_prepare(node: LocalNode) -> None:
     The webhook refuses B, and B's reservation in the claim (its rule 4): on the chart track the claim
     and B opt out of it, as they could where the webhook is bypassed."""
     ns = w.namespace(node)
-    requests = [on_gpu(w.vgpu_request("r1", "2Gi", "10"), 0), on_gpu(w.vgpu_request("r2", "3Gi", "15"), 1)]
+    requests = [
+        w.on_gpu(w.vgpu_request("r1", "2Gi", "10"), 0),
+        w.on_gpu(w.vgpu_request("r2", "3Gi", "15"), 1),
+    ]
     uid = w.create_claim(node, ns, "gpu", requests, labels=w.WEBHOOK_OPT_OUT)["metadata"]["uid"]
     a = [w.container("ca", [("gpu", "r1")]), w.container("cb", [("gpu", "r2")])]
     w.create_pod(node, ns, "pa", a, {"gpu": "gpu"})

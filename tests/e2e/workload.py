@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from tests.e2e.node import DEVICE_CLASS, LocalNode
+from tests.e2e.node import DEVICE_CLASS, DRIVER, LocalNode
 
 IMAGE = "localhost/vgpud-busybox:v1"
 #: the label that keeps a pod from the chart's webhook (helm/vgpud values webhook.optOutLabel)
@@ -57,6 +57,13 @@ def wait_default_service_account(node: LocalNode, ns: str, timeout: float = 30) 
 def vgpu_request(name: str, memory: str, cores: str) -> dict[str, Any]:
     capacity = {"requests": {"memory": memory, "cores": cores}}
     return {"name": name, "exactly": {"deviceClassName": DEVICE_CLASS, "capacity": capacity}}
+
+
+def on_gpu(request: dict[str, Any], minor: int) -> dict[str, Any]:
+    """`request` restricted to the GPU with this minor number (so two requests land on two GPUs)."""
+    expression = f"device.attributes['{DRIVER}'].minor == {minor}"
+    request["exactly"]["selectors"] = [{"cel": {"expression": expression}}]
+    return request
 
 
 def _metadata(name: str, labels: dict[str, str] | None) -> dict[str, Any]:
