@@ -26,9 +26,10 @@ from vgpud.dra.claimedits import NodeFacts
 from vgpud.dra.claimindex import describe_mismatches
 from vgpud.dra.claimwatch import ClaimWatch
 from vgpud.dra.driver import DraDriver
-from vgpud.dra.service import RegistrationService, node_services, probes
-from vgpud.dra.slices import SliceKeeper
+from vgpud.dra.service import DeviceHealthService, RegistrationService, node_services, probes
+from vgpud.dra.slices import SliceKeeper, device_names
 from vgpud.gpu import GpuInfo, GpuInventory, GpuInventoryError
+from vgpud.gpu.health import HealthBoard
 from vgpud.grpcserve import serve
 from vgpud.health import HealthService
 from vgpud.kube import KubeApi, KubeError
@@ -97,6 +98,9 @@ class Node:
     #: the library's client registration (bit 200): only with DevicePluginClientMode
     registry: RegistryServer | None
     observe: Observability
+    #: each GPU's health: only with NVMLDeviceHealthCheck (the slice's taints and the kubelet's
+    #: health stream follow it)
+    device_health: HealthBoard | None = None
 
     @property
     def settings(self) -> Settings:
@@ -272,6 +276,14 @@ def build_driver(startup: Startup, assigner: EagerAssigner | LazyAssigner, recor
     )
 
 
+def build_device_health(settings: Settings, gpus: list[GpuInfo]) -> HealthBoard | None:
+    """The health board of the inventory's GPUs, with NVMLDeviceHealthCheck; None without it (then no
+    device is ever tainted and the kubelet's health stream stays UNIMPLEMENTED and unadvertised)."""
+    if not settings.feature_gates.enabled("NVMLDeviceHealthCheck"):
+        return None
+    return HealthBoard(gpu.uuid for gpu in gpus)
+
+
 def build_registry(
     startup: Startup,
     assigner: EagerAssigner | LazyAssigner,
@@ -324,9 +336,14 @@ async def _main(startup: Startup) -> None:
             observe = build_observability(
                 startup, recorder=recorder, health=health, driver=driver, nri=nri, registry=registry
             )
+            device_health = build_device_health(settings, startup.gpus)
             async with Supervisor(shutdown_timeout=settings.shutdown_timeout, health=health) as supervisor:
-                registration = RegistrationService(settings.driver_name, settings.dra_socket)
-                node = Node(startup, recorder, supervisor, driver, registration, nri, registry, observe)
+                registration = RegistrationService(
+                    settings.driver_name, settings.dra_socket, health_service=device_health is not None
+                )
+                node = Node(
+                    startup, recorder, supervisor, driver, registration, nri, registry, observe, device_health
+                )
                 _start_components(node)
                 async for signum in signals:
                     log.info("%s received: stopping every component", signal.Signals(signum).name)
@@ -363,6 +380,7 @@ def _start_components(node: Node) -> None:
         memory_ratio=settings.device_memory_ratio,
         # mock GPUs have made-up PCI addresses: never look them up in this host's sysfs
         sysfs=None if settings.gpu_backend == "mock" else Path("/sys"),
+        health=node.device_health,
     )
     supervise("resource-slices", slices.run, *policies)
     supervise("dra-cleanup", node.driver.run_cleanup, *policies)
@@ -410,9 +428,20 @@ async def _serve_dra(node: Node, ready: Ready) -> None:
     finds the latter."""
     settings = node.settings
     async with trio.open_nursery() as nursery:
-        await nursery.start(_serve_socket, node_services(node.driver), settings.dra_socket)
+        await nursery.start(
+            _serve_socket, node_services(node.driver, health_stream(node)), settings.dra_socket
+        )
         await nursery.start(_serve_socket, [node.registration], settings.registration_socket)
         ready()
+
+
+def health_stream(node: Node) -> DeviceHealthService:
+    """The kubelet's device health stream: the board's devices in the slice's pool, or UNIMPLEMENTED."""
+    if node.device_health is None:
+        return DeviceHealthService()
+    return DeviceHealthService(
+        node.device_health, pool=node.settings.node_name, devices=device_names(node.startup.gpus)
+    )
 
 
 async def _serve_socket(
