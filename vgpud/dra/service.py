@@ -178,7 +178,7 @@ class DeviceHealthService(DraResourceHealthBase):
         self._pool = pool
         self._devices = dict(devices or {})
         self._resend_interval = resend_interval
-        #: streams open right now, for the debug state and tests
+        #: how many streams are open right now
         self.open_streams = 0
 
     async def node_watch_resources(
