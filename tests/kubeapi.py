@@ -34,7 +34,7 @@ import threading
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -187,7 +187,9 @@ def _etcd_argv(etcd: Path, workdir: Path, client_port: int, peer_port: int) -> l
     ]
 
 
-def _apiserver_argv(apiserver: Path, workdir: Path, etcd_url: str, port: int, controllers: bool) -> list[str]:
+def _apiserver_argv(
+    apiserver: Path, workdir: Path, etcd_url: str, port: int, controllers: bool, *, gates: Sequence[str] = ()
+) -> list[str]:
     sa_key = workdir / "sa.key"
     if controllers:
         cluster = ["--enable-aggregator-routing=true"]
@@ -210,7 +212,7 @@ def _apiserver_argv(apiserver: Path, workdir: Path, etcd_url: str, port: int, co
         *cluster,
         "--allow-privileged=true",
         "--runtime-config=resource.k8s.io/v1=true",
-        "--feature-gates=DRAConsumableCapacity=true",
+        "--feature-gates=" + ",".join(["DRAConsumableCapacity=true", *gates]),
         "--profiling=false",
         "--v=1",
     ]
@@ -279,11 +281,16 @@ def _wait_ready(server: ApiServer, deadline: float) -> None:
 
 
 def start_apiserver(
-    workdir: Path, timeout_s: float = READY_TIMEOUT_S, *, controllers: bool = False
+    workdir: Path,
+    timeout_s: float = READY_TIMEOUT_S,
+    *,
+    controllers: bool = False,
+    feature_gates: Sequence[str] = (),
 ) -> ApiServer:
     """Start etcd and kube-apiserver with all state under `workdir`; return once /readyz is ok.
 
     `controllers`: a kube-controller-manager will run beside it (see the module docstring).
+    `feature_gates`: `Name=value` items added to the server's gates (a server without one feature).
 
     Raises StartError (with the tail of both logs) if either exits or /readyz is not ok in `timeout_s`.
     Ports are the kernel's free picks; if another process takes one first, it retries with new ones.
@@ -299,7 +306,9 @@ def start_apiserver(
     _write_sa_key(workdir / "sa.key")
     for attempt in range(1, PORT_ATTEMPTS + 1):
         try:
-            return _start_once(etcd, apiserver, workdir, token, deadline, controllers=controllers)
+            return _start_once(
+                etcd, apiserver, workdir, token, deadline, controllers=controllers, gates=feature_gates
+            )
         except StartError as exc:
             if attempt == PORT_ATTEMPTS or not exc.port_taken:
                 raise
@@ -311,7 +320,14 @@ def start_apiserver(
 
 
 def _start_once(
-    etcd: Path, apiserver: Path, workdir: Path, token: str, deadline: float, *, controllers: bool
+    etcd: Path,
+    apiserver: Path,
+    workdir: Path,
+    token: str,
+    deadline: float,
+    *,
+    controllers: bool,
+    gates: Sequence[str],
 ) -> ApiServer:
     client_port, peer_port, port = free_port(), free_port(), free_port()
     server = ApiServer(
@@ -328,7 +344,7 @@ def _start_once(
             _etcd_argv(etcd, workdir, client_port, peer_port), server.logs["etcd"], workdir
         )
         server.procs["kube-apiserver"] = _spawn(
-            _apiserver_argv(apiserver, workdir, server.etcd_url, port, controllers),
+            _apiserver_argv(apiserver, workdir, server.etcd_url, port, controllers, gates=gates),
             server.logs["kube-apiserver"],
             workdir,
         )

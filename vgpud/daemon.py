@@ -26,8 +26,8 @@ from vgpud.dra.claimedits import NodeFacts
 from vgpud.dra.claimindex import describe_mismatches
 from vgpud.dra.claimwatch import ClaimWatch
 from vgpud.dra.driver import DraDriver
-from vgpud.dra.service import RegistrationService, node_services, probes
-from vgpud.dra.slices import SliceKeeper
+from vgpud.dra.service import DeviceHealthService, RegistrationService, node_services, probes
+from vgpud.dra.slices import SliceKeeper, device_names
 from vgpud.gpu import GpuInfo, GpuInventory, GpuInventoryError
 from vgpud.gpu.health import HealthBoard
 from vgpud.gpu.healthwatch import HealthRules, HealthWatcher
@@ -100,11 +100,17 @@ class Node:
     #: the library's client registration (bit 200): only with DevicePluginClientMode
     registry: RegistryServer | None
     observe: Observability
-    #: every GPU's health (all healthy unless the watcher says otherwise): what the ResourceSlice
-    #: publisher and the kubelet's resource-health stream read
+    #: every GPU's health (all healthy unless the watcher says otherwise)
     device_health: HealthBoard
     #: its writer, with NVMLDeviceHealthCheck on and the nvml backend; None otherwise
     health_watch: HealthWatcher | None
+
+    @property
+    def watched_health(self) -> HealthBoard | None:
+        """The board for the ResourceSlice's taints and the kubelet's health stream: only while a
+        watcher writes it. Without one (the gate off, or mock GPUs) both stay as they were: no taint
+        ever, the stream UNIMPLEMENTED and not advertised."""
+        return self.device_health if self.health_watch is not None else None
 
     @property
     def settings(self) -> Settings:
@@ -374,7 +380,9 @@ async def _main(startup: Startup) -> None:
                 health_watch=health_watch,
             )
             async with Supervisor(shutdown_timeout=settings.shutdown_timeout, health=health) as supervisor:
-                registration = RegistrationService(settings.driver_name, settings.dra_socket)
+                registration = RegistrationService(
+                    settings.driver_name, settings.dra_socket, health_service=health_watch is not None
+                )
                 node = Node(
                     startup,
                     recorder,
@@ -423,6 +431,7 @@ def _start_components(node: Node) -> None:
         memory_ratio=settings.device_memory_ratio,
         # mock GPUs have made-up PCI addresses: never look them up in this host's sysfs
         sysfs=None if settings.gpu_backend == "mock" else Path("/sys"),
+        health=node.watched_health,
     )
     supervise("resource-slices", slices.run, *policies)
     supervise("dra-cleanup", node.driver.run_cleanup, *policies)
@@ -474,9 +483,20 @@ async def _serve_dra(node: Node, ready: Ready) -> None:
     finds the latter."""
     settings = node.settings
     async with trio.open_nursery() as nursery:
-        await nursery.start(_serve_socket, node_services(node.driver), settings.dra_socket)
+        await nursery.start(
+            _serve_socket, node_services(node.driver, health_stream(node)), settings.dra_socket
+        )
         await nursery.start(_serve_socket, [node.registration], settings.registration_socket)
         ready()
+
+
+def health_stream(node: Node) -> DeviceHealthService:
+    """The kubelet's device health stream: the board's devices in the slice's pool, or UNIMPLEMENTED."""
+    if node.watched_health is None:
+        return DeviceHealthService()
+    return DeviceHealthService(
+        node.watched_health, pool=node.settings.node_name, devices=device_names(node.startup.gpus)
+    )
 
 
 async def _serve_socket(

@@ -13,6 +13,12 @@ standard attributes of `k8s.io/dynamic-resource-allocation/deviceattribute`:
 Kubelet deletes every slice of its node when it starts, and a driver's slices 30 s after the driver
 loses its last endpoint (dra-kubelet-plugin.md §1): publishing once is not enough, so `SliceKeeper`
 watches the slice and puts it back. The slice has a fixed name, because server-side apply needs one.
+
+Device health (`NVMLDeviceHealthCheck`): a GPU the health board calls unhealthy gets a device taint
+`<driver>/unhealthy=<why>:NoSchedule`, so the scheduler places no new claim on it while the pods
+already there keep it (their status tells them, through the kubelet's health stream). A server that
+drops the taint field (DRADeviceTaints off) is noticed on the apply, and sick devices are then left
+out of the slice instead (docs/decisions.md "Sick devices are tainted, or left out of the slice").
 """
 
 from __future__ import annotations
@@ -21,13 +27,17 @@ import hashlib
 import logging
 import os
 import re
-from collections.abc import Callable, Mapping, Sequence
+from collections import deque
+from collections.abc import Callable, Collection, Mapping, Sequence
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 import trio
 from kubernetes.utils.quantity import parse_quantity
 
+from vgpud import excgroup
+from vgpud.gpu.health import DeviceHealth, HealthBoard
 from vgpud.gpu.model import GpuInfo
 from vgpud.kube import RESOURCE_API, JsonObject, KubeApi, NotFound, WatchEvent, WatchEventType
 
@@ -42,10 +52,19 @@ NUMA_NODE_ATTRIBUTE = STANDARD_PREFIX + "numaNode"
 #: resource.k8s.io/v1 limits: a string attribute value; an object name (a DNS subdomain)
 MAX_ATTRIBUTE_VALUE_LENGTH = 64
 MAX_NAME_LENGTH = 253
+#: a taint value is a label value
+MAX_LABEL_VALUE_LENGTH = 63
+#: `<driver>/unhealthy` is the key of the taint a sick device gets
+UNHEALTHY_TAINT = "unhealthy"
+#: new claims stay off a sick device; running pods keep theirs (NoExecute would evict them)
+UNHEALTHY_TAINT_EFFECT = "NoSchedule"
 #: at least this long between two watch starts, so a watch that ends at once cannot spin
 WATCH_MIN_INTERVAL = 1.0
+#: how many of our own writes' resourceVersions are remembered, to know their (late) watch events
+OWN_VERSIONS_KEPT = 16
 
 _BDF = re.compile(r"^[0-9a-f]{4}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-9a-f]$")  # deviceattribute's check
+_NOT_IN_LABEL_VALUE = re.compile(r"[^a-z0-9._-]+")
 
 
 class SliceError(Exception):
@@ -63,6 +82,46 @@ def slice_name(node_name: str, driver: str) -> str:
         return name
     digest = hashlib.sha256(name.encode()).hexdigest()[:10]
     return f"{name[: MAX_NAME_LENGTH - len(digest) - 1].rstrip('-.')}-{digest}"
+
+
+def device_name(gpu: GpuInfo) -> str:
+    """The DRA device name of a GPU: `vgpu-<minor>` (stable across restarts, unlike the index)."""
+    return f"vgpu-{gpu.minor}"
+
+
+def device_names(gpus: Sequence[GpuInfo]) -> dict[str, str]:
+    """GPU UUID -> DRA device name, in the slice's device order (by minor)."""
+    return {gpu.uuid: device_name(gpu) for gpu in sorted(gpus, key=lambda gpu: gpu.minor)}
+
+
+def taint_key(driver: str) -> str:
+    return f"{driver}/{UNHEALTHY_TAINT}"
+
+
+def taint_value(health: DeviceHealth) -> str:
+    """Why, as a label value: `xid-<n>` for an XID, else the reason's head ("GPU lost: ..." ->
+    "gpu-lost"); "unhealthy" when nothing usable is left."""
+    if health.xid is not None:
+        return f"xid-{health.xid}"
+    head = health.reason.split(":", 1)[0].strip().lower()
+    value = _NOT_IN_LABEL_VALUE.sub("-", head)[:MAX_LABEL_VALUE_LENGTH].strip("-._")
+    return value or UNHEALTHY_TAINT
+
+
+def _timestamp(unix_seconds: float) -> str:
+    """RFC 3339 in whole seconds, as the API server renders a metav1.Time (so it compares equal)."""
+    return datetime.fromtimestamp(int(unix_seconds), UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def unhealthy_taint(driver: str, health: DeviceHealth) -> JsonObject:
+    """The device taint of a sick GPU; `timeAdded` is when the board decided, so every apply of the
+    same state sends the same taint."""
+    return {
+        "key": taint_key(driver),
+        "value": taint_value(health),
+        "effect": UNHEALTHY_TAINT_EFFECT,
+        "timeAdded": _timestamp(health.since),
+    }
 
 
 def semver(version: str) -> str | None:
@@ -157,22 +216,30 @@ def build_slice(
     memory_ratio: int = 100,
     generation: int = 1,
     pcie_roots: Mapping[str, str] | None = None,
+    taints: Mapping[str, JsonObject] | None = None,
+    left_out: Collection[str] = (),
 ) -> JsonObject:
     """The whole slice, owned by the Node (garbage-collected with it). `pcie_roots` maps a GPU's PCI bus
-    id to its root complex (see `read_pcie_roots`). No GPUs -> an empty slice, which still tells the
-    scheduler that this node's pool exists and is empty."""
+    id to its root complex (see `read_pcie_roots`). `taints` maps a GPU UUID to the taint its device
+    carries; the GPUs in `left_out` (UUIDs) are not published at all. No GPUs -> an empty slice, which
+    still tells the scheduler that this node's pool exists and is empty."""
     roots = pcie_roots or {}
-    devices = [
-        {
-            "name": f"vgpu-{gpu.minor}",
+    taints = taints or {}
+    devices = []
+    for gpu in sorted(gpus, key=lambda gpu: gpu.minor):
+        if gpu.uuid in left_out:
+            continue
+        device: JsonObject = {
+            "name": device_name(gpu),
             "attributes": device_attributes(
                 gpu, cores_ratio=cores_ratio, memory_ratio=memory_ratio, pcie_root=roots.get(gpu.pci_bus_id)
             ),
             "capacity": device_capacity(gpu, cores_ratio=cores_ratio, memory_ratio=memory_ratio),
             "allowMultipleAllocations": True,
         }
-        for gpu in sorted(gpus, key=lambda gpu: gpu.minor)
-    ]
+        if gpu.uuid in taints:
+            device["taints"] = [taints[gpu.uuid]]
+        devices.append(device)
     return {
         "apiVersion": RESOURCE_API,
         "kind": "ResourceSlice",
@@ -236,6 +303,10 @@ def _quantities(value: Any) -> Any:
     return _quantity(value)
 
 
+def _taint_essence(taint: Mapping[str, Any]) -> dict[str, Any]:
+    return {k: taint.get(k) for k in ("key", "value", "effect", "timeAdded")}
+
+
 def _essence(slice_: JsonObject) -> Any:
     """The fields we publish, and only those: the server adds metadata and may add defaults."""
     spec = slice_.get("spec") or {}
@@ -245,6 +316,7 @@ def _essence(slice_: JsonObject) -> Any:
             "attributes": device.get("attributes") or {},
             "capacity": _quantities(device.get("capacity") or {}),
             "allowMultipleAllocations": device.get("allowMultipleAllocations"),
+            "taints": [_taint_essence(t) for t in device.get("taints") or []],
         }
         for device in spec.get("devices") or []
     ]
@@ -258,8 +330,13 @@ def _essence(slice_: JsonObject) -> Any:
 
 
 def same_slice(current: JsonObject, desired: JsonObject) -> bool:
-    """True when the server's slice publishes what `desired` does (so no apply is needed)."""
+    """True when the server's slice publishes what `desired` does (so no apply is needed); a taint
+    added, changed or removed is a difference."""
     return _essence(current) == _essence(desired)
+
+
+def _has_taints(essence: Any) -> bool:
+    return any(device["taints"] for device in essence["devices"])
 
 
 # --- the keeper ---------------------------------------------------------------------------------
@@ -267,6 +344,10 @@ def same_slice(current: JsonObject, desired: JsonObject) -> bool:
 
 def _name_of(slice_: JsonObject) -> str:
     return str((slice_.get("metadata") or {}).get("name", ""))
+
+
+def _version_of(slice_: JsonObject) -> str:
+    return str((slice_.get("metadata") or {}).get("resourceVersion", ""))
 
 
 def _generation_of(slice_: JsonObject) -> int:
@@ -285,6 +366,10 @@ class SliceKeeper:
     When the watch ends, and every `resync_interval`, it lists and reconciles again. API errors end the
     session: the supervisor's Restart backoff is the retry.
 
+    With a health board (`health`, the NVMLDeviceHealthCheck gate), the slice follows it: each change
+    republishes with a new pool generation, a sick device tainted (or left out, on a server that drops
+    taints). Without one, no device is ever tainted.
+
     The pool generation starts one above any generation found on the server when what is there differs
     from what this session publishes, so consumers can tell the new pool contents from leftovers.
     """
@@ -301,6 +386,7 @@ class SliceKeeper:
         field_manager: str = "vgpud",
         resync_interval: float = 300.0,
         sysfs: Path | None = Path("/sys"),
+        health: HealthBoard | None = None,
     ) -> None:
         """`sysfs` is where PCIe roots are read; None publishes none (mock GPUs have no sysfs entry)."""
         self._kube = kube
@@ -312,12 +398,21 @@ class SliceKeeper:
         self._field_manager = field_manager
         self._resync_interval = resync_interval
         self._sysfs = sysfs
+        self._health = health
         self.name = slice_name(node_name, driver)
         #: repairs done after a session became ready (re-applies and stale deletions), for metrics
         self.repairs = 0
+        #: the server dropped the device taints: sick devices are left out of the slice instead
+        self.leaves_out_sick = False
         self._desired: JsonObject = {}
         self._expected: Any = None  # the essence of our slice as the server keeps it
         self._serving = False
+        self._build: Callable[[int], JsonObject] = lambda generation: {}
+        self._health_seen = 0  # the board's version that `_desired` shows
+        #: the resourceVersions our last applies got: their watch events are not someone's change
+        self._own_versions: deque[str] = deque(maxlen=OWN_VERSIONS_KEPT)
+        # the watch and the health follower both apply: one at a time, each with a consistent view
+        self._lock = trio.Lock()
 
     async def run(self, ready: Callable[[], None]) -> None:
         """One session (see the class); returns only by cancellation, raises on any API error."""
@@ -335,6 +430,7 @@ class SliceKeeper:
             roots = await trio.to_thread.run_sync(read_pcie_roots, self._gpus, self._sysfs)
 
         def desired(generation: int) -> JsonObject:
+            taints, left_out = self._health_edits()
             return build_slice(
                 driver=self.driver,
                 node_name=self.node_name,
@@ -344,8 +440,22 @@ class SliceKeeper:
                 memory_ratio=self._memory_ratio,
                 generation=generation,
                 pcie_roots=roots,
+                taints=taints,
+                left_out=left_out,
             )
 
+        self._build = desired
+        try:
+            async with trio.open_nursery() as nursery:
+                await self._session(nursery, ready)
+        except BaseExceptionGroup as group:
+            # the session's own error as it was, not wrapped: callers and tests catch KubeError
+            errors = [e for e in excgroup.leaves(group) if not isinstance(e, trio.Cancelled)]
+            if len(errors) == 1:
+                raise errors[0] from errors[0].__cause__
+            raise
+
+    async def _session(self, nursery: trio.Nursery, ready: Callable[[], None]) -> None:
         first = True
         while True:
             started = trio.current_time()
@@ -356,18 +466,60 @@ class SliceKeeper:
                     existing = await self._kube.list_resource_slices(
                         driver=self.driver, node_name=self.node_name
                     )
-                    if first:
-                        self._desired = desired(self._first_generation(existing, desired))
-                        self._expected = _essence(self._desired)
-                    await self._reconcile(existing)
+                    async with self._lock:
+                        if first:
+                            self._set_desired(self._first_generation(existing, self._build))
+                        await self._reconcile(existing)
                     if first:
                         first = False
                         self._serving = True
-                        log.info("ResourceSlice %s published: %d devices", self.name, len(self._gpus))
+                        devices = len(self._desired["spec"]["devices"])
+                        log.info("ResourceSlice %s published: %d devices", self.name, devices)
                         ready()
+                        if self._health is not None:
+                            nursery.start_soon(self._follow_health, self._health)
                     async for event in events:
-                        await self._on_event(event)
+                        async with self._lock:
+                            await self._on_event(event)
             await trio.sleep_until(started + WATCH_MIN_INTERVAL)
+
+    def _health_edits(self) -> tuple[dict[str, JsonObject], set[str]]:
+        """The taints of the sick GPUs by UUID, or (after the server dropped taints) the sick UUIDs to
+        leave out; the board's version is recorded as the one the slice now shows."""
+        if self._health is None:
+            return {}, set()
+        self._health_seen = self._health.version
+        sick = self._health.unhealthy()
+        if self.leaves_out_sick:
+            return {}, set(sick)
+        return {uuid: unhealthy_taint(self.driver, health) for uuid, health in sick.items()}, set()
+
+    def _set_desired(self, generation: int) -> None:
+        self._desired = self._build(generation)
+        self._expected = _essence(self._desired)
+
+    async def _follow_health(self, board: HealthBoard) -> None:
+        """Republish on every board change that changes the slice, with the next pool generation."""
+        while True:
+            await board.wait_changed(self._health_seen)
+            async with self._lock:
+                before = self._desired
+                generation = _generation_of(before)
+                if same_slice(before, self._build(generation)):
+                    continue  # a change of reason that the taint does not show
+                self._set_desired(generation + 1)
+                await self._apply(lambda: f"device health changed: {self._describe_sick()}", repair=False)
+
+    def _describe_sick(self) -> str:
+        """For the log: "vgpu-0 tainted xid-79", "vgpu-0 left out (xid-79)" or "every device healthy"."""
+        assert self._health is not None
+        names = device_names(self._gpus)
+        sick = sorted(self._health.unhealthy().values(), key=lambda h: names[h.uuid])
+        if not sick:
+            return "every device healthy"
+        if self.leaves_out_sick:
+            return ", ".join(f"{names[h.uuid]} left out ({taint_value(h)})" for h in sick)
+        return ", ".join(f"{names[h.uuid]} tainted {taint_value(h)}" for h in sick)
 
     def _first_generation(self, existing: Sequence[JsonObject], desired: Callable[[int], JsonObject]) -> int:
         """Keep the generation on the server when it already holds exactly our slice; else go above it."""
@@ -400,18 +552,31 @@ class SliceKeeper:
         if name == self.name:
             if event.type is WatchEventType.DELETED:
                 await self._apply("deleted by someone: re-created")
+            elif _version_of(event.object) in self._own_versions:
+                pass  # our own write (maybe one a later apply of ours has superseded already)
             elif _essence(event.object) != self._expected:
                 await self._apply("changed by someone: restored")
         elif event.type is not WatchEventType.DELETED and self._in_pool(event.object):
             await self._delete_stale(name)
 
-    async def _apply(self, what: str) -> None:
+    async def _apply(self, what: str | Callable[[], str], *, repair: bool = True) -> None:
         """Apply, and from then on expect what the server made of it: a server that drops fields (an
-        older one, or DRAConsumableCapacity off) must not make every event look like a change."""
-        served = _essence(
-            await self._kube.apply_resource_slice(self._desired, field_manager=self._field_manager)
-        )
-        if served != self._expected and served != _essence(self._desired):
+        older one, or DRAConsumableCapacity off) must not make every event look like a change. One
+        that drops the device taints switches to leaving sick devices out, and gets that at once.
+        `what` (or what it returns, once applied) says why, for the log."""
+        sent = _essence(self._desired)
+        served = await self._send()
+        if _has_taints(sent) and not _has_taints(served):
+            self.leaves_out_sick = True
+            log.warning(
+                "ResourceSlice %s: the API server drops device taints (is the DRADeviceTaints feature "
+                "gate on?): unhealthy devices are left out of the slice instead",
+                self.name,
+            )
+            self._set_desired(_generation_of(self._desired) + 1)
+            sent = _essence(self._desired)
+            served = await self._send()
+        if served not in (self._expected, sent):
             log.warning(
                 "ResourceSlice %s: the API server does not keep it as sent (is the DRAConsumableCapacity "
                 "feature gate on?): vGPU sharing will not work",
@@ -419,8 +584,15 @@ class SliceKeeper:
             )
         self._expected = served
         if self._serving:
-            self.repairs += 1
-            log.info("ResourceSlice %s %s", self.name, what)
+            if repair:
+                self.repairs += 1
+            log.info("ResourceSlice %s %s", self.name, what if isinstance(what, str) else what())
+
+    async def _send(self) -> Any:
+        """Apply the desired slice; the essence of what the server keeps."""
+        served = await self._kube.apply_resource_slice(self._desired, field_manager=self._field_manager)
+        self._own_versions.append(_version_of(served))
+        return _essence(served)
 
     async def _delete_stale(self, name: str) -> None:
         await self._kube.delete_resource_slice(name)
