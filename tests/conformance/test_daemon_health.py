@@ -1,6 +1,8 @@
 """`vgpud run` on the fake NVML (the nvml backend's real path) against a real kube-apiserver: an XID or a
-lost GPU raised through the fake's state file shows as one WARNING line, in the metrics and in the
-debug state, and the GPU comes back after the recovery time; with the gate off nothing watches."""
+lost GPU raised through the fake's state file shows as one WARNING line, in the metrics, in the debug
+state and as a taint on its device in the ResourceSlice, and the GPU comes back after the recovery
+time; with the gate off nothing watches, the slice is never tainted and the kubelet's health stream
+stays UNIMPLEMENTED (a grpcio client on the DRA socket)."""
 
 from __future__ import annotations
 
@@ -13,13 +15,15 @@ import urllib.request
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
+import grpc
 import pytest
 
 from tests.fakegpu_state import raise_xid, set_lost
 from tests.kubeapi import ApiServer, free_port
+from tests.stdproto import message_class
 from tests.support import built
 from tests.unit.fakes.gpu import UUID_A, UUID_B, profile_text
-from tests.vgpudproc import Vgpud, ensure_node
+from tests.vgpudproc import Vgpud, ensure_node, node_slices
 
 NODE = "health-node"
 DEADLINE = 15.0  # seconds for a change to reach the metrics (an event wait, or a 5 s check)
@@ -33,6 +37,7 @@ def api(kube_apiserver: ApiServer) -> ApiServer:
 
 class FakeNode:
     def __init__(self, root: Path, api: ApiServer, *flags: str) -> None:
+        self.api = api
         profile = root / "profile.yaml"
         profile.write_text(profile_text())
         self.state_file = root / "gpu.state"
@@ -73,6 +78,11 @@ class FakeNode:
         )
         return json.loads(out.stdout)
 
+    def taints(self) -> dict[str, list[dict]]:
+        """Device name -> its taints in this node's ResourceSlice."""
+        devices = [d for s in node_slices(self.api, NODE) for d in s["spec"]["devices"]]
+        return {d["name"]: d.get("taints", []) for d in devices}
+
     def warnings(self) -> list[str]:
         return [
             line for line in self.vgpud.output().splitlines() if "healthwatch" in line and "WARNING" in line
@@ -102,6 +112,11 @@ def test_an_xid_and_a_lost_gpu_reach_the_log_metrics_and_state_and_recover(node:
     assert healthy(UUID_B, 1, 1)(text)
     assert f'vgpud_device_xid_events_total{{kind="ignored",uuid="{UUID_A}",xid="31"}} 1.0' in text
     assert f'vgpud_device_xid_events_total{{kind="fatal",uuid="{UUID_A}",xid="79"}} 1.0' in text
+    taints = node.taints()
+    assert [(t["key"], t["value"], t["effect"]) for t in taints["vgpu-0"]] == [
+        ("manager.nvidia.com/unhealthy", "xid-79", "NoSchedule")
+    ], taints
+    assert taints["vgpu-1"] == []
     device = node.debug_state()["device_health"]["devices"][UUID_A]
     assert (device["healthy"], device["reason"], device["xid"]) == (
         False,
@@ -109,6 +124,7 @@ def test_an_xid_and_a_lost_gpu_reach_the_log_metrics_and_state_and_recover(node:
         79,
     )
     node.until("GPU 0 healthy again", healthy(UUID_A, 0, 1))
+    wait_for(lambda: node.taints()["vgpu-0"] == [], "vgpu-0's taint removed")
 
     set_lost(node.state_file, 1, True)
     try:
@@ -137,4 +153,50 @@ def test_with_the_gate_off_nothing_watches(node: FakeNode) -> None:
     assert node.debug_state()["device_health"] is None
     assert "vgpud_device_healthy{" not in node.metrics()
     assert "device-health" not in node.debug_state()["components"]
+    raise_xid(node.state_file, 0, 79)
+    set_lost(node.state_file, 1, True)
+    try:
+        # the watcher, were it on, reacts within one 5 s check: look for longer than that
+        end = time.monotonic() + 7
+        while time.monotonic() < end:
+            assert node.taints() == {"vgpu-0": [], "vgpu-1": []}
+            time.sleep(0.5)
+    finally:
+        set_lost(node.state_file, 1, False)
+    with pytest.raises(grpc.RpcError) as info:
+        watch_resources(node.vgpud.dra_socket)
+    assert info.value.code() == grpc.StatusCode.UNIMPLEMENTED
+    assert "v1alpha1.DRAResourceHealth" not in get_info(node.vgpud.root / REGISTRATION_SOCKET)
     assert node.vgpud.stop() == 0
+
+
+REGISTRATION_SOCKET = "var/lib/kubelet/plugins_registry/manager.nvidia.com-reg.sock"
+
+
+def wait_for(check: Callable[[], bool], what: str) -> None:
+    end = time.monotonic() + DEADLINE
+    while not check():
+        assert time.monotonic() < end, f"{what}: not in {DEADLINE}s"
+        time.sleep(0.2)
+
+
+def watch_resources(socket: Path) -> object:
+    """The first message of the kubelet's health stream on `socket` (grpcio)."""
+    with grpc.insecure_channel(f"unix://{socket}") as channel:
+        call = channel.unary_stream(
+            "/v1alpha1.DRAResourceHealth/NodeWatchResources",
+            request_serializer=lambda m: m.SerializeToString(),
+            response_deserializer=message_class("v1alpha1.NodeWatchResourcesResponse").FromString,
+        )
+        return next(call(message_class("v1alpha1.NodeWatchResourcesRequest")(), timeout=10))
+
+
+def get_info(socket: Path) -> list[str]:
+    """The versions the registration service advertises (grpcio)."""
+    with grpc.insecure_channel(f"unix://{socket}") as channel:
+        call = channel.unary_unary(
+            "/pluginregistration.Registration/GetInfo",
+            request_serializer=lambda m: m.SerializeToString(),
+            response_deserializer=message_class("pluginregistration.PluginInfo").FromString,
+        )
+        return list(call(message_class("pluginregistration.InfoRequest")(), timeout=10).supported_versions)

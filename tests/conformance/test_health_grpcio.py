@@ -7,7 +7,7 @@ one."""
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Iterator
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -17,8 +17,6 @@ import trio
 import trio_asyncio
 
 from tests.stdproto import message_class
-from vgpud.config import Settings
-from vgpud.daemon import build_device_health
 from vgpud.dra.service import (
     HEALTH_CHECK_TIMEOUT_S,
     MAX_HEALTH_MESSAGE,
@@ -26,7 +24,6 @@ from vgpud.dra.service import (
     RegistrationService,
 )
 from vgpud.dra.slices import device_names
-from vgpud.gates import FeatureGates, parse_feature_gates
 from vgpud.gpu import open_inventory
 from vgpud.gpu.health import DeviceHealth, HealthBoard
 from vgpud.gpu.mock import PROFILES_DIR
@@ -197,22 +194,6 @@ async def test_without_a_board_it_is_a_well_formed_unimplemented(short_tmp: Path
             s.close()
         assert info.value.code() == grpc.StatusCode.UNIMPLEMENTED
         assert info.value.details() == "vgpud does not report device health"
-
-
-def _settings(gates: FeatureGates) -> Settings:
-    """Settings with only what `build_device_health` reads; the gate as the test wants it."""
-    fields: dict[str, Any] = {name: None for name in Settings.__dataclass_fields__}
-    return replace(Settings(**fields), feature_gates=gates)
-
-
-def test_the_gate_decides_whether_there_is_a_board() -> None:
-    off = parse_feature_gates("")
-    assert not off.enabled("NVMLDeviceHealthCheck")
-    assert build_device_health(_settings(off), GPUS) is None
-    on = FeatureGates({**off.values, "NVMLDeviceHealthCheck": True})
-    board = build_device_health(_settings(on), GPUS)
-    assert board is not None and set(board.snapshot()) == {GPU0, GPU1}
-    assert board.unhealthy() == {}
 
 
 @pytest.mark.parametrize("health_service", [False, True])
