@@ -18,9 +18,9 @@ from pathlib import Path
 import grpc
 import pytest
 
+from tests.conformance.grpcio_calls import get_info, watch_resources
 from tests.fakegpu_state import raise_xid, set_lost
 from tests.kubeapi import ApiServer, free_port
-from tests.stdproto import message_class
 from tests.support import built
 from tests.unit.fakes.gpu import UUID_A, UUID_B, profile_text
 from tests.vgpudproc import Vgpud, ensure_node, node_slices
@@ -164,9 +164,10 @@ def test_with_the_gate_off_nothing_watches(node: FakeNode) -> None:
     finally:
         set_lost(node.state_file, 1, False)
     with pytest.raises(grpc.RpcError) as info:
-        watch_resources(node.vgpud.dra_socket)
+        next(watch_resources(node.vgpud.dra_socket))
     assert info.value.code() == grpc.StatusCode.UNIMPLEMENTED
-    assert "v1alpha1.DRAResourceHealth" not in get_info(node.vgpud.root / REGISTRATION_SOCKET)
+    versions = get_info(node.vgpud.root / REGISTRATION_SOCKET).supported_versions
+    assert "v1alpha1.DRAResourceHealth" not in versions
     assert node.vgpud.stop() == 0
 
 
@@ -178,25 +179,3 @@ def wait_for(check: Callable[[], bool], what: str) -> None:
     while not check():
         assert time.monotonic() < end, f"{what}: not in {DEADLINE}s"
         time.sleep(0.2)
-
-
-def watch_resources(socket: Path) -> object:
-    """The first message of the kubelet's health stream on `socket` (grpcio)."""
-    with grpc.insecure_channel(f"unix://{socket}") as channel:
-        call = channel.unary_stream(
-            "/v1alpha1.DRAResourceHealth/NodeWatchResources",
-            request_serializer=lambda m: m.SerializeToString(),
-            response_deserializer=message_class("v1alpha1.NodeWatchResourcesResponse").FromString,
-        )
-        return next(call(message_class("v1alpha1.NodeWatchResourcesRequest")(), timeout=10))
-
-
-def get_info(socket: Path) -> list[str]:
-    """The versions the registration service advertises (grpcio)."""
-    with grpc.insecure_channel(f"unix://{socket}") as channel:
-        call = channel.unary_unary(
-            "/pluginregistration.Registration/GetInfo",
-            request_serializer=lambda m: m.SerializeToString(),
-            response_deserializer=message_class("pluginregistration.PluginInfo").FromString,
-        )
-        return list(call(message_class("pluginregistration.InfoRequest")(), timeout=10).supported_versions)

@@ -22,6 +22,7 @@ import trio
 import trio_asyncio
 
 from tests import objects as o
+from tests.conformance.grpcio_calls import watch_resources
 from tests.draharness import REF, Harness, single_container_claim
 from tests.stdproto import message_class
 from tests.support import require
@@ -207,17 +208,8 @@ async def test_device_health_stream_is_a_well_formed_unimplemented(plugin: Plugi
     """Kubelets with ResourceHealthStatus open this stream unasked; the answer must be a proper gRPC
     status (grpc-go refuses a reply without content-type as malformed)."""
 
-    def watch() -> Any:
-        with grpc.insecure_channel(f"unix://{plugin.dra_socket}") as channel:
-            stream = channel.unary_stream(
-                "/v1alpha1.DRAResourceHealth/NodeWatchResources",
-                request_serializer=lambda m: m.SerializeToString(),
-                response_deserializer=message_class("v1alpha1.NodeWatchResourcesResponse").FromString,
-            )
-            return list(stream(message_class("v1alpha1.NodeWatchResourcesRequest")(), timeout=5))
-
     with pytest.raises(grpc.RpcError) as info:
-        await trio.to_thread.run_sync(watch)
+        await trio.to_thread.run_sync(lambda: list(watch_resources(plugin.dra_socket, timeout=5)))
     assert info.value.code() == grpc.StatusCode.UNIMPLEMENTED
     assert info.value.details() == "vgpud does not report device health"
 

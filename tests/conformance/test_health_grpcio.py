@@ -16,6 +16,7 @@ import pytest
 import trio
 import trio_asyncio
 
+from tests.conformance.grpcio_calls import get_info
 from tests.stdproto import message_class
 from vgpud.dra.service import (
     HEALTH_CHECK_TIMEOUT_S,
@@ -207,16 +208,7 @@ async def test_registration_advertises_the_stream_only_with_a_board(
     async with trio_asyncio.open_loop(), trio.open_nursery() as nursery:
         await nursery.start(_serve, [registration], socket)
 
-        def get_info() -> Any:
-            with grpc.insecure_channel(f"unix://{socket}") as channel:
-                call = channel.unary_unary(
-                    "/pluginregistration.Registration/GetInfo",
-                    request_serializer=lambda m: m.SerializeToString(),
-                    response_deserializer=message_class("pluginregistration.PluginInfo").FromString,
-                )
-                return call(message_class("pluginregistration.InfoRequest")(), timeout=10)
-
-        info = await trio.to_thread.run_sync(get_info)
+        info = await trio.to_thread.run_sync(get_info, socket)
         nursery.cancel_scope.cancel()
     expected = ["v1.DRAPlugin", "v1beta1.DRAPlugin"] + (
         ["v1alpha1.DRAResourceHealth"] if health_service else []
