@@ -84,6 +84,7 @@ from vgpud.nri.cache import (
 )
 from vgpud.nri.envs import env_value
 from vgpud.nri.events import WANTED_EVENTS, event_mask, known_events_mask
+from vgpud.nri.fastcodec import decode_create_container, encode_create_container
 from vgpud.nri.session import NriSessionState, NriStats, SessionState
 from vgpud.nri.sync import SyncBatch, SyncContainer, SyncPod, decode_sync
 from vgpud.nri.ttrpc import Code
@@ -113,6 +114,8 @@ class HookError(Exception):
 Handler = Callable[[Any], Awaitable[betterproto2.Message]]
 #: request bytes -> the message a handler takes; MalformedMessage for bytes that are not one
 Decoder = Callable[[bytes], Any]
+#: a handler's response -> its bytes
+Encoder = Callable[[betterproto2.Message], bytes]
 
 
 def _strict(message_type: type[betterproto2.Message]) -> Decoder:
@@ -148,7 +151,7 @@ class NriHooks:
             "Configure": (_strict(ConfigureRequest), self.configure),
             "Synchronize": (decode_sync, self.synchronize),
             "Shutdown": (_strict(Empty), self.shutdown),
-            "CreateContainer": (_strict(CreateContainerRequest), self.create_container),
+            "CreateContainer": (decode_create_container, self.create_container),
             "UpdateContainer": (_strict(UpdateContainerRequest), self.update_container),
             "StopContainer": (_strict(StopContainerRequest), self.stop_container),
             "RemoveContainer": (_strict(RemoveContainerRequest), self.remove_container),
@@ -157,6 +160,8 @@ class NriHooks:
             "StateChange": (_strict(StateChangeEvent), self.state_change),
             **{name: (_strict(request), _acknowledge(response)) for name, request, response in _NO_OP_EVENTS},
         }
+        #: bare method name -> the encoder of its response, where it is not `bytes` (betterproto2's)
+        self.encoders: dict[str, Encoder] = {"CreateContainer": encode_create_container}  # type: ignore[dict-item]
 
     def begin_session(self) -> trio.Event:
         """A new connection: forget the last session's half-received Synchronize. The returned event
