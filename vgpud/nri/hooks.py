@@ -73,7 +73,7 @@ from vgpud._pb.nri.pkg.api.v1alpha1 import (
     UpdatePodSandboxResponse,
 )
 from vgpud.fsutil import remove_tree
-from vgpud.nri.adjust import adjustment, make_directories
+from vgpud.nri.adjust import adjustment, make_directories_soon
 from vgpud.nri.cache import (
     CacheEntry,
     NotInjected,
@@ -212,16 +212,18 @@ class NriHooks:
         if request.more:
             return SynchronizeResponse(more=True)
         with self._recorder.timed("nri", "Synchronize") as call:
-            entries, not_injected = self._rebuild(session.pods, session.containers)
+            # each container's env is read once: a node reports thousands, most without a claim
+            claimed = [(c, uid) for c in session.containers if (uid := env_value(c.env, ENV_CLAIM_UID))]
+            pods = {pod.id: pod for pod in session.pods}
+            entries, not_injected = self._rebuild(pods, claimed)
             self.cache.replace(entries)
             self.not_injected.replace(not_injected)
             self._warn_not_injected()
-            self.runtime.replace(_runtime_containers(session.pods, session.containers))
+            self.runtime.replace(_runtime_containers(pods, claimed))
             self._last_sync_time = time.time()
             self.stats.sync_reported = len(session.containers)
             self.stats.sync_rebuilt = len(entries)
-            invalid = len([c for c in session.containers if env_value(c.env, ENV_CLAIM_UID)]) - len(entries)
-            invalid -= len(not_injected)
+            invalid = len(claimed) - len(entries) - len(not_injected)
             call.detail = (
                 f"{len(entries)} vGPU containers of {len(session.containers)}, {invalid} not valid here, "
                 f"{len(not_injected)} without their injection"
@@ -232,17 +234,14 @@ class NriHooks:
         return SynchronizeResponse()
 
     def _rebuild(
-        self, pods: list[SyncPod], containers: list[SyncContainer]
+        self, by_id: dict[str, SyncPod], claimed: list[tuple[SyncContainer, str]]
     ) -> tuple[list[tuple[str, CacheEntry]], list[tuple[str, NotInjected]]]:
-        """(cache entries, containers without their injection) of a Synchronize, by container ID."""
-        by_id = {pod.id: pod for pod in pods}
+        """(cache entries, containers without their injection) of a Synchronize, by container ID, from
+        the containers with a claim UID in their env (with it) and the pods by sandbox ID."""
         entries: list[tuple[str, CacheEntry]] = []
         not_injected: list[tuple[str, NotInjected]] = []
         invalid_before = self.stats.sync_invalid
-        for container in containers:
-            claim_uid = env_value(container.env, ENV_CLAIM_UID)
-            if not claim_uid:
-                continue
+        for container, claim_uid in claimed:
             pod = by_id.get(container.pod_sandbox_id)
             reason = ""
             if pod is None:
@@ -331,7 +330,7 @@ class NriHooks:
                         self._refuse(call, verdict, pod, container.name)
                         return CreateContainerResponse()
                     plan = self.assigner.inject(context)
-                    await trio.to_thread.run_sync(make_directories, plan)
+                    await make_directories_soon(plan)
             except (OSError, PidsFileError, ValueError) as err:
                 message = (
                     f"vgpud: cannot set up the vGPU directory of container {container.name} in pod "
@@ -449,14 +448,12 @@ class NriHooks:
 
 
 def _runtime_containers(
-    pods: list[SyncPod], containers: list[SyncContainer]
+    by_id: dict[str, SyncPod], claimed: list[tuple[SyncContainer, str]]
 ) -> Iterable[tuple[str, RuntimeContainer]]:
     """Every container of a Synchronize with a claim UID in its env and a reported pod, by ID."""
-    by_id = {pod.id: pod for pod in pods}
-    for container in containers:
-        claim_uid = env_value(container.env, ENV_CLAIM_UID)
+    for container, claim_uid in claimed:
         pod = by_id.get(container.pod_sandbox_id)
-        if claim_uid and pod is not None:
+        if pod is not None:
             yield container.id, RuntimeContainer(pod.uid, container.name, claim_uid, pod.namespace, pod.name)
 
 
