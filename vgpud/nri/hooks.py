@@ -248,13 +248,11 @@ class NriHooks:
                 reason = f"its pod sandbox {container.pod_sandbox_id} was not reported"
             else:
                 verdict = self._admission.check(claim_uid, pod.namespace, pod.uid)
-                context = ContainerContext(claim_uid, pod.uid, pod.name, pod.namespace, container.name)
                 try:
-                    plan = self.assigner.inject(context)
+                    base = self.assigner.paths(claim_uid, pod.uid, container.name).base
                 except LayoutError as err:
                     reason = str(err)
                 else:
-                    base = plan.paths.base
                     # a pod that joined the claim after Prepare, before the claim watch of this run has
                     # listed: its directory proves an earlier admission (a refused pod never gets one)
                     joined = verdict.verdict is Verdict.NOT_RESERVED and Path(base).is_dir()
@@ -262,10 +260,13 @@ class NriHooks:
                         reason = verdict.reason
                         self._count_invalid(container, reason, invalid_before)
                         continue
-                    # an exited container runs nothing that could register: only live ones are checked
-                    missing = (
-                        () if container.stopped else missing_injection(plan, container.mounts, container.env)
-                    )
+                    # an exited container runs nothing that could register: only live ones are checked,
+                    # against the plan (built only for them: most of the per-container time)
+                    missing: tuple[str, ...] = ()
+                    if not container.stopped:
+                        ctx = ContainerContext(claim_uid, pod.uid, pod.name, pod.namespace, container.name)
+                        plan = self.assigner.inject(ctx)
+                        missing = missing_injection(plan, container.mounts, container.env)
                     if missing:
                         found = NotInjected(
                             pod.uid, container.name, claim_uid, pod.namespace, pod.name, base, missing
