@@ -307,6 +307,8 @@ class NriHooks:
         return Empty()
 
     async def create_container(self, request: CreateContainerRequest) -> CreateContainerResponse:
+        """The session passes upb's message of the same name (`vgpud.nri.fastcodec`): only fields
+        both have are read."""
         pod, container = request.pod or PodSandbox(), request.container or Container()
         claim_uid = env_value(container.env, ENV_CLAIM_UID)
         with self._timed("CreateContainer", pod, container.name, claim_uid) as call:

@@ -7,7 +7,8 @@ it is opened with O_NOFOLLOW and must turn out to be a regular file; a symlink, 
 its place is refused, never followed or opened for I/O. Both operations hold an exclusive flock, the
 library's readers a shared one. The reset takes it with a short budget because Prepare and
 CreateContainer are on the runtime's synchronous path: a wedged holder becomes an error, not a
-stalled node. Blocking: call these from a worker thread.
+stalled node. Blocking: call these from a worker thread (a reset with lock_budget 0 never sleeps: one
+try for the lock, then PidsFileLockTimeout).
 """
 
 from __future__ import annotations
