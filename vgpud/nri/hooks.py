@@ -288,8 +288,9 @@ class NriHooks:
 
     def _warn_not_injected(self) -> None:
         """One WARNING line per container found without its injection (once, not per Synchronize)."""
-        current = {cid for cid, _ in self.not_injected.items()}
-        for cid, found in self.not_injected.items():
+        found_now = self.not_injected.items()  # sorted: one sort, not one per use
+        current = {cid for cid, _ in found_now}
+        for cid, found in found_now:
             if cid not in self._warned_not_injected:
                 log.warning(
                     "NRI: container %s (%s) of pod %s/%s runs without its vGPU injection (missing %s): it "
