@@ -8,13 +8,18 @@ at 32 a call's time includes its wait), the time to Synchronize 10,000 container
 synchronized. The ratio column is the figure. Builds the harness on first use (Go >= 1.24 and the Go
 module proxy on a cold cache).
 
-    .venv/bin/python bench/nri_latency.py [--calls N] [--nri v0.12|v0.6.1] [--verbose]
+    .venv/bin/python bench/nri_latency.py [--calls N] [--nri v0.12|v0.6.1] [--verbose] [--profile OUT]
+
+--profile samples the plugin under test with py-spy (a dev dependency) for its whole run and writes
+py-spy's raw format (collapsed stacks with counts) to OUT; the figures then include py-spy's pauses.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import signal
+import subprocess
 import sys
 import tempfile
 from pathlib import Path
@@ -30,6 +35,7 @@ def main() -> int:
     parser.add_argument("--nri", choices=list(gobuild.VARIANTS), default="v0.12", help="runtime NRI version")
     parser.add_argument("--plugin-cmd", help="the plugin under test as a JSON array (default: vgpud's)")
     parser.add_argument("--verbose", action="store_true", help="stream the runtime's and plugins' logs")
+    parser.add_argument("--profile", type=Path, help="py-spy raw profile of the plugin under test, here")
     args = parser.parse_args()
 
     if not gobuild.go_usable():
@@ -46,6 +52,8 @@ def main() -> int:
         print(err, file=sys.stderr)
         return 1
     label = "plugin under test" if args.plugin_cmd else "vgpud (Python)"
+    if args.profile is not None:
+        plugin_cmd = [sys.executable, __file__, PROFILED, str(args.profile.resolve()), "--", *plugin_cmd]
     bench_args = ["-test.run", "^TestBench$", "-test.timeout", "3000s", "-vgpud.bench"]
     bench_args += [f"-vgpud.bench-calls={args.calls}", f"-vgpud.bench-label={label}"]
     with tempfile.TemporaryFile("w+") as log:
@@ -65,5 +73,26 @@ def main() -> int:
     return 0 if result.returncode == 0 else 1
 
 
+PROFILED = "--run-profiled"
+PY_SPY = Path(sys.executable).with_name("py-spy")
+
+
+def run_profiled(out: str, cmd: list[str]) -> int:
+    """Run `cmd` (the harness adds its arguments) under py-spy attached by PID, so the plugin still
+    gets the harness's SIGTERM itself and exits with its own status; py-spy writes `out` when it ends."""
+    plugin = subprocess.Popen(cmd)
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(signum, lambda sig, _frame: plugin.send_signal(sig))
+    spy = subprocess.Popen(
+        [str(PY_SPY), "record", "--pid", str(plugin.pid), "--rate", "250", "--format", "raw", "-o", out],
+        stdout=subprocess.DEVNULL,
+    )
+    status = plugin.wait()
+    spy.wait()
+    return status
+
+
 if __name__ == "__main__":
+    if sys.argv[1:2] == [PROFILED]:
+        sys.exit(run_profiled(sys.argv[2], sys.argv[4:]))
     sys.exit(main())

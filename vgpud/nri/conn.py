@@ -162,7 +162,8 @@ class NriSession:
         except Exception as err:  # a bug must not take the session down; the runtime sees UNKNOWN
             log.exception("NRI: %s failed", request.method)
             return self._server.fail(request.stream_id, ttrpc.Code.UNKNOWN, f"{request.method}: {err!r}")
-        return self._server.respond(request.stream_id, bytes(response))
+        encode = self._hooks.encoders.get(request.method, bytes)
+        return self._server.respond(request.stream_id, encode(response))
 
 
 def _why_ended(exc: BaseException) -> str:

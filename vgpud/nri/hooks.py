@@ -73,7 +73,7 @@ from vgpud._pb.nri.pkg.api.v1alpha1 import (
     UpdatePodSandboxResponse,
 )
 from vgpud.fsutil import remove_tree
-from vgpud.nri.adjust import adjustment, make_directories
+from vgpud.nri.adjust import adjustment, make_directories_soon
 from vgpud.nri.cache import (
     CacheEntry,
     NotInjected,
@@ -84,6 +84,7 @@ from vgpud.nri.cache import (
 )
 from vgpud.nri.envs import env_value
 from vgpud.nri.events import WANTED_EVENTS, event_mask, known_events_mask
+from vgpud.nri.fastcodec import decode_create_container, encode_create_container
 from vgpud.nri.session import NriSessionState, NriStats, SessionState
 from vgpud.nri.sync import SyncBatch, SyncContainer, SyncPod, decode_sync
 from vgpud.nri.ttrpc import Code
@@ -113,6 +114,8 @@ class HookError(Exception):
 Handler = Callable[[Any], Awaitable[betterproto2.Message]]
 #: request bytes -> the message a handler takes; MalformedMessage for bytes that are not one
 Decoder = Callable[[bytes], Any]
+#: a handler's response -> its bytes
+Encoder = Callable[[betterproto2.Message], bytes]
 
 
 def _strict(message_type: type[betterproto2.Message]) -> Decoder:
@@ -148,7 +151,7 @@ class NriHooks:
             "Configure": (_strict(ConfigureRequest), self.configure),
             "Synchronize": (decode_sync, self.synchronize),
             "Shutdown": (_strict(Empty), self.shutdown),
-            "CreateContainer": (_strict(CreateContainerRequest), self.create_container),
+            "CreateContainer": (decode_create_container, self.create_container),
             "UpdateContainer": (_strict(UpdateContainerRequest), self.update_container),
             "StopContainer": (_strict(StopContainerRequest), self.stop_container),
             "RemoveContainer": (_strict(RemoveContainerRequest), self.remove_container),
@@ -157,6 +160,8 @@ class NriHooks:
             "StateChange": (_strict(StateChangeEvent), self.state_change),
             **{name: (_strict(request), _acknowledge(response)) for name, request, response in _NO_OP_EVENTS},
         }
+        #: bare method name -> the encoder of its response, where it is not `bytes` (betterproto2's)
+        self.encoders: dict[str, Encoder] = {"CreateContainer": encode_create_container}  # type: ignore[dict-item]
 
     def begin_session(self) -> trio.Event:
         """A new connection: forget the last session's half-received Synchronize. The returned event
@@ -207,16 +212,18 @@ class NriHooks:
         if request.more:
             return SynchronizeResponse(more=True)
         with self._recorder.timed("nri", "Synchronize") as call:
-            entries, not_injected = self._rebuild(session.pods, session.containers)
+            # each container's env is read once: a node reports thousands, most without a claim
+            claimed = [(c, uid) for c in session.containers if (uid := env_value(c.env, ENV_CLAIM_UID))]
+            pods = {pod.id: pod for pod in session.pods}
+            entries, not_injected = self._rebuild(pods, claimed)
             self.cache.replace(entries)
             self.not_injected.replace(not_injected)
             self._warn_not_injected()
-            self.runtime.replace(_runtime_containers(session.pods, session.containers))
+            self.runtime.replace(_runtime_containers(pods, claimed))
             self._last_sync_time = time.time()
             self.stats.sync_reported = len(session.containers)
             self.stats.sync_rebuilt = len(entries)
-            invalid = len([c for c in session.containers if env_value(c.env, ENV_CLAIM_UID)]) - len(entries)
-            invalid -= len(not_injected)
+            invalid = len(claimed) - len(entries) - len(not_injected)
             call.detail = (
                 f"{len(entries)} vGPU containers of {len(session.containers)}, {invalid} not valid here, "
                 f"{len(not_injected)} without their injection"
@@ -227,30 +234,25 @@ class NriHooks:
         return SynchronizeResponse()
 
     def _rebuild(
-        self, pods: list[SyncPod], containers: list[SyncContainer]
+        self, by_id: dict[str, SyncPod], claimed: list[tuple[SyncContainer, str]]
     ) -> tuple[list[tuple[str, CacheEntry]], list[tuple[str, NotInjected]]]:
-        """(cache entries, containers without their injection) of a Synchronize, by container ID."""
-        by_id = {pod.id: pod for pod in pods}
+        """(cache entries, containers without their injection) of a Synchronize, by container ID, from
+        the containers with a claim UID in their env (with it) and the pods by sandbox ID."""
         entries: list[tuple[str, CacheEntry]] = []
         not_injected: list[tuple[str, NotInjected]] = []
         invalid_before = self.stats.sync_invalid
-        for container in containers:
-            claim_uid = env_value(container.env, ENV_CLAIM_UID)
-            if not claim_uid:
-                continue
+        for container, claim_uid in claimed:
             pod = by_id.get(container.pod_sandbox_id)
             reason = ""
             if pod is None:
                 reason = f"its pod sandbox {container.pod_sandbox_id} was not reported"
             else:
                 verdict = self._admission.check(claim_uid, pod.namespace, pod.uid)
-                context = ContainerContext(claim_uid, pod.uid, pod.name, pod.namespace, container.name)
                 try:
-                    plan = self.assigner.inject(context)
+                    base = self.assigner.paths(claim_uid, pod.uid, container.name).base
                 except LayoutError as err:
                     reason = str(err)
                 else:
-                    base = plan.paths.base
                     # a pod that joined the claim after Prepare, before the claim watch of this run has
                     # listed: its directory proves an earlier admission (a refused pod never gets one)
                     joined = verdict.verdict is Verdict.NOT_RESERVED and Path(base).is_dir()
@@ -258,10 +260,13 @@ class NriHooks:
                         reason = verdict.reason
                         self._count_invalid(container, reason, invalid_before)
                         continue
-                    # an exited container runs nothing that could register: only live ones are checked
-                    missing = (
-                        () if container.stopped else missing_injection(plan, container.mounts, container.env)
-                    )
+                    # an exited container runs nothing that could register: only live ones are checked,
+                    # against the plan (built only for them: most of the per-container time)
+                    missing: tuple[str, ...] = ()
+                    if not container.stopped:
+                        ctx = ContainerContext(claim_uid, pod.uid, pod.name, pod.namespace, container.name)
+                        plan = self.assigner.inject(ctx)
+                        missing = missing_injection(plan, container.mounts, container.env)
                     if missing:
                         found = NotInjected(
                             pod.uid, container.name, claim_uid, pod.namespace, pod.name, base, missing
@@ -283,8 +288,9 @@ class NriHooks:
 
     def _warn_not_injected(self) -> None:
         """One WARNING line per container found without its injection (once, not per Synchronize)."""
-        current = {cid for cid, _ in self.not_injected.items()}
-        for cid, found in self.not_injected.items():
+        found_now = self.not_injected.items()  # sorted: one sort, not one per use
+        current = {cid for cid, _ in found_now}
+        for cid, found in found_now:
             if cid not in self._warned_not_injected:
                 log.warning(
                     "NRI: container %s (%s) of pod %s/%s runs without its vGPU injection (missing %s): it "
@@ -302,6 +308,8 @@ class NriHooks:
         return Empty()
 
     async def create_container(self, request: CreateContainerRequest) -> CreateContainerResponse:
+        """The session passes upb's message of the same name (`vgpud.nri.fastcodec`): only fields
+        both have are read."""
         pod, container = request.pod or PodSandbox(), request.container or Container()
         claim_uid = env_value(container.env, ENV_CLAIM_UID)
         with self._timed("CreateContainer", pod, container.name, claim_uid) as call:
@@ -326,7 +334,7 @@ class NriHooks:
                         self._refuse(call, verdict, pod, container.name)
                         return CreateContainerResponse()
                     plan = self.assigner.inject(context)
-                    await trio.to_thread.run_sync(make_directories, plan)
+                    await make_directories_soon(plan)
             except (OSError, PidsFileError, ValueError) as err:
                 message = (
                     f"vgpud: cannot set up the vGPU directory of container {container.name} in pod "
@@ -444,14 +452,12 @@ class NriHooks:
 
 
 def _runtime_containers(
-    pods: list[SyncPod], containers: list[SyncContainer]
+    by_id: dict[str, SyncPod], claimed: list[tuple[SyncContainer, str]]
 ) -> Iterable[tuple[str, RuntimeContainer]]:
     """Every container of a Synchronize with a claim UID in its env and a reported pod, by ID."""
-    by_id = {pod.id: pod for pod in pods}
-    for container in containers:
-        claim_uid = env_value(container.env, ENV_CLAIM_UID)
+    for container, claim_uid in claimed:
         pod = by_id.get(container.pod_sandbox_id)
-        if claim_uid and pod is not None:
+        if pod is not None:
             yield container.id, RuntimeContainer(pod.uid, container.name, claim_uid, pod.namespace, pod.name)
 
 

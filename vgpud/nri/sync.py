@@ -60,18 +60,21 @@ def decode_sync(data: bytes) -> SyncBatch:
         request = nri_api_pb2.SynchronizeRequest.FromString(data)  # type: ignore[attr-defined]
     except DecodeError as err:
         raise MalformedMessage("SynchronizeRequest", str(err) or "malformed", 0, len(data)) from None
-    return SyncBatch(
-        pods=tuple(SyncPod(p.id, p.uid, p.name, p.namespace) for p in request.pods),
-        containers=tuple(
+    containers = []
+    for c in request.containers:  # one pass, no generator per container: a node reports thousands
+        mounts = c.mounts
+        containers.append(
             SyncContainer(
                 c.id,
                 c.pod_sandbox_id,
                 c.name,
                 tuple(c.env),
-                tuple((m.destination, m.source) for m in c.mounts),
+                tuple([(m.destination, m.source) for m in mounts]) if mounts else (),
                 c.state,
             )
-            for c in request.containers
-        ),
+        )
+    return SyncBatch(
+        pods=tuple([SyncPod(p.id, p.uid, p.name, p.namespace) for p in request.pods]),
+        containers=tuple(containers),
         more=request.more,
     )

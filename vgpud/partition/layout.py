@@ -9,6 +9,7 @@ when vgpud itself runs in a container that mounts the host's manager dir somewhe
 
 from __future__ import annotations
 
+import functools
 import os
 import re
 from dataclasses import dataclass
@@ -164,8 +165,8 @@ class PartitionPaths:
 
     base: PurePosixPath
 
-    @property
-    def config(self) -> PurePosixPath:
+    @functools.cached_property
+    def config(self) -> PurePosixPath:  # cached: the mounts, the pids file and the target all use it
         return self.base / CONFIG_DIR
 
     @property
@@ -212,15 +213,21 @@ class Layout:
     def host(self, path: PurePosixPath) -> PurePosixPath:
         """The same path as the container runtime sees it (the source of a bind mount)."""
         assert self.host_root is not None
+        if self._same_root and _under(str(path), str(self.root)):
+            return path  # the usual case, without pathlib's parsing (a Synchronize maps 5 per container)
         return self.host_root / path.relative_to(self.root)
 
-    @property
+    @functools.cached_property
+    def _same_root(self) -> bool:
+        return self.host_root == self.root
+
+    @functools.cached_property
     def claims_dir(self) -> PurePosixPath:
         return self.root / CLAIMS_DIR
 
     def claim_dir(self, claim_uid: str) -> PurePosixPath:
         """`claims/<claimUID>`: removed as a whole at Unprepare (the backstop, seed §12.10)."""
-        return self.claims_dir / check_token(claim_uid, "claim UID")
+        return _child(self.claims_dir, check_token(claim_uid, "claim UID"))
 
     def partition(self, claim_uid: str, key: str) -> PartitionPaths:
         """Eager: `claims/<claimUID>/<partitionKey>`."""
@@ -253,6 +260,17 @@ class Layout:
     def control_library(self, version: str) -> PurePosixPath:
         """`libvgpu-control.so.<version>`: versioned on the host so an upgrade never swaps a live file."""
         return self.root / f"{CONTROL_LIBRARY}.{check_token(version, 'library version')}"
+
+
+@functools.lru_cache(maxsize=4096)
+def _child(parent: PurePosixPath, name: str) -> PurePosixPath:
+    """`parent / name`, remembered: a node has few claims, and every container of one joins the same."""
+    return parent / name
+
+
+def _under(path: str, root: str) -> bool:
+    """`path` is `root` or below it (both absolute and normalised, as PurePosixPath gives them)."""
+    return path == root or path.startswith(root if root == "/" else root + "/")
 
 
 def partition_mounts(layout: Layout, paths: PartitionPaths) -> tuple[Mount, ...]:

@@ -7,7 +7,8 @@ it is opened with O_NOFOLLOW and must turn out to be a regular file; a symlink, 
 its place is refused, never followed or opened for I/O. Both operations hold an exclusive flock, the
 library's readers a shared one. The reset takes it with a short budget because Prepare and
 CreateContainer are on the runtime's synchronous path: a wedged holder becomes an error, not a
-stalled node. Blocking: call these from a worker thread.
+stalled node. Blocking: call these from a worker thread (a reset with lock_budget 0 never sleeps: one
+try for the lock, then PidsFileLockTimeout).
 """
 
 from __future__ import annotations
@@ -40,6 +41,11 @@ class PidsFileLockTimeout(PidsFileError):
 
 
 def _open(path: Path, verb: str) -> int:
+    return _open_stat(path, verb)[0]
+
+
+def _open_stat(path: Path, verb: str) -> tuple[int, os.stat_result]:
+    """The file opened for writing, never through a symlink, and its stat; a regular file only."""
     flags = os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK
     try:
         fd = os.open(path, flags, PIDS_FILE_MODE)
@@ -51,10 +57,11 @@ def _open(path: Path, verb: str) -> int:
         else:
             reason = err.strerror or str(err)
         raise PidsFileError(err.errno, f"cannot {verb} {path}: {reason}") from None
-    if not stat.S_ISREG(os.fstat(fd).st_mode):
+    st = os.fstat(fd)
+    if not stat.S_ISREG(st.st_mode):
         os.close(fd)
         raise PidsFileError(errno.EINVAL, f"cannot {verb} {path}: it is not a regular file")
-    return fd
+    return fd, st
 
 
 def _lock(fd: int, path: Path, budget: float, verb: str) -> None:
@@ -78,12 +85,15 @@ def _lock(fd: int, path: Path, budget: float, verb: str) -> None:
 def reset_pids_file(config_dir: str | os.PathLike[str], *, lock_budget: float = LOCK_BUDGET) -> Path:
     """Create `<config_dir>/pids.config` (mode 0644) or empty it in place; return its path."""
     path = Path(config_dir) / PIDS_FILE
-    fd = _open(path, "reset")
+    fd, st = _open_stat(path, "reset")
     try:
         _lock(fd, path, lock_budget, "reset")
-        # normalise a mode an older release or the umask left behind, then empty it in place
-        os.fchmod(fd, PIDS_FILE_MODE)
-        os.ftruncate(fd, 0)
+        # normalise a mode an older release or the umask left behind, then empty it in place; a new
+        # file (every new container's) is already both, and each metadata write costs a journal entry
+        if stat.S_IMODE(st.st_mode) != PIDS_FILE_MODE:
+            os.fchmod(fd, PIDS_FILE_MODE)
+        if os.fstat(fd).st_size:  # under the lock: a writer may have filled it since the open
+            os.ftruncate(fd, 0)
     finally:
         os.close(fd)  # also releases the lock
     return path

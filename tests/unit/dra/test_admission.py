@@ -3,7 +3,6 @@ Unprepare (bug 8) and per-claim modes (bug 2). Real files in a temp dir, the in-
 
 from __future__ import annotations
 
-import threading
 from pathlib import Path
 
 import pytest
@@ -19,6 +18,7 @@ from vgpud.dra.claimwatch import ClaimWatch
 from vgpud.nri import hooks as hooks_module
 from vgpud.nri.hooks import NriHooks
 from vgpud.nri.sync import SyncBatch, decode_sync
+from vgpud.partition.assigner import InjectionPlan
 from vgpud.partition.lazy import LazyAssigner
 from vgpud.recorder import Outcome
 
@@ -139,15 +139,15 @@ async def test_unprepare_waits_for_a_create_container_already_admitted(
 ) -> None:
     await prepared(h)
     hooks = nri(h)
-    entered, release = threading.Event(), threading.Event()
-    real = hooks_module.make_directories
+    entered, release = trio.Event(), trio.Event()
+    real = hooks_module.make_directories_soon
 
-    def held_mkdir(plan: object) -> None:  # the window, widened: held until the test lets go
+    async def held_mkdir(plan: InjectionPlan) -> None:  # the window, widened: held until the test lets go
         entered.set()
-        assert release.wait(10)
-        real(plan)
+        await release.wait()
+        await real(plan)
 
-    monkeypatch.setattr(hooks_module, "make_directories", held_mkdir)
+    monkeypatch.setattr(hooks_module, "make_directories_soon", held_mkdir)
     done: dict[str, object] = {}
 
     async def create() -> None:
@@ -158,7 +158,7 @@ async def test_unprepare_waits_for_a_create_container_already_admitted(
 
     async with trio.open_nursery() as nursery:
         nursery.start_soon(create)
-        await trio.to_thread.run_sync(entered.wait)  # admitted, making the directory
+        await entered.wait()  # admitted, making the directory
         nursery.start_soon(unprepare)
         # the Unprepare either finished (the race lost) or waits for the claim's guard
         # a lock's waiters have no event to wait on: poll the condition itself

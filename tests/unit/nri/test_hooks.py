@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import fcntl
+import os
 from pathlib import Path
 
 import pytest
+import trio
+import trio.testing
 
 from tests.admission import StaticAdmission
 from tests.unit.nri.fakeruntime import injected
@@ -144,6 +148,45 @@ async def test_a_symlinked_pids_file_is_refused(hooks: NriHooks) -> None:
     (base / "config" / "pids.config").symlink_to("/etc/passwd")
     with pytest.raises(HookError):
         await hooks.create_container(CreateContainerRequest(pod=pod(), container=container()))
+
+
+def hold_pids_lock(hooks: NriHooks) -> int:
+    """Another holder of the container's pids.config lock (the registry, a library reader)."""
+    config = container_dir(hooks) / "config"
+    config.mkdir(parents=True)
+    fd = os.open(config / "pids.config", os.O_WRONLY | os.O_CREAT, 0o644)
+    fcntl.flock(fd, fcntl.LOCK_EX)
+    return fd
+
+
+async def test_a_held_pids_lock_is_waited_for_off_the_trio_thread(hooks: NriHooks) -> None:
+    fd = hold_pids_lock(hooks)
+    replies = []
+
+    async def create() -> None:
+        replies.append(await hooks.create_container(CreateContainerRequest(pod=pod(), container=container())))
+
+    try:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(create)
+            await trio.testing.wait_all_tasks_blocked()  # the hook waits for its worker thread
+            os.close(fd)  # the holder lets go within the budget
+            fd = -1
+    finally:
+        if fd >= 0:
+            os.close(fd)
+    assert replies[0].adjust is not None and len(hooks.cache) == 1
+
+
+async def test_a_pids_lock_held_past_the_budget_fails_creation(hooks: NriHooks) -> None:
+    fd = hold_pids_lock(hooks)
+    try:
+        with pytest.raises(HookError) as info:
+            await hooks.create_container(CreateContainerRequest(pod=pod(), container=container()))
+    finally:
+        os.close(fd)
+    assert info.value.code == Code.FAILED_PRECONDITION
+    assert "gave up after 50 ms" in str(info.value)
 
 
 async def test_split_synchronize_rebuilds_the_cache_once_complete(hooks: NriHooks) -> None:

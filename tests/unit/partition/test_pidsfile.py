@@ -36,6 +36,19 @@ def test_truncates_in_place_keeping_the_inode(tmp_path: Path) -> None:
     assert stat.S_IMODE(path.stat().st_mode) == 0o644 and path.read_bytes() == b""
 
 
+def test_an_empty_file_of_the_right_mode_gets_no_metadata_write(tmp_path: Path) -> None:
+    path = reset_pids_file(tmp_path)
+    os.utime(path, ns=(1_000_000_000, 1_000_000_000))  # a past mtime a write would move
+    before = path.stat()
+    reset_pids_file(tmp_path)
+    after = path.stat()
+    assert (after.st_mtime_ns, after.st_ctime_ns, after.st_ino) == (
+        before.st_mtime_ns,
+        before.st_ctime_ns,
+        before.st_ino,
+    )
+
+
 def test_a_symlink_is_refused_and_its_target_untouched(tmp_path: Path) -> None:
     target = tmp_path / "elsewhere"
     target.write_text("precious\n")
