@@ -12,6 +12,7 @@ from pathlib import Path
 import trio
 
 from tests.draharness import Harness
+from vgpud.kube.informer import claim_informer, pod_informer
 from vgpud.nri.hooks import NriHooks
 from vgpud.observe.app import ObserveApp
 from vgpud.observe.drift import DriftChecker
@@ -70,7 +71,8 @@ def make_node(
             assigner=h.driver.ctx.assigner,
             nri_cache=None,
             claims=h.driver.index,
-            kube=h.kube,
+            pods=pod_informer(h.kube, "node-a"),
+            claim_objects=claim_informer(h.kube),
             recorder=h.recorder,
             driver_name=h.driver.driver,
             proc_root=root / "proc",

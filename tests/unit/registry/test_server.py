@@ -12,7 +12,7 @@ import subprocess
 import sys
 import textwrap
 import urllib.parse
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 
 import grpc
@@ -79,8 +79,11 @@ async def eventually(condition: Callable[[], bool]) -> None:
 
 
 @pytest.fixture
-def world(short_tmp: Path) -> World:
-    return World(short_tmp)
+async def world(short_tmp: Path) -> AsyncIterator[World]:
+    """A node with its pod and claim caches running for the whole test."""
+    node = World(short_tmp)
+    async with node.caches():
+        yield node
 
 
 async def test_a_container_registers_and_gets_its_pids(world: World) -> None:
