@@ -200,8 +200,15 @@ class RegistryService(VDeviceRegistryBase):
             del self._consumed[next(iter(self._consumed))]
 
     async def _write(self, resolved: Resolved) -> None:
+        """On the Trio thread first: with the lock free, the write is a few syscalls on a local file,
+        like the identity reads, and a worker-thread hop would cost far more (256 concurrent calls
+        queue for threads). Only a lock that another writer holds is waited for, in a worker thread."""
+        directory = Path(resolved.target.config_dir)
         try:
-            await trio.to_thread.run_sync(write_pids_file, Path(resolved.target.config_dir), resolved.pids)
+            try:
+                write_pids_file(directory, resolved.pids, lock_budget=0)
+            except PidsFileLockTimeout:
+                await trio.to_thread.run_sync(write_pids_file, directory, resolved.pids)
         except PidsFileLockTimeout as err:
             raise WriteBusy(str(err)) from None
         except (PidsFileError, OSError, ValueError) as err:
