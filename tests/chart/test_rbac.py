@@ -35,8 +35,8 @@ NODE_CALLS: dict[str, set[Right]] = {
     "get_resource_claim": {(RESOURCE, CLAIMS, "get")},
     "patch_resource_claim_annotations": {(RESOURCE, CLAIMS, "patch")},  # merge patch
     "get_pod": {("", "pods", "get")},
-    "list_pods": {("", "pods", "list")},
-    "watch_pods": {("", "pods", "watch")},
+    "list_node_pods": {("", "pods", "list")},
+    "watch_node_pods": {("", "pods", "watch")},
     "get_node": {("", "nodes", "get")},
     "list_resource_slices": {(RESOURCE, SLICES, "list")},
     # server-side apply: patch, and create when the slice does not exist yet (the server checks both)
@@ -235,11 +235,11 @@ async def test_the_node_daemon_can_make_every_call_as_its_service_account(chart:
         called.add("list_resource_claims")
         async with kube.watch_resource_claims(resource_version=claims.resource_version):
             called.add("watch_resource_claims")  # entering means the server accepted the watch
-        pods = await kube.list_pods(node_name=chart.node_name)
+        pods = await kube.list_node_pods(node_name=chart.node_name)
         assert [p["metadata"]["name"] for p in pods.items] == ["p1"]
-        called.add("list_pods")
-        async with kube.watch_pods(node_name=chart.node_name, resource_version=pods.resource_version):
-            called.add("watch_pods")
+        called.add("list_node_pods")
+        async with kube.watch_node_pods(node_name=chart.node_name, resource_version=pods.resource_version):
+            called.add("watch_node_pods")
 
         uid = node["metadata"]["uid"]
         with trio.fail_after(30):

@@ -78,11 +78,11 @@ class KubeApi(Protocol):
         """NotFound when the pod does not exist."""
         ...
 
-    async def list_pods(self, *, node_name: str) -> Listing:
+    async def list_node_pods(self, *, node_name: str) -> Listing:
         """The pods bound to this node (field selector spec.nodeName), every namespace."""
         ...
 
-    def watch_pods(
+    def watch_node_pods(
         self, *, node_name: str, resource_version: str
     ) -> AbstractAsyncContextManager[AsyncIterator[WatchEvent]]:
         """Changes to this node's pods after `resource_version` (a `Listing`'s); Gone when the server
@@ -120,5 +120,5 @@ class KubeApi(Protocol):
         self, *, resource_version: str
     ) -> AbstractAsyncContextManager[AsyncIterator[WatchEvent]]:
         """Changes to every ResourceClaim after `resource_version`; Gone, ends or raises like
-        `watch_pods`."""
+        `watch_node_pods`."""
         ...

@@ -100,13 +100,13 @@ class KubeClient:
     async def get_pod(self, namespace: str, name: str) -> JsonObject:
         return await self._call(self._core.read_namespaced_pod, name, namespace)
 
-    async def list_pods(self, *, node_name: str) -> Listing:
+    async def list_node_pods(self, *, node_name: str) -> Listing:
         listed = await self._call(
             self._core.list_pod_for_all_namespaces, field_selector=_pod_selector(node_name)
         )
         return _listing(listed, "v1", "Pod")
 
-    def watch_pods(
+    def watch_node_pods(
         self, *, node_name: str, resource_version: str
     ) -> AbstractAsyncContextManager[AsyncIterator[WatchEvent]]:
         return self._watch(self._core.list_pod_for_all_namespaces, _pod_selector(node_name), resource_version)

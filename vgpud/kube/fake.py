@@ -158,15 +158,15 @@ class FakeKube:
         await self._enter("get_pod")
         return copy.deepcopy(_found(self._pods.get((namespace, name)), "pods", name))
 
-    async def list_pods(self, *, node_name: str) -> Listing:
-        await self._enter("list_pods")
+    async def list_node_pods(self, *, node_name: str) -> Listing:
+        await self._enter("list_node_pods")
         matches = _pod_filter(node_name)
         pods = [copy.deepcopy(p) for _, p in sorted(self._pods.items()) if matches(p)]
         return Listing(pods, str(self._version))
 
     @asynccontextmanager
-    async def watch_pods(self, *, node_name: str, resource_version: str) -> AsyncIterator[ChannelEvents]:
-        await self._enter("watch_pods")
+    async def watch_node_pods(self, *, node_name: str, resource_version: str) -> AsyncIterator[ChannelEvents]:
+        await self._enter("watch_node_pods")
         async with self._watch("Pod", _pod_filter(node_name), resource_version) as events:
             yield events
 

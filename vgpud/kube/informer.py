@@ -196,12 +196,12 @@ def pod_informer(kube: KubeApi, node_name: str, **kwargs: Any) -> Informer:
     """The pods bound to `node_name`."""
 
     def watch(version: str) -> AbstractAsyncContextManager[AsyncIterator[WatchEvent]]:
-        return kube.watch_pods(node_name=node_name, resource_version=version)
+        return kube.watch_node_pods(node_name=node_name, resource_version=version)
 
-    async def list_pods() -> Listing:
-        return await kube.list_pods(node_name=node_name)
+    async def list_node_pods() -> Listing:
+        return await kube.list_node_pods(node_name=node_name)
 
-    return Informer("pod", list_pods, watch, **kwargs)
+    return Informer("pod", list_node_pods, watch, **kwargs)
 
 
 def claim_informer(kube: KubeApi, **kwargs: Any) -> Informer:

@@ -73,7 +73,7 @@ async def test_lists_then_watches_this_nodes_pods(autojump: trio.testing.MockClo
         assert informer.by_uid(b["metadata"]["uid"]) == b
         assert informer.get(o.NAMESPACE, "b") == b and informer.get(o.NAMESPACE, "a") is None
         assert seen.changes == [(None, "a"), (None, "b"), ("a", "a"), ("a", None)]
-        assert kube.calls == {"list_pods": 1, "watch_pods": 1}
+        assert kube.calls == {"list_node_pods": 1, "watch_node_pods": 1}
         nursery.cancel_scope.cancel()
 
 
@@ -81,12 +81,12 @@ async def test_a_change_between_the_list_and_the_watch_is_not_lost(autojump: tri
     kube = FakeKube()
 
     async def list_then_someone_writes() -> Listing:
-        listing = await kube.list_pods(node_name=NODE)
+        listing = await kube.list_node_pods(node_name=NODE)
         kube.add_pod(pod("late"))  # after the list's version, before the watch opens
         return listing
 
     def watch(version: str) -> AbstractAsyncContextManager[AsyncIterator[WatchEvent]]:
-        return kube.watch_pods(node_name=NODE, resource_version=version)
+        return kube.watch_node_pods(node_name=NODE, resource_version=version)
 
     informer = Informer("pod", list_then_someone_writes, watch)
     async with trio.open_nursery() as nursery:
@@ -108,7 +108,7 @@ async def test_an_ended_watch_is_reopened_from_the_last_version_without_a_list(
         await trio.sleep(1.0)  # the minimum interval between two watch starts
         await settle()
         assert names(informer) == ["while-away"]
-        assert kube.calls == {"list_pods": 1, "watch_pods": 2}
+        assert kube.calls == {"list_node_pods": 1, "watch_node_pods": 2}
         nursery.cancel_scope.cancel()
 
 
@@ -129,13 +129,16 @@ async def test_410_gone_lists_again_and_the_list_is_the_truth(autojump: trio.tes
         await trio.sleep(1.0)
         await settle()
         assert names(informer) == ["new", "stays"]
-        assert kube.calls == {"list_pods": 2, "watch_pods": 3}  # list, watch, watch (Gone), list, watch
+        assert kube.calls == {
+            "list_node_pods": 2,
+            "watch_node_pods": 3,
+        }  # list, watch, watch (Gone), list, watch
         assert listed == [["goes", "stays"], ["new", "stays"]]
         # the relist told the handlers what changed, the deletion too, and nothing about "stays"
         assert seen.changes[2:] == [("goes", None), (None, "new")]
         nursery.cancel_scope.cancel()
     with pytest.raises(Gone):  # what the informer got: the server's ERROR event on an accepted watch
-        async with kube.watch_pods(node_name=NODE, resource_version="1") as events:
+        async with kube.watch_node_pods(node_name=NODE, resource_version="1") as events:
             await anext(events)
 
 
@@ -145,24 +148,24 @@ async def test_an_error_is_retried_with_the_supervisors_backoff_from_the_last_ve
     kube = FakeKube()
     informer = pod_informer(kube, NODE)
     opened: list[float] = []
-    watch_pods = kube.watch_pods
+    watch_node_pods = kube.watch_node_pods
 
     def timed_watch(**kwargs: Any) -> AbstractAsyncContextManager[AsyncIterator[WatchEvent]]:
         opened.append(trio.current_time())
-        return watch_pods(**kwargs)
+        return watch_node_pods(**kwargs)
 
-    kube.watch_pods = timed_watch  # type: ignore[method-assign]
+    kube.watch_node_pods = timed_watch  # type: ignore[method-assign]
     async with Supervisor() as supervisor:
         supervisor.supervise("pod-cache", informer.run, Restart(Backoff(initial=1, factor=2, cap=30)))
         await settle()
-        kube.fail_next("watch_pods", KubeError("connection refused"))
-        kube.fail_next("watch_pods", KubeError("connection refused"))
+        kube.fail_next("watch_node_pods", KubeError("connection refused"))
+        kube.fail_next("watch_node_pods", KubeError("connection refused"))
         kube.end_watches(KubeError("stream reset"))  # at t=0: the session fails
         kube.add_pod(pod("while-down"))
         await trio.sleep(10)
         assert opened == [0.0, 1.0, 3.0, 7.0]  # then after 1 s (refused), 2 s (refused), 4 s
         assert names(informer) == ["while-down"]
-        assert kube.calls["list_pods"] == 1  # the retries watched from the last version
+        assert kube.calls["list_node_pods"] == 1  # the retries watched from the last version
         assert supervisor.health.get("pod-cache").state == "healthy"
         supervisor.cancel()
 
@@ -173,9 +176,9 @@ async def test_a_resync_lists_again(autojump: trio.testing.MockClock) -> None:
     async with trio.open_nursery() as nursery:
         await nursery.start(run_cache, informer)
         await trio.sleep(599)
-        assert kube.calls == {"list_pods": 1, "watch_pods": 1}
+        assert kube.calls == {"list_node_pods": 1, "watch_node_pods": 1}
         await trio.sleep(2)
-        assert kube.calls == {"list_pods": 2, "watch_pods": 2}
+        assert kube.calls == {"list_node_pods": 2, "watch_node_pods": 2}
         nursery.cancel_scope.cancel()
 
 

@@ -315,7 +315,7 @@ async def test_the_nodes_pods_are_listed_and_watched_from_the_lists_version(worl
     elsewhere["spec"]["nodeName"] = f"other-{world.tag}"
     await world.seed.pod(elsewhere)
     with trio.fail_after(DEADLINE_S):
-        listing = await world.kube.list_pods(node_name=world.node_name)
+        listing = await world.kube.list_node_pods(node_name=world.node_name)
         assert [(p["metadata"]["uid"], p["kind"]) for p in listing.items] == [
             (first["metadata"]["uid"], "Pod")
         ]
@@ -323,7 +323,7 @@ async def test_the_nodes_pods_are_listed_and_watched_from_the_lists_version(worl
         moved = pod_body(world, "moved")
         moved["spec"]["nodeName"] = f"other-{world.tag}"
         await world.seed.pod(moved)
-        async with world.kube.watch_pods(
+        async with world.kube.watch_node_pods(
             node_name=world.node_name, resource_version=listing.resource_version
         ) as events:
             event = await events.__anext__()
