@@ -209,11 +209,11 @@ def main() -> int:
     parser.add_argument("--containers", type=int, default=256, help="concurrent registrations (default 256)")
     parser.add_argument("--rounds", type=int, default=3)
     args = parser.parse_args()
+    if args.containers < 1 or args.rounds < 1:
+        parser.error("--containers and --rounds must be at least 1")
     print(
         f"registry bench: {os.cpu_count()} CPUs, Python {sys.version.split()[0]}, grpcio {grpc.__version__}"
     )
-    if args.containers < 1 or args.rounds < 1:
-        parser.error("--containers and --rounds must be at least 1")
     reference = one_round(args.containers, reference=True)
     rounds = [one_round(args.containers) for _ in range(args.rounds)]
     for r in rounds:
