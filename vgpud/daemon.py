@@ -35,6 +35,7 @@ from vgpud.grpcserve import serve
 from vgpud.health import HealthService
 from vgpud.kube import KubeApi, KubeError
 from vgpud.kube.client import KubeClient
+from vgpud.kube.informer import Informer, claim_informer, pod_informer
 from vgpud.nodesetup import NodeSetupError, cgroup_v2, prepare_manager_root
 from vgpud.nri.conn import Dialer, Identity, probe, run_session
 from vgpud.nri.hooks import NriHooks
@@ -104,6 +105,8 @@ class Node:
     device_health: HealthBoard
     #: its writer, with NVMLDeviceHealthCheck on and the nvml backend; None otherwise
     health_watch: HealthWatcher | None
+    #: the watch-fed caches of claims and this node's pods
+    caches: Caches
 
     @property
     def watched_health(self) -> HealthBoard | None:
@@ -115,6 +118,23 @@ class Node:
     @property
     def settings(self) -> Settings:
         return self.startup.settings
+
+
+@dataclass(frozen=True)
+class Caches:
+    """The watch-fed caches of API objects, each a supervised component of its own: every claim (the
+    NRI admission's reservations and the registry), this node's pods (the registry)."""
+
+    claims: Informer | None = None
+    pods: Informer | None = None
+
+
+def build_caches(startup: Startup, *, nri: bool, registry: bool) -> Caches:
+    """One claim watch for all its readers; the pod watch only for the registry."""
+    kube = startup.kube
+    claims = claim_informer(kube) if nri or registry else None
+    pods = pod_informer(kube, startup.settings.node_name) if registry else None
+    return Caches(claims, pods)
 
 
 @dataclass
@@ -318,17 +338,25 @@ def build_driver(startup: Startup, assigner: EagerAssigner | LazyAssigner, recor
     )
 
 
+def registry_enabled(settings: Settings) -> bool:
+    """The registry serves the library's client registration (bit 200): only in that mode."""
+    return settings.feature_gates.enabled("DevicePluginClientMode")
+
+
 def build_registry(
     startup: Startup,
     assigner: EagerAssigner | LazyAssigner,
     driver: DraDriver,
     nri: NriHooks | None,
     recorder: Recorder,
+    *,
+    caches: Caches,
 ) -> RegistryServer | None:
     """The registry the library's client registration (bit 200) calls: only in that mode."""
     settings = startup.settings
-    if not settings.feature_gates.enabled("DevicePluginClientMode"):
+    if not registry_enabled(settings):
         return None
+    assert caches.pods is not None and caches.claims is not None
     # claims prepared in the other mode before a restart are resolved in the mode they were prepared in
     other: EagerAssigner | LazyAssigner = (
         EagerAssigner(startup.layout, driver=settings.driver_name, client_mode=True)
@@ -341,7 +369,8 @@ def build_registry(
         other_assigner=other,
         nri_cache=nri.cache if nri is not None else None,
         claims=driver.index,
-        kube=startup.kube,
+        pods=caches.pods,
+        claim_objects=caches.claims,
         recorder=recorder,
         driver_name=settings.driver_name,
         proc_root=settings.proc_root,
@@ -361,7 +390,11 @@ async def _main(startup: Startup) -> None:
             nri = None
             if isinstance(assigner, LazyAssigner):
                 nri = NriHooks(assigner=assigner, admission=driver.index, recorder=recorder)
-            registry = build_registry(startup, assigner, driver, nri, recorder)
+            caches = build_caches(startup, nri=nri is not None, registry=registry_enabled(settings))
+            if nri is not None and caches.claims is not None:
+                # who may join a claim after Prepare; without it only the pods Prepare saw are injected
+                ClaimWatch(caches.claims, driver.index)
+            registry = build_registry(startup, assigner, driver, nri, recorder, caches=caches)
             health = HealthRegistry()
             if startup.nri_fallback:
                 health.register(NRI_COMPONENT, counts_for_health=False)
@@ -394,6 +427,7 @@ async def _main(startup: Startup) -> None:
                     observe,
                     device_health,
                     health_watch,
+                    caches,
                 )
                 _start_components(node)
                 async for signum in signals:
@@ -439,10 +473,11 @@ def _start_components(node: Node) -> None:
         # a watcher that cannot use NVML keeps retrying and shows as failing, but the GPUs stay
         # published: it never makes the node NOT_SERVING (NVIDIA's plugin runs on without its checks)
         supervise(HEALTH_WATCH_COMPONENT, node.health_watch.run, *policies, counts_for_health=False)
+    if node.caches.claims is not None:
+        supervise("claim-cache", node.caches.claims.run, *policies, counts_for_health=False)
+    if node.caches.pods is not None:
+        supervise("pod-cache", node.caches.pods.run, *policies, counts_for_health=False)
     if node.nri is not None:
-        # who may join a claim after Prepare; without it only the pods Prepare saw are injected
-        claims = ClaimWatch(node.startup.kube, node.driver.index)
-        supervise("claim-watch", claims.run, *policies, counts_for_health=False)
         identity = Identity(settings.driver_name, settings.nri_plugin_idx)
         dialer = Dialer(str(settings.nri_socket), node.startup.nri_connection)
         supervise(NRI_COMPONENT, partial(run_session, dialer, node.nri, identity), *policies)

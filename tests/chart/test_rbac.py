@@ -35,6 +35,8 @@ NODE_CALLS: dict[str, set[Right]] = {
     "get_resource_claim": {(RESOURCE, CLAIMS, "get")},
     "patch_resource_claim_annotations": {(RESOURCE, CLAIMS, "patch")},  # merge patch
     "get_pod": {("", "pods", "get")},
+    "list_node_pods": {("", "pods", "list")},
+    "watch_node_pods": {("", "pods", "watch")},
     "get_node": {("", "nodes", "get")},
     "list_resource_slices": {(RESOURCE, SLICES, "list")},
     # server-side apply: patch, and create when the slice does not exist yet (the server checks both)
@@ -42,7 +44,7 @@ NODE_CALLS: dict[str, set[Right]] = {
     "delete_resource_slice": {(RESOURCE, SLICES, "delete")},
     "watch_resource_slices": {(RESOURCE, SLICES, "list"), (RESOURCE, SLICES, "watch")},  # list for the RV
     "list_resource_claims": {(RESOURCE, CLAIMS, "list")},
-    "watch_resource_claims": {(RESOURCE, CLAIMS, "list"), (RESOURCE, CLAIMS, "watch")},
+    "watch_resource_claims": {(RESOURCE, CLAIMS, "watch")},  # from the list's version
 }
 #: the webhook's reads (vgpud.webhook.lookup.Lookup) -> the rights each needs
 WEBHOOK_CALLS: dict[str, set[Right]] = {
@@ -208,7 +210,10 @@ async def test_the_node_daemon_can_make_every_call_as_its_service_account(chart:
     ns, resource = chart.namespace, f"/apis/{RESOURCE_API}/namespaces/{chart.namespace}"
     chart.post("/api/v1/nodes", {"metadata": {"name": chart.node_name}})
     claim = chart.post(f"{resource}/resourceclaims", claim_body("c1"))
-    pod = {"metadata": {"name": "p1"}, "spec": {"containers": [{"name": "c", "image": "busybox"}]}}
+    pod = {
+        "metadata": {"name": "p1"},
+        "spec": {"nodeName": chart.node_name, "containers": [{"name": "c", "image": "busybox"}]},
+    }
     chart.post(f"/api/v1/namespaces/{ns}/pods", pod)
 
     kube = KubeClient(impersonating(chart.server, chart.node_user))
@@ -225,10 +230,16 @@ async def test_the_node_daemon_can_make_every_call_as_its_service_account(chart:
         )
         assert patched["metadata"]["annotations"]["vgpud.test/seen"] == "yes"
         called.add("patch_resource_claim_annotations")
-        assert any(c["metadata"]["name"] == "c1" for c in await kube.list_resource_claims())
+        claims = await kube.list_resource_claims()
+        assert any(c["metadata"]["name"] == "c1" for c in claims.items)
         called.add("list_resource_claims")
-        async with kube.watch_resource_claims():
+        async with kube.watch_resource_claims(resource_version=claims.resource_version):
             called.add("watch_resource_claims")  # entering means the server accepted the watch
+        pods = await kube.list_node_pods(node_name=chart.node_name)
+        assert [p["metadata"]["name"] for p in pods.items] == ["p1"]
+        called.add("list_node_pods")
+        async with kube.watch_node_pods(node_name=chart.node_name, resource_version=pods.resource_version):
+            called.add("watch_node_pods")
 
         uid = node["metadata"]["uid"]
         with trio.fail_after(30):
@@ -251,7 +262,7 @@ async def test_the_node_daemon_can_make_every_call_as_its_service_account(chart:
         # and what it was not granted is refused
         lookup = KubeLookup(impersonating(chart.server, chart.node_user))
         with pytest.raises(KubeError) as refused:
-            await lookup.list_pods(ns)
+            await lookup.get_resource_claim_template(ns, "t1")
         assert refused.value.status == 403
         lookup.close()
     finally:

@@ -1,67 +1,46 @@
-"""Keeps the claim index's reservations current: a watch of the ResourceClaims (all namespaces).
+"""Keeps the claim index's reservations current from the claim cache (a watch of every ResourceClaim).
 
 The NRI plugin injects a container only for a pod its claim is reserved for, and must not ask the
 API on the hook's path. Prepare records the `reservedFor` it saw; a pod that joins a shared claim
-later is not prepared again by the kubelet, so this watch tells the index. Only claims this node has
-prepared are kept (their reserved pod UIDs, nothing else). Each session lists after the watch is
-open (no change falls between), and a prepared claim missing from the list is gone: no pod may join
-it any more. The session ends when the watch does; the caller (the supervisor) starts the next.
+later is not prepared again by the kubelet, so the claim cache's changes tell the index. Only claims
+this node has prepared are kept (their reserved pod UIDs, nothing else). After every complete list,
+a prepared claim missing from the cache is gone: no pod may join it any more. The cache
+(`vgpud.kube.informer`) is the supervised component; it is the same one the registry reads.
 """
 
 from __future__ import annotations
 
-import logging
-from collections.abc import Callable
-from typing import Any
-
-import trio
-
 from vgpud.dra.claimindex import ClaimIndex, reserved_pod_uids
-from vgpud.kube import KubeApi
-from vgpud.kube.api import WatchEventType
-
-log = logging.getLogger("vgpud.dra")
-
-#: at least this long between two watch starts, so a watch that ends at once cannot spin
-WATCH_MIN_INTERVAL = 1.0
+from vgpud.kube import JsonObject
+from vgpud.kube.informer import Informer
 
 
 class ClaimWatch:
-    def __init__(self, kube: KubeApi, index: ClaimIndex) -> None:
-        self._kube = kube
+    """Binds the claim cache's changes to the index (from construction on)."""
+
+    def __init__(self, claims: Informer, index: ClaimIndex) -> None:
+        self._claims = claims
         self._index = index
-        #: complete list-and-watch sessions started (for the debug state and tests)
-        self.sessions = 0
+        claims.handlers.append(self._changed)
+        claims.list_handlers.append(self._listed)
 
-    async def run(self, ready: Callable[[], None]) -> None:
-        """Supervised component: ready after the first list; returns never (raises KubeError)."""
-        first = True
-        while True:
-            started = trio.current_time()
-            async with self._kube.watch_resource_claims() as events:
-                listed = await self._kube.list_resource_claims()
-                seen = set()
-                for obj in listed:
-                    seen.add(self._apply(obj))
-                for uid in self._index.prepared_claim_uids() - seen:
-                    self._index.set_reserved(uid, ())
-                self.sessions += 1
-                if first:
-                    first = False
-                    log.info("claim watch: %d claims listed", len(listed))
-                    ready()
-                async for event in events:
-                    if event.type is WatchEventType.DELETED:
-                        uid = (event.object.get("metadata") or {}).get("uid")
-                        if isinstance(uid, str):
-                            self._index.set_reserved(uid, ())
-                    else:
-                        self._apply(event.object)
-            await trio.sleep_until(started + WATCH_MIN_INTERVAL)
+    def _changed(self, old: JsonObject | None, new: JsonObject | None) -> None:
+        if new is None:
+            assert old is not None
+            self._reserve(old, deleted=True)
+        else:
+            self._reserve(new, deleted=False)
 
-    def _apply(self, obj: dict[str, Any]) -> str:
+    def _listed(self) -> None:
+        """Every prepared claim as the list says (missing: gone), as a watch may have missed one."""
+        for uid in self._index.prepared_claim_uids():
+            obj = self._claims.by_uid(uid)
+            if obj is None:
+                self._index.set_reserved(uid, ())
+            else:
+                self._reserve(obj, deleted=False)
+
+    def _reserve(self, obj: JsonObject, *, deleted: bool) -> None:
         uid = (obj.get("metadata") or {}).get("uid")
-        if not isinstance(uid, str):
-            return ""
-        self._index.set_reserved(uid, reserved_pod_uids(obj.get("status") or {}))
-        return uid
+        if isinstance(uid, str):
+            self._index.set_reserved(uid, () if deleted else reserved_pod_uids(obj.get("status") or {}))

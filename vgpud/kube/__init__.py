@@ -3,9 +3,11 @@
 from vgpud.kube.api import (
     RESOURCE_API,
     Conflict,
+    Gone,
     JsonObject,
     KubeApi,
     KubeError,
+    Listing,
     NotFound,
     WatchEvent,
     WatchEventType,
@@ -14,9 +16,11 @@ from vgpud.kube.api import (
 __all__ = [
     "RESOURCE_API",
     "Conflict",
+    "Gone",
     "JsonObject",
     "KubeApi",
     "KubeError",
+    "Listing",
     "NotFound",
     "WatchEvent",
     "WatchEventType",

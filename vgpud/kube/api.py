@@ -32,6 +32,10 @@ class NotFound(KubeError):
     """404: the object does not exist."""
 
 
+class Gone(KubeError):
+    """410: a watch asked for a resourceVersion the server no longer has (compacted): list again."""
+
+
 class Conflict(KubeError):
     """409: a create raced another writer, or a resourceVersion precondition failed; also a uid
     precondition that failed (the API server answers that one with 422 on metadata.uid)."""
@@ -49,6 +53,14 @@ class WatchEvent:
     object: JsonObject
 
 
+@dataclass(frozen=True)
+class Listing:
+    """A list's objects and the resourceVersion to watch from: every change after the list."""
+
+    items: list[JsonObject]
+    resource_version: str
+
+
 class KubeApi(Protocol):
     """Every call is a Trio coroutine; none blocks the event loop."""
 
@@ -64,6 +76,17 @@ class KubeApi(Protocol):
 
     async def get_pod(self, namespace: str, name: str) -> JsonObject:
         """NotFound when the pod does not exist."""
+        ...
+
+    async def list_node_pods(self, *, node_name: str) -> Listing:
+        """The pods bound to this node (field selector spec.nodeName), every namespace."""
+        ...
+
+    def watch_node_pods(
+        self, *, node_name: str, resource_version: str
+    ) -> AbstractAsyncContextManager[AsyncIterator[WatchEvent]]:
+        """Changes to this node's pods after `resource_version` (a `Listing`'s); Gone when the server
+        no longer has that version; ends (or raises KubeError) like the slice watch."""
         ...
 
     async def get_node(self, name: str) -> JsonObject:
@@ -89,10 +112,13 @@ class KubeApi(Protocol):
         the watch breaks, and the caller lists again and re-watches."""
         ...
 
-    async def list_resource_claims(self) -> list[JsonObject]:
+    async def list_resource_claims(self) -> Listing:
         """Every ResourceClaim of the cluster (all namespaces)."""
         ...
 
-    def watch_resource_claims(self) -> AbstractAsyncContextManager[AsyncIterator[WatchEvent]]:
-        """Changes to every ResourceClaim from now on; ends or raises KubeError like the slice watch."""
+    def watch_resource_claims(
+        self, *, resource_version: str
+    ) -> AbstractAsyncContextManager[AsyncIterator[WatchEvent]]:
+        """Changes to every ResourceClaim after `resource_version`; Gone, ends or raises like
+        `watch_node_pods`."""
         ...

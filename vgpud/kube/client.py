@@ -28,8 +28,10 @@ from vgpud.kube._channel import ChannelEvents, WatchItem
 from vgpud.kube.api import (
     RESOURCE_API,
     Conflict,
+    Gone,
     JsonObject,
     KubeError,
+    Listing,
     NotFound,
     WatchEvent,
     WatchEventType,
@@ -98,6 +100,17 @@ class KubeClient:
     async def get_pod(self, namespace: str, name: str) -> JsonObject:
         return await self._call(self._core.read_namespaced_pod, name, namespace)
 
+    async def list_node_pods(self, *, node_name: str) -> Listing:
+        listed = await self._call(
+            self._core.list_pod_for_all_namespaces, field_selector=_pod_selector(node_name)
+        )
+        return _listing(listed, "v1", "Pod")
+
+    def watch_node_pods(
+        self, *, node_name: str, resource_version: str
+    ) -> AbstractAsyncContextManager[AsyncIterator[WatchEvent]]:
+        return self._watch(self._core.list_pod_for_all_namespaces, _pod_selector(node_name), resource_version)
+
     async def get_node(self, name: str) -> JsonObject:
         return await self._call(self._core.read_node, name)
 
@@ -131,20 +144,25 @@ class KubeClient:
         the server has accepted the watch, so a change made after entry is always seen."""
         return self._watch(self._resource.list_resource_slice, _slice_selector(driver, node_name))
 
-    async def list_resource_claims(self) -> list[JsonObject]:
+    async def list_resource_claims(self) -> Listing:
         listed = await self._call(self._resource.list_resource_claim_for_all_namespaces)
-        return [{"apiVersion": RESOURCE_API, "kind": "ResourceClaim", **i} for i in listed.get("items") or []]
+        return _listing(listed, RESOURCE_API, "ResourceClaim")
 
-    def watch_resource_claims(self) -> AbstractAsyncContextManager[AsyncIterator[WatchEvent]]:
-        """Changes to every ResourceClaim of the cluster after the moment of entry (as slices)."""
-        return self._watch(self._resource.list_resource_claim_for_all_namespaces, "")
+    def watch_resource_claims(
+        self, *, resource_version: str
+    ) -> AbstractAsyncContextManager[AsyncIterator[WatchEvent]]:
+        return self._watch(self._resource.list_resource_claim_for_all_namespaces, "", resource_version)
 
     @asynccontextmanager
     async def _watch(
-        self, lister: Callable[..., Any], selector: str
+        self, lister: Callable[..., Any], selector: str, resource_version: str | None = None
     ) -> AsyncIterator[AsyncIterator[WatchEvent]]:
-        listed = await self._call(lister, field_selector=selector, limit=1)
-        stream = _Watch(lister, selector, listed["metadata"]["resourceVersion"])
+        """A watch from `resource_version`, or (None) from now: then a one-item list learns the
+        current version first."""
+        if resource_version is None:
+            listed = await self._call(lister, field_selector=selector, limit=1)
+            resource_version = listed["metadata"]["resourceVersion"]
+        stream = _Watch(lister, selector, resource_version)
         send, receive = trio.open_memory_channel[WatchItem](0)
         error: BaseException | None = None
         async with trio.open_nursery() as nursery:
@@ -289,6 +307,8 @@ def _translated_errors(what: str) -> Iterator[None]:
         message = f"{what}: {answer.get('message') or e.reason} ({status})"
         if status == 404:
             raise NotFound(message, status) from e
+        if status == 410:  # also a watch's ERROR event (Expired): Watch.stream raises it as this
+            raise Gone(message, status) from e
         if status == 409 or _uid_mismatch(status, answer):
             raise Conflict(message, status) from e
         raise KubeError(message, status) from e
@@ -320,6 +340,16 @@ def _shutdown(response: urllib3.HTTPResponse) -> None:
 
 def _slice_selector(driver: str, node_name: str) -> str:
     return f"spec.driver={driver},spec.nodeName={node_name}"
+
+
+def _pod_selector(node_name: str) -> str:
+    return f"spec.nodeName={node_name}"
+
+
+def _listing(listed: JsonObject, api_version: str, kind: str) -> Listing:
+    """List items come without apiVersion/kind: add them, so a listed object looks like a fetched one."""
+    items = [{"apiVersion": api_version, "kind": kind, **item} for item in listed.get("items") or []]
+    return Listing(items, listed["metadata"]["resourceVersion"])
 
 
 def _with_kind(item: JsonObject) -> JsonObject:

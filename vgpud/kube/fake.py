@@ -2,8 +2,11 @@
 
 It keeps objects as dicts, as the API server would return them, and deep-copies on the way in and
 out so a caller can never mutate the store behind its back. Test hooks simulate what other actors
-do: `add_claim`/`add_pod`/`add_node` (the user and the scheduler), `delete_resource_slice` (kubelet
-deleting slices), `fail_next` (a flaky server) and `end_watches` (a watch that breaks).
+do: `add_claim`/`add_pod`/`add_node` and `remove_claim`/`remove_pod` (the user, the scheduler, the
+kubelet), `delete_resource_slice` (kubelet deleting slices), `fail_next` (a flaky server),
+`end_watches` (a watch that breaks) and `compact` (etcd compaction: a watch from an older
+resourceVersion is Gone). Every change is kept in a history, so a watch from a resourceVersion
+replays what came after it, as the API server's watch cache does.
 """
 
 from __future__ import annotations
@@ -23,14 +26,24 @@ from vgpud.kube._channel import ChannelEvents, WatchItem
 from vgpud.kube.api import (
     RESOURCE_API,
     Conflict,
+    Gone,
     JsonObject,
     KubeError,
+    Listing,
     NotFound,
     WatchEvent,
     WatchEventType,
 )
 
 _SYSTEM_METADATA = ("uid", "resourceVersion", "creationTimestamp", "generation", "managedFields")
+
+
+@dataclass(frozen=True)
+class _Change:
+    version: int
+    kind: str
+    old: JsonObject | None
+    new: JsonObject | None
 
 
 @dataclass
@@ -52,6 +65,9 @@ class FakeKube:
         self._slices: dict[str, JsonObject] = {}
         self._watchers: list[_Watcher] = []
         self._version = 0
+        self._history: list[_Change] = []
+        #: a watch from a resourceVersion below this is Gone
+        self._compacted = 0
 
     # -- test hooks --------------------------------------------------------------------------------
 
@@ -64,9 +80,23 @@ class FakeKube:
         return copy.deepcopy(stored)
 
     def add_pod(self, obj: JsonObject) -> JsonObject:
+        """Store (or replace) a Pod; its watchers hear of it."""
         stored = self._admit(obj, "v1", "Pod")
+        old = self._pods.get(_namespaced_key(stored))
         self._pods[_namespaced_key(stored)] = stored
+        self._notify(old, stored, "Pod")
         return copy.deepcopy(stored)
+
+    def remove_pod(self, namespace: str, name: str) -> None:
+        old = self._pods.pop((namespace, name), None)
+        if old is not None:
+            self._bump(old)
+            self._notify(old, None, "Pod")
+
+    def compact(self) -> None:
+        """Forget the history: a watch from any resourceVersion before now is Gone (410)."""
+        self._history.clear()
+        self._compacted = self._version
 
     def add_node(self, obj: JsonObject) -> JsonObject:
         stored = self._admit(obj, "v1", "Node")
@@ -128,6 +158,18 @@ class FakeKube:
         await self._enter("get_pod")
         return copy.deepcopy(_found(self._pods.get((namespace, name)), "pods", name))
 
+    async def list_node_pods(self, *, node_name: str) -> Listing:
+        await self._enter("list_node_pods")
+        matches = _pod_filter(node_name)
+        pods = [copy.deepcopy(p) for _, p in sorted(self._pods.items()) if matches(p)]
+        return Listing(pods, str(self._version))
+
+    @asynccontextmanager
+    async def watch_node_pods(self, *, node_name: str, resource_version: str) -> AsyncIterator[ChannelEvents]:
+        await self._enter("watch_node_pods")
+        async with self._watch("Pod", _pod_filter(node_name), resource_version) as events:
+            yield events
+
     async def get_node(self, name: str) -> JsonObject:
         await self._enter("get_node")
         return copy.deepcopy(_found(self._nodes.get(name), "nodes", name))
@@ -179,24 +221,36 @@ class FakeKube:
         async with self._watch("ResourceSlice", _slice_filter(driver, node_name)) as events:
             yield events
 
-    async def list_resource_claims(self) -> list[JsonObject]:
+    async def list_resource_claims(self) -> Listing:
         await self._enter("list_resource_claims")
-        return [copy.deepcopy(c) for _, c in sorted(self._claims.items())]
+        return Listing([copy.deepcopy(c) for _, c in sorted(self._claims.items())], str(self._version))
 
     @asynccontextmanager
-    async def watch_resource_claims(self) -> AsyncIterator[ChannelEvents]:
+    async def watch_resource_claims(self, *, resource_version: str) -> AsyncIterator[ChannelEvents]:
         await self._enter("watch_resource_claims")
-        async with self._watch("ResourceClaim", lambda _obj: True) as events:
+        async with self._watch("ResourceClaim", lambda _obj: True, resource_version) as events:
             yield events
 
     # -- internals ---------------------------------------------------------------------------------
 
     @asynccontextmanager
-    async def _watch(self, kind: str, wanted: Callable[[JsonObject], bool]) -> AsyncIterator[ChannelEvents]:
-        """Events of `kind` objects that `wanted` accepts, from now until the caller leaves."""
+    async def _watch(
+        self, kind: str, wanted: Callable[[JsonObject], bool], resource_version: str | None = None
+    ) -> AsyncIterator[ChannelEvents]:
+        """Events of `kind` objects that `wanted` accepts, after `resource_version` (None: from now)
+        until the caller leaves. A version older than the history is Gone, raised from the iterator
+        as the API server sends it: an ERROR event on an accepted watch."""
         send, receive = trio.open_memory_channel[WatchItem](math.inf)
         watcher = _Watcher(kind, wanted, send)
-        self._watchers.append(watcher)
+        since = None if resource_version is None else int(resource_version)
+        if since is not None and since < self._compacted:
+            send.send_nowait(Gone(f"too old resource version: {since} ({self._compacted})", 410))
+        else:
+            if since is not None:
+                for change in self._history:
+                    if change.version > since and change.kind == kind:
+                        self._tell(watcher, change.old, change.new)
+            self._watchers.append(watcher)
         try:
             with receive:
                 yield ChannelEvents(receive)
@@ -230,21 +284,27 @@ class FakeKube:
         obj["metadata"]["resourceVersion"] = str(self._version)
 
     def _notify(self, old: JsonObject | None, new: JsonObject | None, kind: str) -> None:
-        """Tell each watcher what it sees: an object entering its selector is ADDED, leaving it DELETED."""
+        """Record the change and tell each watcher of `kind` what it sees."""
+        old, new = copy.deepcopy(old), copy.deepcopy(new)
+        self._history.append(_Change(self._version, kind, old, new))
         for watcher in self._watchers:
-            if watcher.kind != kind:
-                continue
-            was = old is not None and watcher.matches(old)
-            now = new is not None and watcher.matches(new)
-            if was and now:
-                event = WatchEvent(WatchEventType.MODIFIED, copy.deepcopy(new))
-            elif now:
-                event = WatchEvent(WatchEventType.ADDED, copy.deepcopy(new))
-            elif was:
-                event = WatchEvent(WatchEventType.DELETED, copy.deepcopy(new if new is not None else old))
-            else:
-                continue
-            watcher.send.send_nowait(event)
+            if watcher.kind == kind:
+                self._tell(watcher, old, new)
+
+    @staticmethod
+    def _tell(watcher: _Watcher, old: JsonObject | None, new: JsonObject | None) -> None:
+        """An object entering the watcher's selector is ADDED, leaving it DELETED."""
+        was = old is not None and watcher.matches(old)
+        now = new is not None and watcher.matches(new)
+        if was and now:
+            event = WatchEvent(WatchEventType.MODIFIED, copy.deepcopy(new))
+        elif now:
+            event = WatchEvent(WatchEventType.ADDED, copy.deepcopy(new))
+        elif was:
+            event = WatchEvent(WatchEventType.DELETED, copy.deepcopy(new if new is not None else old))
+        else:
+            return
+        watcher.send.send_nowait(event)
 
 
 def _namespaced_key(obj: JsonObject) -> tuple[str, str]:
@@ -255,6 +315,13 @@ def _found(obj: JsonObject | None, resource: str, name: str) -> JsonObject:
     if obj is None:
         raise NotFound(f'{resource} "{name}" not found', 404)
     return obj
+
+
+def _pod_filter(node_name: str) -> Callable[[JsonObject], bool]:
+    def matches(obj: JsonObject) -> bool:
+        return obj.get("spec", {}).get("nodeName") == node_name
+
+    return matches
 
 
 def _slice_filter(driver: str, node_name: str) -> Callable[[JsonObject], bool]:

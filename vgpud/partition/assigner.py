@@ -44,6 +44,11 @@ class TargetNotFound(ResolveError):
     """A register call can never be resolved; the registry stops polling at once."""
 
 
+class ObjectsPending(ResolveError):
+    """Only a change of an API object (the claim, a pod) can resolve this: the registry retries when
+    its watch delivers one, not on a timer."""
+
+
 # --------------------------------------------------------------------------------------------------
 # Values
 

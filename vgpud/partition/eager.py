@@ -31,6 +31,7 @@ from vgpud.partition.assigner import (
     DeviceEdits,
     InjectionPlan,
     Mode,
+    ObjectsPending,
     PartitionConflict,
     PartitionError,
     PartitionRecord,
@@ -297,12 +298,12 @@ class EagerAssigner:
             raise TargetNotFound(f"no claim carries register UUID {register_uuid}")
         key = register_annotations(claim.annotations, self.driver).get(register_uuid)
         if not key:
-            raise ResolveError(
+            raise ObjectsPending(
                 f"claim {claim.namespace}/{claim.name} has no annotation {self.driver}/{register_uuid}"
             )
         candidates = resolve_partitions(claim, facts.pods).candidates_by_key.get(key, ())
         if not candidates:
-            raise ResolveError(
+            raise ObjectsPending(
                 f"partition {key!r} of claim {claim.namespace}/{claim.name} has no "
                 "container among the reserved pods (yet)"
             )

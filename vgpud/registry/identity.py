@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from vgpud.compat.grpclib import peer_socket
-from vgpud.partition.assigner import Candidate, ResolveError, TargetNotFound
+from vgpud.partition.assigner import Candidate, ObjectsPending, ResolveError, TargetNotFound
 from vgpud.registry.cgroup import (
     CgroupParseError,
     Membership,
@@ -58,6 +58,10 @@ class WrongPod(Exception):
 class NotTheCaller(ResolveError):
     """The caller runs in the candidate's pod but is not (or, by the API's view, not yet) the
     candidate container: retried, as the pod status may lag a container restart."""
+
+
+class StatusNamesAnother(NotTheCaller, ObjectsPending):
+    """The pod status names another container ID for the candidate: only a pod update changes it."""
 
 
 def peer_pid(stream: Any) -> int | None:
@@ -179,7 +183,8 @@ def verify_caller(
 
     `pod` is the candidate's pod object, None when vgpud cannot read it (the device-plugin fallback):
     then only the kernel's facts count (the caller's pod). Raises WrongPod (final), TargetNotFound
-    (the pod terminated), NotTheCaller or ResolveError (not running yet: retry).
+    (the pod terminated), ObjectsPending (the pod status does not show the caller's container running:
+    retry on the pod's next change), NotTheCaller or ResolveError (the cgroup tree: retry).
     """
     membership = caller.membership
     if membership is None or membership.container_id is None:
@@ -191,10 +196,12 @@ def verify_caller(
             raise TargetNotFound(f"pod {_pod_name(pod)} has terminated")
         status = container_status(pod, candidate.container)
         if status is None or not is_running(status):
-            raise ResolveError(f"container {candidate.container} of pod {_pod_name(pod)} is not running yet")
+            raise ObjectsPending(
+                f"container {candidate.container} of pod {_pod_name(pod)} is not running yet"
+            )
         expected = container_id_of_status(str(status.get("containerID", "")))
         if expected != membership.container_id:
-            raise NotTheCaller(
+            raise StatusNamesAnother(
                 f"caller {caller.describe()} is not container {candidate.container} of pod "
                 f"{_pod_name(pod)} ({(expected or 'no id')[:12]})"
             )

@@ -3,19 +3,25 @@
 One attempt (`Resolver.attempt`) gathers what the partition assigner needs (eager: the claim that
 carries the register UUID and its reserved pods; lazy: the NRI cache entry), lets it pick the target
 directory and candidate containers, and then accepts the first candidate the caller really is
-(`vgpud.registry.identity`). `Resolver.resolve` repeats attempts every 40 ms for up to 60 s, because
-what it waits for lags the caller by design: the NRI cache is rebuilt by the first Synchronize after
-a restart, and the pod status says Running only after the kubelet's next relist. Only a target that
-can never exist (TargetNotFound: NOT_FOUND) and a caller that can never be the target (another pod,
-no pod: PERMISSION_DENIED) end the polling early, as in the reference.
+(`vgpud.registry.identity`). Pods and claims come from watch-fed caches (`vgpud.kube.informer`: this
+node's pods, every claim), never from an API call, so a register call costs the API server nothing.
 
-Where a candidate's pod object comes from, without a pod informer: the eager path has the claim's
-reserved pods; the lazy path reads the claim the NRI cache names (the checkpoint gives its name) and
-the pod in its `reservedFor` with the requested UID. A device-plugin-fallback target (a pod vgpud
-did not inject) has no claim, so its pod object cannot be looked up by UID: there the caller must
-run in the requested pod (kernel fact), the directory must already exist (vgpud never creates it),
-and the container name is taken from the request; a process can thus write only PIDs of its own
-container, into a directory of its own pod.
+`Resolver.resolve` retries for up to 60 s, because what it waits for lags the caller by design: the
+NRI cache is rebuilt by the first Synchronize after a restart, and the pod status says Running only
+after the kubelet's next relist. A failure that only a changed pod or claim can turn around
+(ObjectsPending, and the caches not synced yet) waits until the watch delivers a change of an object
+the attempt read; one about this node's own facts (the NRI cache, a directory, the cgroup tree, which
+nothing announces) is re-checked every 40 ms, which reads local files only. Only a target that can
+never exist (TargetNotFound: NOT_FOUND) and a caller that can never be the target (another pod, no
+pod: PERMISSION_DENIED) end the wait early, as in the reference.
+
+Where a candidate's pod object comes from: the eager path has the claim's reserved pods; the lazy
+path reads the claim the NRI cache names (the checkpoint gives its name) and the pod in its
+`reservedFor` with the requested UID. A device-plugin-fallback target (a pod vgpud did not inject)
+has no claim, so its pod object is not consulted: there the caller must run in the requested pod
+(kernel fact), the directory must already exist (vgpud never creates it), and the container name is
+taken from the request; a process can thus write only PIDs of its own container, into a directory of
+its own pod.
 """
 
 from __future__ import annotations
@@ -31,11 +37,13 @@ from typing import Any, Protocol
 import trio
 from grpclib.const import Status
 
-from vgpud.kube import KubeApi, KubeError, NotFound
+from vgpud.kube import JsonObject
+from vgpud.kube.informer import Informer, Key
 from vgpud.nri.cache import NriCache
 from vgpud.partition.assigner import (
     Candidate,
     Mode,
+    ObjectsPending,
     PartitionAssigner,
     RegisterQuery,
     ResolveError,
@@ -86,7 +94,7 @@ class Overloaded(RegisterError):
 
 
 class ResolveTimeout(RegisterError):
-    """Polling ran out of time; the last attempt's reason is in the message.
+    """Resolution ran out of time; the last attempt's reason is in the message.
 
     The reference answers UNKNOWN ("context deadline exceeded: last attempt: ..."); DEADLINE_EXCEEDED
     says the same more precisely, and the library only checks for success. When the last attempt
@@ -214,12 +222,44 @@ class _Gathered:
     pods: dict[str, Mapping[str, Any]] = field(default_factory=dict)
 
 
+class Reads:
+    """The cache entries one attempt looked at, with the version it saw (None: absent), so the wait
+    after a failure subscribes to exactly those and notices a change that came before it did."""
+
+    def __init__(self) -> None:
+        self._seen: list[tuple[Informer, Key, str | None]] = []
+
+    def get(self, cache: Informer, namespace: str, name: str) -> JsonObject | None:
+        obj = cache.get(namespace, name)
+        self._seen.append((cache, (namespace, name), _version(obj)))
+        return obj
+
+    def changed(self) -> bool:
+        return any(_version(cache.get(*key)) != seen for cache, key, seen in self._seen)
+
+    def subscribe(self, event: trio.Event) -> None:
+        for cache, key, _ in self._seen:
+            cache.subscribe(key, event)
+
+    def unsubscribe(self, event: trio.Event) -> None:
+        for cache, key, _ in self._seen:
+            cache.unsubscribe(key, event)
+
+    def __bool__(self) -> bool:
+        return bool(self._seen)
+
+
+def _version(obj: JsonObject | None) -> str | None:
+    return None if obj is None else str((obj.get("metadata") or {}).get("resourceVersion") or "")
+
+
 class Resolver:
     def __init__(
         self,
         *,
         assigner: PartitionAssigner,
-        kube: KubeApi,
+        pods: Informer,
+        claim_objects: Informer,
         claims: ClaimIndex,
         nri_cache: NriCache | None,
         cgroup_root: Path,
@@ -231,7 +271,9 @@ class Resolver:
         self.assigner = assigner
         #: the other mode's assigner, for claims prepared in it before a restart changed the mode
         self.other_assigner = other_assigner
-        self.kube = kube
+        #: this node's pods and every claim, watch-fed (`vgpud.kube.informer`)
+        self.pods = pods
+        self.claim_objects = claim_objects
         self.claims = claims
         self.nri_cache = nri_cache
         self.cgroup_root = cgroup_root
@@ -239,8 +281,14 @@ class Resolver:
         self.interval = interval
         self.timeout = timeout
 
+    @property
+    def synced(self) -> bool:
+        """Both caches have listed once."""
+        return self.pods.synced and self.claim_objects.synced
+
     async def resolve(self, query: RegisterQuery, caller: Caller) -> Resolved:
-        """Attempt at once, then every `interval` (on a fixed grid) until `timeout` has passed."""
+        """Attempt at once, then again when an object it read changes (ObjectsPending) or at the next
+        point of the `interval` grid (anything else), until `timeout` has passed."""
         if caller.membership is None or caller.membership.container_id is None:
             raise CallerRefused(f"caller {caller.describe()} is not a process of any pod's container")
         last: ResolveError | None = None
@@ -248,8 +296,11 @@ class Resolver:
             start = trio.current_time()
             attempt = 0
             while True:
+                reads = Reads()
                 try:
-                    return await self.attempt(query, caller)
+                    if not self.synced:
+                        raise _NotSynced("the pod and claim caches have not listed from the API server yet")
+                    return await self.attempt(query, caller, reads)
                 except TargetNotFound as err:
                     raise TargetGone(str(err)) from None
                 except ResolveError as err:
@@ -257,16 +308,36 @@ class Resolver:
                 # the next grid point still ahead: a slow attempt skips points, never runs back to back
                 elapsed = trio.current_time() - start
                 attempt = max(attempt + 1, math.floor(elapsed / self.interval) + 1)
-                await trio.sleep_until(start + attempt * self.interval)
+                await self._wait(last, reads, start + attempt * self.interval)
         reason = f"; last attempt: {last}" if last is not None else ""
         raise ResolveTimeout(
             f"no target for the caller after {self.timeout:g}s{reason}",
             mismatch=isinstance(last, NotTheCaller),
         )
 
-    async def attempt(self, query: RegisterQuery, caller: Caller) -> Resolved:
-        """One resolution; ResolveError (retry), TargetNotFound or CallerRefused (final)."""
-        assigner, gathered = await self._gather(query)
+    async def _wait(self, failure: ResolveError, reads: Reads, grid_point: float) -> None:
+        """Until a change of an object the attempt read (or the caches' first list); for a failure
+        about this node's own facts also until `grid_point`."""
+        changed = trio.Event()
+        caches = [cache for cache in (self.pods, self.claim_objects) if not cache.synced]
+        reads.subscribe(changed)
+        for cache in caches:
+            cache.subscribe_synced(changed)
+        try:
+            if reads.changed():  # between the read and now (an attempt may await)
+                return
+            pending = isinstance(failure, ObjectsPending) and (bool(reads) or bool(caches))
+            with trio.move_on_at(math.inf if pending else grid_point):
+                await changed.wait()
+        finally:
+            reads.unsubscribe(changed)
+            for cache in caches:
+                cache.unsubscribe_synced(changed)
+
+    async def attempt(self, query: RegisterQuery, caller: Caller, reads: Reads) -> Resolved:
+        """One resolution from the caches as they are; ResolveError (retry), TargetNotFound or
+        CallerRefused (final). `reads` collects the cache entries it looked at."""
+        assigner, gathered = self._gather(query, reads)
         target = assigner.resolve(query, gathered.facts)
         assert caller.membership is not None
         mine = [c for c in target.candidates if c.pod_uid == caller.membership.pod_uid]
@@ -277,12 +348,14 @@ class Resolver:
             )
         pods = gathered.pods
         if assigner.mode is Mode.LAZY and target.claim_uid is not None:
-            pods = await self._pods_of_claim(target.claim_uid, caller.membership.pod_uid)
+            pods = self._pods_of_claim(target.claim_uid, caller.membership.pod_uid, reads)
         last: ResolveError | None = None
         for candidate in mine:
             pod = pods.get(candidate.pod_uid)
             if pod is None and target.claim_uid is not None:  # a prepared container: its pod decides
-                last = ResolveError(f"pod {candidate.pod_uid} is not among the claim's reserved pods (yet)")
+                last = ObjectsPending(
+                    f"pod {candidate.pod_uid} is not among the claim's reserved pods on this node (yet)"
+                )
                 continue
             try:
                 pids = verify_caller(caller, candidate, pod, self.cgroup_root)
@@ -302,13 +375,13 @@ class Resolver:
     # ---------------------------------------------------------------------------------------------
     # Facts
 
-    async def _gather(self, query: RegisterQuery) -> tuple[PartitionAssigner, _Gathered]:
+    def _gather(self, query: RegisterQuery, reads: Reads) -> tuple[PartitionAssigner, _Gathered]:
         """The assigner that decides (the claim's recorded mode where it is known) and its facts."""
         other = self.other_assigner
         if other is not None and other.mode is Mode.EAGER:
             ref = self.claims.claim_for_register_uuid(query.register_uuid) if query.register_uuid else None
             if ref is not None and self.claims.mode_of(ref.uid) is Mode.EAGER:
-                return other, await self._gather_eager(query)
+                return other, self._gather_eager(query, reads)
         if other is not None and other.mode is Mode.LAZY and query.pod_uid:
             claim_uid = self._lazy_claim_of(query)
             if claim_uid is not None:
@@ -320,7 +393,7 @@ class Resolver:
             return self.assigner, _Gathered(
                 ResolveFacts(cached_claim_uid=entry.claim_uid if entry else None, cache_synced=synced)
             )
-        return self.assigner, await self._gather_eager(query)
+        return self.assigner, self._gather_eager(query, reads)
 
     def _lazy_claim_of(self, query: RegisterQuery) -> str | None:
         """Eager mode, after a restart from lazy: the claim, prepared lazily, under which the NRI plugin
@@ -338,68 +411,66 @@ class Resolver:
                 return claim_uid
         return None
 
-    async def _gather_eager(self, query: RegisterQuery) -> _Gathered:
+    def _gather_eager(self, query: RegisterQuery, reads: Reads) -> _Gathered:
         ref = self.claims.claim_for_register_uuid(query.register_uuid) if query.register_uuid else None
         if ref is None:
             return _Gathered(ResolveFacts())
-        claim = await self._read_claim(ref)
+        claim = self._read_claim(ref, reads)
         if claim is None:
             return _Gathered(ResolveFacts())
-        pods = await self._reserved_pods(claim)
+        pods = self._reserved_pods(claim, reads)
         views = []
         for obj in pods.values():
             try:
                 views.append(parse_pod(obj))
             except ModelError as err:
-                raise ResolveError(str(err)) from None
+                raise ObjectsPending(str(err)) from None
         return _Gathered(ResolveFacts(claim=claim, pods=tuple(views)), pods)
 
-    async def _read_claim(self, ref: ClaimKey) -> ClaimView | None:
-        """The claim if it still exists with the prepared UID; ResolveError on an API failure."""
-        try:
-            obj = await self.kube.get_resource_claim(ref.namespace, ref.name)
-        except NotFound:
-            return None
-        except KubeError as err:
-            raise ResolveError(f"claim {ref.namespace}/{ref.name}: API error: {err}") from None
+    def _read_claim(self, ref: ClaimKey, reads: Reads) -> ClaimView | None:
+        """The claim if the cache has it with the prepared UID. A prepared claim the cache lacks is
+        not deleted (its pods hold it) but not seen yet: ObjectsPending."""
+        obj = reads.get(self.claim_objects, ref.namespace, ref.name)
+        if obj is None:
+            raise ObjectsPending(f"claim {ref.namespace}/{ref.name} is not in the claim cache (yet)")
         if (obj.get("metadata") or {}).get("uid") != ref.uid:
             return None
         try:
             return parse_claim(obj, self.driver_name)
         except ModelError as err:
-            raise ResolveError(str(err)) from None
+            raise ObjectsPending(str(err)) from None
 
-    async def _reserved_pods(self, claim: ClaimView, only: str | None = None) -> dict[str, Mapping[str, Any]]:
-        """Pod UID -> pod object of the claim's reserved pods that still exist with the reserved UID."""
+    def _reserved_pods(
+        self, claim: ClaimView, reads: Reads, only: str | None = None
+    ) -> dict[str, Mapping[str, Any]]:
+        """Pod UID -> pod object of the claim's reserved pods that the node's pod cache has with the
+        reserved UID (pods of other nodes are never in it)."""
         found: dict[str, Mapping[str, Any]] = {}
         for reserved in claim.reserved_for:
             if only is not None and reserved.uid != only:
                 continue
-            try:
-                obj = await self.kube.get_pod(claim.namespace, reserved.name)
-            except NotFound:
-                continue
-            except KubeError as err:
-                raise ResolveError(f"pod {claim.namespace}/{reserved.name}: API error: {err}") from None
-            if (obj.get("metadata") or {}).get("uid") == reserved.uid:
+            obj = reads.get(self.pods, claim.namespace, reserved.name)
+            if obj is not None and (obj.get("metadata") or {}).get("uid") == reserved.uid:
                 found[reserved.uid] = obj
         return found
 
-    async def _pods_of_claim(self, claim_uid: str, pod_uid: str) -> dict[str, Mapping[str, Any]]:
+    def _pods_of_claim(self, claim_uid: str, pod_uid: str, reads: Reads) -> dict[str, Mapping[str, Any]]:
         """Lazy path: the pod `pod_uid` through the claim the NRI cache named; TargetNotFound when the
-        claim is no longer prepared or gone, or the pod is no longer reserved (it will not come back)."""
+        claim is no longer prepared or was re-created, or the pod is no longer reserved (it will not
+        come back)."""
         ref = self.claims.prepared_claim(claim_uid)
         if ref is None:
             raise TargetNotFound(f"claim {claim_uid} is not prepared on this node")
-        claim = await self._read_claim(ref)
+        claim = self._read_claim(ref, reads)
         if claim is None:
             raise TargetNotFound(f"claim {ref.namespace}/{ref.name} ({claim_uid}) no longer exists")
-        pods = await self._reserved_pods(claim, only=pod_uid)
-        if not pods:
-            raise TargetNotFound(
-                f"pod {pod_uid} does not exist or no longer uses claim {ref.namespace}/{ref.name}"
-            )
-        return pods
+        if all(reserved.uid != pod_uid for reserved in claim.reserved_for):
+            raise TargetNotFound(f"pod {pod_uid} no longer uses claim {ref.namespace}/{ref.name}")
+        return self._reserved_pods(claim, reads, only=pod_uid)
+
+
+class _NotSynced(ObjectsPending):
+    """The caches have not listed yet: every object is unknown."""
 
 
 def _is_dir(path: PurePosixPath) -> bool:

@@ -35,7 +35,7 @@ from grpclib.exceptions import GRPCError
 
 from vgpud._pb.registry import ContainerDeviceRequest, ContainerDeviceResponse, VDeviceRegistryBase
 from vgpud.compat.grpclib import TruncatedData, recv_data
-from vgpud.kube import KubeApi
+from vgpud.kube.informer import Informer
 from vgpud.nri.cache import NriCache
 from vgpud.partition.assigner import PartitionAssigner
 from vgpud.partition.layout import Layout
@@ -200,8 +200,15 @@ class RegistryService(VDeviceRegistryBase):
             del self._consumed[next(iter(self._consumed))]
 
     async def _write(self, resolved: Resolved) -> None:
+        """On the Trio thread first: with the lock free, the write is a few syscalls on a local file,
+        like the identity reads, and a worker-thread hop would cost far more (256 concurrent calls
+        queue for threads). Only a lock that another writer holds is waited for, in a worker thread."""
+        directory = Path(resolved.target.config_dir)
         try:
-            await trio.to_thread.run_sync(write_pids_file, Path(resolved.target.config_dir), resolved.pids)
+            try:
+                write_pids_file(directory, resolved.pids, lock_budget=0)
+            except PidsFileLockTimeout:
+                await trio.to_thread.run_sync(write_pids_file, directory, resolved.pids)
         except PidsFileLockTimeout as err:
             raise WriteBusy(str(err)) from None
         except (PidsFileError, OSError, ValueError) as err:
@@ -212,7 +219,9 @@ class RegistryService(VDeviceRegistryBase):
 
 
 class RegistryServer:
-    """The supervised component: the registry socket at `<root>/registry/socket.sock`."""
+    """The supervised component: the registry socket at `<root>/registry/socket.sock`. The pod and
+    claim caches it resolves from are components of their own (`vgpud.kube.informer`); until both
+    have listed once, a register call waits for them within its deadline."""
 
     def __init__(
         self,
@@ -221,7 +230,8 @@ class RegistryServer:
         assigner: PartitionAssigner,
         nri_cache: NriCache | None,
         claims: ClaimIndex,
-        kube: KubeApi,
+        pods: Informer,
+        claim_objects: Informer,
         recorder: Recorder,
         driver_name: str,
         proc_root: Path,
@@ -236,7 +246,8 @@ class RegistryServer:
         self.resolver = Resolver(
             assigner=assigner,
             other_assigner=other_assigner,
-            kube=kube,
+            pods=pods,
+            claim_objects=claim_objects,
             claims=claims,
             nri_cache=nri_cache,
             cgroup_root=cgroup_root,

@@ -12,9 +12,11 @@ import trio.testing
 from tests import objects as o
 from tests.draharness import REF, Harness, single_container_claim
 from tests.unit.nri.fakeruntime import injected
+from tests.unit.registry.world import run_cache
 from vgpud._pb.nri.pkg.api.v1alpha1 import Container, CreateContainerRequest, PodSandbox, SynchronizeRequest
 from vgpud.dra.checkpoint import CheckpointStore
 from vgpud.dra.claimwatch import ClaimWatch
+from vgpud.kube.informer import claim_informer
 from vgpud.nri import hooks as hooks_module
 from vgpud.nri.hooks import NriHooks
 from vgpud.nri.sync import SyncBatch, decode_sync
@@ -84,9 +86,10 @@ async def test_a_pod_the_claim_is_not_reserved_for_gets_nothing(h: Harness) -> N
 async def test_a_pod_that_joins_after_prepare_is_injected_once_the_watch_sees_it(h: Harness) -> None:
     claim = await prepared(h)
     hooks = nri(h)
-    watch = ClaimWatch(h.kube, h.driver.index)
+    claims = claim_informer(h.kube)
+    ClaimWatch(claims, h.driver.index)
     async with trio.open_nursery() as nursery:
-        await nursery.start(lambda task_status: watch.run(task_status.started))
+        await nursery.start(run_cache, claims)
         # the hook arrives first: it waits (bounded) for the watch rather than asking the API
         replies = []
         answered = trio.Event()

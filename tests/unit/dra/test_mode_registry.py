@@ -7,7 +7,8 @@ from pathlib import Path
 
 from tests import objects as o
 from tests.draharness import REF, Harness, single_container_claim
-from tests.unit.registry.world import World, with_status
+from tests.unit.registry.world import NODE, World, running, with_status
+from vgpud.kube.informer import claim_informer, pod_informer
 from vgpud.nri.adjust import make_directories
 from vgpud.nri.cache import NriCache
 from vgpud.partition.assigner import ContainerContext, Mode, RegisterQuery, register_annotations
@@ -42,19 +43,22 @@ async def test_a_lazy_claim_resolves_to_its_container_directory_under_eager_mode
     assert driver.index.mode_of(o.CLAIM_UID) is Mode.LAZY
     world = World(tmp_path)
     world.place(PID, o.POD1_UID, CID)
+    pods, claims = pod_informer(lazy.kube, NODE), claim_informer(lazy.kube)
     resolver = Resolver(
         assigner=EagerAssigner(eager.layout, driver=o.DRIVER, client_mode=True),
         other_assigner=lazy_assigner,
-        kube=lazy.kube,
+        pods=pods,
+        claim_objects=claims,
         claims=driver.index,
         nri_cache=None,
         cgroup_root=world.cgroup,
         driver_name=o.DRIVER,
         timeout=1.0,
     )
-    resolved = await resolver.resolve(
-        RegisterQuery(pod_uid=o.POD1_UID, container="main"), identify(world.proc, PID)
-    )
+    async with running(pods, claims):
+        resolved = await resolver.resolve(
+            RegisterQuery(pod_uid=o.POD1_UID, container="main"), identify(world.proc, PID)
+        )
     assert Path(resolved.target.config_dir) == Path(plan.paths.config)
     assert resolved.target.claim_uid == o.CLAIM_UID and resolved.pids == (PID,)
 
@@ -73,16 +77,21 @@ async def test_an_eager_claim_resolves_by_register_uuid_under_lazy_mode(tmp_path
     cache.replace([])
     world = World(tmp_path)
     world.place(PID, o.POD1_UID, CID)
+    pods, claims = pod_informer(eager.kube, NODE), claim_informer(eager.kube)
     resolver = Resolver(
         assigner=LazyAssigner(lazy.layout, driver=o.DRIVER),
         other_assigner=EagerAssigner(lazy.layout, driver=o.DRIVER, client_mode=True),
-        kube=eager.kube,
+        pods=pods,
+        claim_objects=claims,
         claims=driver.index,
         nri_cache=cache,
         cgroup_root=world.cgroup,
         driver_name=o.DRIVER,
         timeout=1.0,
     )
-    resolved = await resolver.resolve(RegisterQuery(register_uuid=register_uuid), identify(world.proc, PID))
+    async with running(pods, claims):
+        resolved = await resolver.resolve(
+            RegisterQuery(register_uuid=register_uuid), identify(world.proc, PID)
+        )
     assert resolved.target.partition_key == key
     assert Path(resolved.target.config_dir) == eager.claim_dir() / key / "config"

@@ -281,19 +281,20 @@ async def test_watch_lets_the_callers_error_through(world: World) -> None:
 
 
 async def test_claims_are_listed_and_watched_in_every_namespace(world: World) -> None:
-    """What the NRI admission's reservations come from (vgpud.dra.claimwatch)."""
+    """What the claim cache (vgpud.kube.informer) is fed: a watch from the list's version sees every
+    change after the list, and nothing before it."""
     before = await world.seed.claim(claim_body(world, "before"))
     with trio.fail_after(DEADLINE_S):
-        async with world.kube.watch_resource_claims() as events:
-            listed = await world.kube.list_resource_claims()
-            mine = [c for c in listed if c["metadata"]["namespace"] == world.namespace]
-            assert [(c["metadata"]["uid"], c["kind"]) for c in mine] == [
-                (before["metadata"]["uid"], "ResourceClaim")
-            ]
-            await world.kube.patch_resource_claim_annotations(
-                world.namespace, "before", {"seen": "yes"}, uid=before["metadata"]["uid"]
-            )
-            later = await world.seed.claim(claim_body(world, "later"))
+        listing = await world.kube.list_resource_claims()
+        mine = [c for c in listing.items if c["metadata"]["namespace"] == world.namespace]
+        assert [(c["metadata"]["uid"], c["kind"]) for c in mine] == [
+            (before["metadata"]["uid"], "ResourceClaim")
+        ]
+        await world.kube.patch_resource_claim_annotations(
+            world.namespace, "before", {"seen": "yes"}, uid=before["metadata"]["uid"]
+        )
+        later = await world.seed.claim(claim_body(world, "later"))
+        async with world.kube.watch_resource_claims(resource_version=listing.resource_version) as events:
             got = []
             async for event in events:  # other tests' claims may pass by: only ours count
                 if event.object["metadata"]["namespace"] == world.namespace:
@@ -304,4 +305,31 @@ async def test_claims_are_listed_and_watched_in_every_namespace(world: World) ->
                 (WatchEventType.MODIFIED, before["metadata"]["uid"]),
                 (WatchEventType.ADDED, later["metadata"]["uid"]),
             ]
+    assert watch_threads() == []
+
+
+async def test_the_nodes_pods_are_listed_and_watched_from_the_lists_version(world: World) -> None:
+    """What the pod cache is fed: this node's pods only (field selector spec.nodeName)."""
+    first = await world.seed.pod(pod_body(world, "first"))
+    elsewhere = pod_body(world, "elsewhere")
+    elsewhere["spec"]["nodeName"] = f"other-{world.tag}"
+    await world.seed.pod(elsewhere)
+    with trio.fail_after(DEADLINE_S):
+        listing = await world.kube.list_node_pods(node_name=world.node_name)
+        assert [(p["metadata"]["uid"], p["kind"]) for p in listing.items] == [
+            (first["metadata"]["uid"], "Pod")
+        ]
+        second = await world.seed.pod(pod_body(world, "second"))  # after the list, before the watch
+        moved = pod_body(world, "moved")
+        moved["spec"]["nodeName"] = f"other-{world.tag}"
+        await world.seed.pod(moved)
+        async with world.kube.watch_node_pods(
+            node_name=world.node_name, resource_version=listing.resource_version
+        ) as events:
+            event = await events.__anext__()
+            assert (event.type, event.object["metadata"]["uid"]) == (
+                WatchEventType.ADDED,
+                second["metadata"]["uid"],
+            )
+            assert event.object["spec"]["nodeName"] == world.node_name
     assert watch_threads() == []

@@ -16,6 +16,7 @@ from tests.unit.gpu.healthshim import ScriptedNvml
 from vgpud.gpu.health import HealthBoard
 from vgpud.gpu.healthrules import APPLICATION_XIDS
 from vgpud.gpu.healthwatch import HealthRules, HealthWatcher
+from vgpud.kube.informer import claim_informer, pod_informer
 from vgpud.nri.hooks import NriHooks
 from vgpud.observe.app import ObserveApp
 from vgpud.observe.drift import DriftChecker
@@ -76,7 +77,8 @@ def make_node(
             assigner=h.driver.ctx.assigner,
             nri_cache=None,
             claims=h.driver.index,
-            kube=h.kube,
+            pods=pod_informer(h.kube, "node-a"),
+            claim_objects=claim_informer(h.kube),
             recorder=h.recorder,
             driver_name=h.driver.driver,
             proc_root=root / "proc",

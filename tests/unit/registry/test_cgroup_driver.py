@@ -5,6 +5,7 @@ registry socket with a grpcio client, and from the setting through the daemon's 
 from __future__ import annotations
 
 import argparse
+from collections.abc import AsyncIterator
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -14,7 +15,7 @@ import pytest
 from tests.unit.registry.test_server import ME, aregister, make_server, serving
 from tests.unit.registry.world import Claims, World
 from vgpud.config import add_settings_arguments, settings_from
-from vgpud.daemon import Startup, build_registry
+from vgpud.daemon import Startup, build_caches, build_registry
 from vgpud.kube.fake import FakeKube
 from vgpud.partition.assigner import Mode
 from vgpud.partition.layout import Layout
@@ -23,8 +24,10 @@ from vgpud.recorder import Recorder
 
 
 @pytest.fixture
-def world(short_tmp: Path) -> World:
-    return World(short_tmp)
+async def world(short_tmp: Path) -> AsyncIterator[World]:
+    node = World(short_tmp)
+    async with node.caches():
+        yield node
 
 
 @pytest.mark.parametrize(
@@ -80,6 +83,7 @@ def test_the_daemon_hands_the_setting_to_the_registry(
         SimpleNamespace(index=Claims()),
         None,
         Recorder(),
+        caches=build_caches(startup, nri=False, registry=True),
     )
     assert registry is not None
     assert registry.service.systemd_cgroups is systemd

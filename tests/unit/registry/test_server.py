@@ -5,6 +5,7 @@ Also the socket's lifecycle: staged bind, modes, take-over, re-publish, ownershi
 
 from __future__ import annotations
 
+import fcntl
 import os
 import socket
 import stat
@@ -12,7 +13,7 @@ import subprocess
 import sys
 import textwrap
 import urllib.parse
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 
 import grpc
@@ -22,11 +23,14 @@ import h2.events
 import pytest
 import trio
 import trio_asyncio
+from grpclib.const import Status
+from grpclib.exceptions import GRPCError
 
 from tests import objects as o
 from tests.stdproto import message_class
 from tests.support import REPO, built
 from tests.unit.registry.world import World, claim_uid
+from vgpud._pb.registry import ContainerDeviceRequest
 from vgpud.nri.cache import CacheEntry
 from vgpud.recorder import Outcome
 from vgpud.registry.identity import peer_pid
@@ -79,8 +83,11 @@ async def eventually(condition: Callable[[], bool]) -> None:
 
 
 @pytest.fixture
-def world(short_tmp: Path) -> World:
-    return World(short_tmp)
+async def world(short_tmp: Path) -> AsyncIterator[World]:
+    """A node with its pod and claim caches running for the whole test."""
+    node = World(short_tmp)
+    async with node.caches():
+        yield node
 
 
 async def test_a_container_registers_and_gets_its_pids(world: World) -> None:
@@ -452,3 +459,35 @@ async def test_the_c_register_client_registers_through_the_real_server(world: Wo
         assert "PERMISSION_DENIED" in refused.stderr, refused.stderr
 
     await serving(server, body)
+
+
+async def test_a_held_pids_lock_is_waited_for_off_the_event_loop_then_refused(world: World) -> None:
+    """The write runs on the Trio thread only while the lock is free; a lock another writer holds is
+    waited for in a worker thread (the loop keeps serving), up to the budget, then UNAVAILABLE."""
+    uid, cid, config = world.add_container(1)
+    world.place(ME, uid, cid)
+    service = world.service()
+    request = ContainerDeviceRequest(pod_uid=uid, container_name="main")
+    with (config / "pids.config").open("rb") as holder:
+        fcntl.flock(holder, fcntl.LOCK_EX)
+        released = trio.Event()
+        ticks = 0
+
+        async def release_soon() -> None:
+            nonlocal ticks
+            for _ in range(10):  # the loop is free while the register call waits for the lock
+                await trio.sleep(0.01)
+                ticks += 1
+            fcntl.flock(holder, fcntl.LOCK_UN)
+            released.set()
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(release_soon)
+            resolved = await service.register(request, ME)
+        assert released.is_set() and ticks == 10 and resolved.pids == (ME,)
+        assert (config / "pids.config").read_text() == f"{ME}\n"
+
+        fcntl.flock(holder, fcntl.LOCK_EX)  # and held past the budget (1 s)
+        with pytest.raises(GRPCError) as refused:
+            await service.register(request, ME)
+        assert refused.value.status is Status.UNAVAILABLE and "keeps its lock" in str(refused.value.message)

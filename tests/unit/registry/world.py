@@ -2,6 +2,9 @@
 says which container runs where, claims in the in-memory kube facade, an NRI cache and the checkpoint's
 claim index. The unit tests, the gRPC end-to-end tests and bench/registry.py build on it.
 
+Pods and claims reach the registry as they do on a node: through its watch-fed caches over the
+in-memory kube facade, running inside `async with world.caches():`.
+
 `place(pid, ...)` puts any PID (the test process itself, a forked client) into a pod's container:
 it writes `<proc>/<pid>/cgroup` the way the kernel would and adds the PID to the container cgroup's
 `cgroup.procs`, so vgpud's real code reads both.
@@ -9,12 +12,17 @@ it writes `<proc>/<pid>/cgroup` the way the kernel would and adds the PID to the
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import trio
+
 from tests import objects as o
 from vgpud.kube.fake import FakeKube
+from vgpud.kube.informer import Informer, claim_informer, pod_informer
 from vgpud.nri.cache import CacheEntry, NriCache
 from vgpud.partition.layout import Layout
 from vgpud.partition.lazy import LazyAssigner
@@ -22,6 +30,9 @@ from vgpud.partition.pidsfile import reset_pids_file
 from vgpud.recorder import Recorder
 from vgpud.registry.resolve import Resolver
 from vgpud.registry.server import RegistryServer, RegistryService
+
+#: the node the world's pods are bound to (the pod cache's field selector)
+NODE = "node-1"
 
 
 def container_id(n: int) -> str:
@@ -48,7 +59,8 @@ def cgroup_path(uid: str, cid: str, *, qos: str = "besteffort", systemd: bool = 
 
 
 def with_status(pod: dict[str, Any], containers: dict[str, str | None]) -> dict[str, Any]:
-    """`pod` Running, each named container Running with its containerd ID (None: still waiting)."""
+    """`pod` Running on `NODE`, each named container Running with its containerd ID (None: still
+    waiting)."""
     statuses = []
     for name, cid in containers.items():
         entry: dict[str, Any] = {"name": name, "ready": cid is not None, "restartCount": 0}
@@ -59,6 +71,7 @@ def with_status(pod: dict[str, Any], containers: dict[str, str | None]) -> dict[
             entry["state"] = {"running": {"startedAt": "2025-01-01T00:00:00Z"}}
         statuses.append(entry)
     pod = dict(pod)
+    pod["spec"] = {"nodeName": NODE, **pod.get("spec", {})}
     pod["status"] = {**pod.get("status", {}), "phase": "Running", "qosClass": "BestEffort"}
     pod["status"]["containerStatuses"] = statuses
     return pod
@@ -94,10 +107,18 @@ class World:
         self.cgroup = root / "cgroup"
         self.layout = Layout(root / "manager")
         self.kube = FakeKube()
+        self.pods = pod_informer(self.kube, NODE)
+        self.claim_objects = claim_informer(self.kube)
         self.cache = NriCache()
         self.claims = Claims()
         self.recorder = Recorder()
         self.assigner = LazyAssigner(self.layout, driver=o.DRIVER)
+
+    @asynccontextmanager
+    async def caches(self) -> AsyncIterator[None]:
+        """The pod and claim caches, listed and watching, until the block ends."""
+        async with running(self.pods, self.claim_objects):
+            yield
 
     def place(self, pid: int, uid: str, cid: str, *, systemd: bool = False) -> None:
         """Make `pid` a process of container `cid` of pod `uid` (as /proc and the cgroup tree say)."""
@@ -148,7 +169,8 @@ class World:
     def resolver(self, cls: type[Resolver] = Resolver, **kwargs: Any) -> Resolver:
         return cls(
             assigner=self.assigner,
-            kube=self.kube,
+            pods=self.pods,
+            claim_objects=self.claim_objects,
             claims=self.claims,
             nri_cache=self.cache,
             cgroup_root=self.cgroup,
@@ -166,10 +188,26 @@ class World:
             assigner=self.assigner,
             nri_cache=self.cache,
             claims=self.claims,
-            kube=self.kube,
+            pods=self.pods,
+            claim_objects=self.claim_objects,
             recorder=self.recorder,
             driver_name=o.DRIVER,
             proc_root=self.proc,
             cgroup_root=self.cgroup,
             **kwargs,
         )
+
+
+async def run_cache(cache: Informer, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+    """`cache.run`, started once it has listed and its watch is open."""
+    await cache.run(task_status.started)
+
+
+@asynccontextmanager
+async def running(*caches: Informer) -> AsyncIterator[None]:
+    """Each cache listed and watching until the block ends."""
+    async with trio.open_nursery() as nursery:
+        for cache in caches:
+            await nursery.start(run_cache, cache)
+        yield
+        nursery.cancel_scope.cancel()

@@ -1,0 +1,213 @@
+"""Informer: a watch-fed cache of one kind of object, the pattern of client-go's reflector and store.
+
+It lists, then watches from the list's resourceVersion, so no change falls between the two; a watch
+that ends (the server's timeout) is opened again from the last version seen, without a list; a
+watch the server answers 410 Gone (its history was compacted) lists again; every `resync` seconds it
+lists again anyway, which bounds how long a missed change can stay wrong. Any other error is raised:
+the informer is a supervised component (`run(ready)`), and the supervisor's restart backoff is the
+reconnect backoff; the store and the last version survive the restart, so the next session watches
+from where the last one stopped. Readers never wait for the API: `get` and `by_uid` read the store,
+and a reader that needs a change subscribes a Trio event to a key, which the next change of that
+object sets (the resolver of register calls waits on these instead of polling).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import AbstractAsyncContextManager
+from typing import Any
+
+import trio
+
+from vgpud.kube.api import Gone, JsonObject, KubeApi, Listing, WatchEvent, WatchEventType
+
+log = logging.getLogger("vgpud.kube")
+
+#: (namespace, name); cluster-scoped objects have namespace ""
+Key = tuple[str, str]
+Lister = Callable[[], Awaitable[Listing]]
+Watcher = Callable[[str], AbstractAsyncContextManager[AsyncIterator[WatchEvent]]]
+#: (old, new): None for old on an object's first sight, None for new on its deletion
+Handler = Callable[[JsonObject | None, JsonObject | None], None]
+
+#: seconds between two complete lists while the watch runs
+RESYNC_INTERVAL = 600.0
+#: at least this long between two watch starts, so a watch that ends at once cannot spin
+WATCH_MIN_INTERVAL = 1.0
+
+
+def key_of(obj: JsonObject) -> Key:
+    meta = obj.get("metadata") or {}
+    return str(meta.get("namespace") or ""), str(meta.get("name") or "")
+
+
+def _uid(obj: JsonObject) -> str:
+    return str((obj.get("metadata") or {}).get("uid") or "")
+
+
+def _version(obj: JsonObject) -> str:
+    return str((obj.get("metadata") or {}).get("resourceVersion") or "")
+
+
+class Informer:
+    """The objects one list + watch pair sees, kept current. Objects are the API's dicts, shared with
+    every reader: readers must not modify them."""
+
+    def __init__(
+        self,
+        kind: str,
+        lister: Lister,
+        watcher: Watcher,
+        *,
+        resync: float = RESYNC_INTERVAL,
+        min_interval: float = WATCH_MIN_INTERVAL,
+    ) -> None:
+        if not (resync > 0 and min_interval >= 0):
+            raise ValueError(f"informer {kind}: resync must be > 0 and min_interval >= 0")
+        self.kind = kind
+        self._lister = lister
+        self._watcher = watcher
+        self.resync = resync
+        self.min_interval = min_interval
+        self._objects: dict[Key, JsonObject] = {}
+        self._uids: dict[str, Key] = {}
+        #: the version the next watch starts from; None: list first
+        self._version: str | None = None
+        self._next_list = -math.inf
+        self._subscribers: dict[Key, set[trio.Event]] = {}
+        self._sync_subscribers: set[trio.Event] = set()
+        #: called on every change of an object, after the store has it
+        self.handlers: list[Handler] = []
+        #: called after every complete list, after the store has it
+        self.list_handlers: list[Callable[[], None]] = []
+        #: true from the first complete list on (a later failure does not reset it)
+        self.synced = False
+        #: complete lists and opened watches (debug state, tests)
+        self.lists = 0
+        self.watches = 0
+
+    # -- readers -----------------------------------------------------------------------------------
+
+    def __len__(self) -> int:
+        return len(self._objects)
+
+    def get(self, namespace: str, name: str) -> JsonObject | None:
+        return self._objects.get((namespace, name))
+
+    def by_uid(self, uid: str) -> JsonObject | None:
+        key = self._uids.get(uid)
+        return self._objects.get(key) if key is not None else None
+
+    def uids(self) -> frozenset[str]:
+        return frozenset(self._uids)
+
+    def subscribe(self, key: Key, event: trio.Event) -> None:
+        """`event` is set at the next change of the object at `key` (added, modified or deleted)."""
+        self._subscribers.setdefault(key, set()).add(event)
+
+    def unsubscribe(self, key: Key, event: trio.Event) -> None:
+        events = self._subscribers.get(key)
+        if events is not None:
+            events.discard(event)
+            if not events:
+                del self._subscribers[key]
+
+    def subscribe_synced(self, event: trio.Event) -> None:
+        """`event` is set when the first list completes (never, when it has: check `synced`)."""
+        if not self.synced:
+            self._sync_subscribers.add(event)
+
+    def unsubscribe_synced(self, event: trio.Event) -> None:
+        self._sync_subscribers.discard(event)
+
+    # -- the component -----------------------------------------------------------------------------
+
+    async def run(self, ready: Callable[[], None]) -> None:
+        """List when there is no version to watch from (or a resync is due), then watch; ready once
+        the watch is open (once per call). Returns never; raises KubeError when the server fails."""
+        announced = False
+        while True:
+            if self._version is None or trio.current_time() >= self._next_list:
+                await self._list()
+            assert self._version is not None
+            started = trio.current_time()
+            try:
+                with trio.move_on_at(self._next_list):
+                    async with self._watcher(self._version) as events:
+                        self.watches += 1
+                        if not announced:
+                            announced = True
+                            ready()
+                        async for event in events:
+                            self._apply(event)
+            except Gone as err:
+                log.info("%s watch from version %s: %s; listing again", self.kind, self._version, err)
+                self._version = None
+                continue
+            if trio.current_time() < self._next_list:
+                await trio.sleep_until(started + self.min_interval)
+
+    async def _list(self) -> None:
+        listing = await self._lister()
+        fresh = {key_of(obj): obj for obj in listing.items}
+        for key in [k for k in self._objects if k not in fresh]:
+            self._store(key, None)
+        for key, obj in fresh.items():
+            old = self._objects.get(key)
+            if old is None or _version(old) != _version(obj) or _uid(old) != _uid(obj):
+                self._store(key, obj)
+        self._version = listing.resource_version
+        self._next_list = trio.current_time() + self.resync
+        self.lists += 1
+        if not self.synced:
+            self.synced = True
+            log.info("%s cache: %d listed", self.kind, len(fresh))
+            for event in self._sync_subscribers:
+                event.set()
+            self._sync_subscribers.clear()
+        for handler in self.list_handlers:
+            handler()
+
+    def _apply(self, event: WatchEvent) -> None:
+        obj = event.object
+        version = _version(obj)
+        if version:
+            self._version = version
+        self._store(key_of(obj), None if event.type is WatchEventType.DELETED else obj)
+
+    def _store(self, key: Key, new: JsonObject | None) -> None:
+        old = self._objects.pop(key, None)
+        if old is not None and self._uids.get(_uid(old)) == key:
+            del self._uids[_uid(old)]
+        if new is not None:
+            self._objects[key] = new
+            self._uids[_uid(new)] = key
+        if old is None and new is None:
+            return
+        for handler in self.handlers:
+            handler(old, new)
+        for event in self._subscribers.pop(key, ()):
+            event.set()
+
+
+def pod_informer(kube: KubeApi, node_name: str, **kwargs: Any) -> Informer:
+    """The pods bound to `node_name`."""
+
+    def watch(version: str) -> AbstractAsyncContextManager[AsyncIterator[WatchEvent]]:
+        return kube.watch_node_pods(node_name=node_name, resource_version=version)
+
+    async def list_node_pods() -> Listing:
+        return await kube.list_node_pods(node_name=node_name)
+
+    return Informer("pod", list_node_pods, watch, **kwargs)
+
+
+def claim_informer(kube: KubeApi, **kwargs: Any) -> Informer:
+    """Every ResourceClaim of the cluster (a claim's pods may be in any namespace)."""
+
+    def watch(version: str) -> AbstractAsyncContextManager[AsyncIterator[WatchEvent]]:
+        return kube.watch_resource_claims(resource_version=version)
+
+    return Informer("resource claim", kube.list_resource_claims, watch, **kwargs)
