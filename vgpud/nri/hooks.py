@@ -287,20 +287,28 @@ class NriHooks:
             )
 
     def _warn_not_injected(self) -> None:
-        """One WARNING line per container found without its injection (once, not per Synchronize)."""
+        """One WARNING line per container found without its injection (once, not per Synchronize), for
+        the first SYNC_WARNINGS_SHOWN new ones, then one line with how many more: a node may have
+        thousands, and every one is in the debug state and the metric."""
         found_now = self.not_injected.items()  # sorted: one sort, not one per use
         current = {cid for cid, _ in found_now}
-        for cid, found in found_now:
-            if cid not in self._warned_not_injected:
-                log.warning(
-                    "NRI: container %s (%s) of pod %s/%s runs without its vGPU injection (missing %s): it "
-                    "was created while vgpud was away; the runtime cannot evict it, recreate its pod",
-                    found.container,
-                    cid,
-                    found.pod_namespace,
-                    found.pod_name,
-                    ", ".join(found.missing),
-                )
+        new = [(cid, found) for cid, found in found_now if cid not in self._warned_not_injected]
+        for cid, found in new[:SYNC_WARNINGS_SHOWN]:
+            log.warning(
+                "NRI: container %s (%s) of pod %s/%s runs without its vGPU injection (missing %s): it "
+                "was created while vgpud was away; the runtime cannot evict it, recreate its pod",
+                found.container,
+                cid,
+                found.pod_namespace,
+                found.pod_name,
+                ", ".join(found.missing),
+            )
+        if len(new) > SYNC_WARNINGS_SHOWN:
+            log.warning(
+                "NRI: %d more containers run without their vGPU injection (not listed here): "
+                "`vgpud debug state` lists every one under nri.not_injected",
+                len(new) - SYNC_WARNINGS_SHOWN,
+            )
         self._warned_not_injected = current
 
     async def shutdown(self, request: Empty) -> Empty:

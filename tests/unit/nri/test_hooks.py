@@ -25,7 +25,7 @@ from vgpud._pb.nri.pkg.api.v1alpha1 import (
 )
 from vgpud.nri.envs import env_value
 from vgpud.nri.events import event_mask, known_events_mask
-from vgpud.nri.hooks import Code, HookError, NriHooks
+from vgpud.nri.hooks import SYNC_WARNINGS_SHOWN, Code, HookError, NriHooks
 from vgpud.nri.sync import SyncBatch, decode_sync
 from vgpud.partition import libfiles as F
 from vgpud.partition.layout import Layout
@@ -354,6 +354,21 @@ async def test_synchronize_finds_a_container_the_runtime_created_without_the_inj
     assert hooks.stats.sync_invalid == 0
     await hooks.remove_container(RemoveContainerRequest(pod=pod(), container=instance("late")))
     assert len(hooks.not_injected) == 0 and not container_dir(hooks).exists()
+
+
+async def test_thousands_without_their_injection_log_a_few_lines_and_report_every_one(
+    hooks: NriHooks, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A WARNING per container up to SYNC_WARNINGS_SHOWN, then one line with how many more: every
+    one is still reported (debug state, metric)."""
+    many = SYNC_WARNINGS_SHOWN + 3
+    caplog.set_level("WARNING", logger="vgpud.nri")
+    containers = [instance(f"late-{i}", f"c{i}") for i in range(many)]
+    await hooks.synchronize(sync(pods=[pod()], containers=containers))
+    assert len(hooks.not_injected) == many
+    lines = [r.getMessage() for r in caplog.records if "vGPU injection" in r.getMessage()]
+    assert len(lines) == SYNC_WARNINGS_SHOWN + 1, lines
+    assert lines[-1].startswith("NRI: 3 more containers run without their vGPU injection"), lines[-1]
 
 
 async def test_a_partial_injection_is_not_an_injection(hooks: NriHooks) -> None:
