@@ -1,10 +1,10 @@
 """`make bench`'s closing table: every bench's key figures, their same-run reference and ratio, the goal.
 
-Reads the JSON lines the benches appended (bench/lib/results.py) and names the benches that ran but
-wrote none (their own output above says why). Exits 1 when a bench's correctness check failed or a
-bench in --expect wrote no line.
+Reads the JSON lines the benches appended (bench/lib/results.py) and names the benches in --ran that
+wrote none (their own output above says what they measured). Exits 1 when a bench's correctness check
+failed or a bench in --expect wrote no line.
 
-    .venv/bin/python bench/summary.py RESULTS.jsonl [--expect NAME ...]
+    .venv/bin/python bench/summary.py RESULTS.jsonl [--ran NAME ...] [--expect NAME ...]
 """
 
 from __future__ import annotations
@@ -28,6 +28,12 @@ def _number(value: float | None, unit: str = "") -> str:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("results", type=Path)
+    parser.add_argument(
+        "--ran",
+        nargs="*",
+        default=[],
+        help="benches that ran (named when they wrote no line)",
+    )
     parser.add_argument("--expect", nargs="*", default=[], help="benches that must have written a line")
     args = parser.parse_args()
     rows = load(args.results) if args.results.exists() else []
@@ -44,6 +50,9 @@ def main() -> int:
                 f"{ratio:>7}  {fig.get('reference', ''):<34} {fig.get('goal', ''):<14} {met}"
             )
     seen = {row["bench"] for row in rows}
+    for name in args.ran:
+        if name not in seen:
+            print(f"{name:<12} (no result line: its own table above)")
     failed += [f"{name}: wrote no result line" for name in args.expect if name not in seen]
     for line in failed:
         print(f"FAILED: {line}", file=sys.stderr)

@@ -53,6 +53,13 @@ def test_summary_prints_every_figure_and_fails_on_a_failed_or_missing_bench(
     good = summary(target, "prepare")
     assert good.returncode == 0, good.stderr
     assert "Prepare 64 claims p99" in good.stdout and "1.10x" in good.stdout and "yes" in good.stdout
+    quiet = subprocess.run(
+        [sys.executable, str(SUMMARY), str(target), "--ran", "prepare", "registry"],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert quiet.returncode == 0 and "registry     (no result line" in quiet.stdout
     missing = summary(target, "prepare", "footprint")
     assert missing.returncode == 1 and "footprint: wrote no result line" in missing.stderr
     emit("stream", [], ok=False)
