@@ -71,6 +71,8 @@ async def _prepare_locked(
     """Two checkpoint writes per call, not per claim: every claim to prepare is marked
     PrepareStarted before any side effect, and the results are recorded together at the end."""
     checkpoint = await ctx.load()
+    # the batch's own PrepareStarted entries below prepare no devices, so this stays true for the loop
+    prepared = _prepared_index(checkpoint)
     todo = []
     for ref, claim, pods in fetched:
         entry = checkpoint.claims.get(ref.uid)
@@ -79,7 +81,7 @@ async def _prepare_locked(
                 outcomes[ref.uid] = PrepareOutcome(devices=entry.prepared_devices)
             continue
         try:
-            _check_devices(ctx, claim, checkpoint)
+            _check_devices(ctx, claim, prepared)
         except PrepareError as err:
             outcomes[ref.uid] = ctx.failed("Prepare", ref, err)
             continue
@@ -287,7 +289,20 @@ async def _reserved_pods(ctx: DraContext, claim: ClaimView) -> list[PodView]:
     return pods
 
 
-def _check_devices(ctx: DraContext, claim: ClaimView, checkpoint: Checkpoint) -> None:
+#: (device, pool, share id) -> the checkpoint's claims that have it prepared, in checkpoint order
+PreparedIndex = dict[tuple[str, str, str | None], list[tuple[str, ClaimEntry]]]
+
+
+def _prepared_index(checkpoint: Checkpoint) -> PreparedIndex:
+    """Built once per call, so checking a batch is not claims x prepared claims."""
+    index: PreparedIndex = {}
+    for uid, other in checkpoint.claims.items():
+        for prepared in other.prepared_devices:
+            index.setdefault((prepared.device, prepared.pool, prepared.share_id), []).append((uid, other))
+    return index
+
+
+def _check_devices(ctx: DraContext, claim: ClaimView, prepared: PreparedIndex) -> None:
     """Every result is a GPU of this node and not already prepared for another claim."""
     for device in claim.devices:
         if device.admin_access:
@@ -296,16 +311,12 @@ def _check_devices(ctx: DraContext, claim: ClaimView, checkpoint: Checkpoint) ->
                 f"for vGPU device {device.device}"
             )
         gpu_for(ctx.facts, device)
-        for uid, other in checkpoint.claims.items():
-            if uid == claim.uid:
-                continue
-            for prepared in other.prepared_devices:
-                same_share = prepared.share_id == device.share_id
-                if prepared.device == device.device and prepared.pool == device.pool and same_share:
-                    raise PrepareError(
-                        f"device {device.device} (share {device.share_id or '-'}) is already prepared "
-                        f"for claim {other.namespace}/{other.name} ({uid})"
-                    )
+        for uid, other in prepared.get((device.device, device.pool, device.share_id), ()):
+            if uid != claim.uid:
+                raise PrepareError(
+                    f"device {device.device} (share {device.share_id or '-'}) is already prepared "
+                    f"for claim {other.namespace}/{other.name} ({uid})"
+                )
 
 
 def _create_directories(result: PrepareResult) -> None:
