@@ -129,14 +129,17 @@ def main() -> int:
         try:
             box = vgpu_sandbox(node)
             cids = fill(box, args.containers)
-            wait_cached(node, cids)
-            for _ in range(args.restarts):
-                starts.append(start_to_serving(node))
+            for restart in range(args.restarts + 1):
+                if restart:
+                    starts.append(start_to_serving(node))
                 try:
                     wait_cached(node, cids)
                 except AssertionError:
-                    wrong = f"vgpud's cache lacks {len(cids - cached_containers(node))} containers"
+                    lacking = len(cids - cached_containers(node))
+                    wrong = f"after {restart} restarts vgpud's cache lacks {lacking} of the containers"
                     break
+                if not restart:
+                    continue
                 now, peak = memory_mb(node.procs["vgpud"].pid)
                 rss.append(now)
                 hwm.append(peak)
