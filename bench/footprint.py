@@ -17,11 +17,11 @@ start -> SERVING <= 1.5 s. Exits 1 when vgpud's cache does not hold every contai
 from __future__ import annotations
 
 import argparse
-import os
 import statistics
 import subprocess
 import sys
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
@@ -87,16 +87,18 @@ def start_to_serving(node: LocalNode) -> float:
     raise RuntimeError("vgpud not SERVING within 60 s of its start")
 
 
+#: the reference process: loads what `vgpud run` loads first, then reports its own memory
+BARE = "import vgpud.cli, pathlib; print(pathlib.Path('/proc/self/status').read_text())"
+
+
 def bare_import() -> tuple[float, float]:
-    """(peak RSS MiB, wall seconds) of `python -c 'import vgpud.cli'`."""
+    """(peak RSS MiB, wall seconds) of `python -c 'import vgpud.cli'`, from the child's own
+    /proc/self/status (a wait4 rusage would count the forking parent's pages before exec)."""
     began = time.monotonic()
-    proc = subprocess.Popen([sys.executable, "-c", "import vgpud.cli"], cwd=REPO)
-    _, status, usage = os.wait4(proc.pid, 0)
+    out = subprocess.run([sys.executable, "-c", BARE], cwd=REPO, check=True, capture_output=True, text=True)
     took = time.monotonic() - began
-    proc.returncode = os.waitstatus_to_exitcode(status)
-    if proc.returncode != 0:
-        raise RuntimeError(f"import vgpud.cli exited {proc.returncode}")
-    return usage.ru_maxrss / 1024, took
+    fields = dict(line.split(":", 1) for line in out.stdout.splitlines() if ":" in line)
+    return int(fields["VmHWM"].split()[0]) / 1024, took
 
 
 def fill(box: VgpuSandbox, containers: int) -> set[str]:
@@ -105,6 +107,46 @@ def fill(box: VgpuSandbox, containers: int) -> set[str]:
         cid, _ = box.create(box.config(f"fp-{i}"))
         cids.add(cid)
     return cids
+
+
+@dataclass
+class Run:
+    #: seconds from process start to SERVING, and VmRSS / VmHWM (MiB) after it, per restart
+    starts: list[float] = field(default_factory=list)
+    rss: list[float] = field(default_factory=list)
+    hwm: list[float] = field(default_factory=list)
+    #: VmRSS before the containers are created (the pod's own vGPU container only)
+    before: float = 0.0
+    #: the failed correctness check, if one failed
+    wrong: str = ""
+
+
+def measure(containers: int, restarts: int) -> Run:
+    """A node, `containers` live vGPU containers, then `restarts` timed vgpud restarts."""
+    run = Run()
+    node = LocalNode(nri=True)
+    node.start()
+    try:
+        box = vgpu_sandbox(node)
+        run.before = memory_mb(node.procs["vgpud"].pid)[0]
+        cids = fill(box, containers)
+        for restart in range(restarts + 1):
+            if restart:
+                run.starts.append(start_to_serving(node))
+            try:
+                wait_cached(node, cids)
+            except AssertionError:
+                lacking = len(cids - cached_containers(node))
+                run.wrong = f"after {restart} restarts vgpud's cache lacks {lacking} of the containers"
+                break
+            if restart:
+                now, peak = memory_mb(node.procs["vgpud"].pid)
+                run.rss.append(now)
+                run.hwm.append(peak)
+        box.remove(sorted(cids))
+    finally:
+        node.stop()
+    return run
 
 
 def main() -> int:
@@ -119,33 +161,9 @@ def main() -> int:
         print(f"footprint: {why}", file=sys.stderr)
         emit("footprint", [], ok=False)
         return 2
-    node = LocalNode(nri=True)
-    starts: list[float] = []
-    rss: list[float] = []
-    hwm: list[float] = []
-    wrong = ""
     with stop_on_signals():
-        node.start()
-        try:
-            box = vgpu_sandbox(node)
-            cids = fill(box, args.containers)
-            for restart in range(args.restarts + 1):
-                if restart:
-                    starts.append(start_to_serving(node))
-                try:
-                    wait_cached(node, cids)
-                except AssertionError:
-                    lacking = len(cids - cached_containers(node))
-                    wrong = f"after {restart} restarts vgpud's cache lacks {lacking} of the containers"
-                    break
-                if not restart:
-                    continue
-                now, peak = memory_mb(node.procs["vgpud"].pid)
-                rss.append(now)
-                hwm.append(peak)
-            box.remove(sorted(cids))
-        finally:
-            node.stop()
+        run = measure(args.containers, args.restarts)
+    starts, before, rss, hwm, wrong = run.starts, run.before, run.rss, run.hwm, run.wrong
     if wrong:
         print(f"FAILED: {wrong}", file=sys.stderr)
         emit("footprint", [], ok=False)
@@ -162,6 +180,10 @@ def main() -> int:
         ("start -> SERVING (s)", start, bare_time),
     ):
         print(f"{label:28} {value:>10.3f} {base:>10.3f} {value / base:>6.2f}x")
+    added = resident - before
+    print(
+        f"{'RSS, 1 container (MiB)':28} {before:>10.3f}  (the {args.containers} containers: {added:+.1f} MiB)"
+    )
     each = ", ".join(f"{s:.3f} s / {r:.1f} MiB" for s, r in zip(starts, rss, strict=True))
     print(f"(each of {args.restarts} restarts: {each})")
     emit(
