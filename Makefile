@@ -50,8 +50,21 @@ check-protos: setup  ## fail if vgpud/_pb is not what protos/ generates
 demo: build image kube node-deps  ## the main job on a real local node (root): a pod with two containers on one vGPU claim, then a CUDA program hitting its memory limit
 	@$(PY) hack/demo.py
 
-bench: build
-	@for b in bench/*.py; do echo "== $$b"; $(PY) "$$b" || exit 1; done
+#: benches that start a local node (root, and the e2e lock, taken around each)
+NODE_BENCHES := cri_latency footprint
+BENCHES := $(filter-out summary $(NODE_BENCHES),$(basename $(notdir $(wildcard bench/*.py))))
+BENCH_RESULTS := build/bench-results.jsonl
+
+bench: build kube node-deps  ## every bench (bench/*.py; the local-node ones under /tmp/vgpud-e2e.lock), then one summary table
+	@rm -f $(BENCH_RESULTS); failed=""; \
+	for b in $(BENCHES); do echo "== bench/$$b.py"; \
+		VGPUD_BENCH_RESULTS=$(BENCH_RESULTS) $(PY) bench/$$b.py || failed="$$failed $$b"; done; \
+	for b in $(NODE_BENCHES); do echo "== bench/$$b.py (local node, holding /tmp/vgpud-e2e.lock)"; \
+		VGPUD_BENCH_RESULTS=$(BENCH_RESULTS) flock /tmp/vgpud-e2e.lock $(PY) bench/$$b.py || failed="$$failed $$b"; done; \
+	echo "== summary ($(BENCH_RESULTS))"; \
+	$(PY) bench/summary.py $(BENCH_RESULTS) --ran $(BENCHES) $(NODE_BENCHES) \
+		--expect prepare stream $(NODE_BENCHES) || failed="$$failed summary"; \
+	[ -z "$$failed" ] || { echo "bench: failed:$$failed" >&2; exit 1; }
 
 clean:
 	rm -rf build .pytest_cache .ruff_cache

@@ -7,13 +7,20 @@ Prints p50/p99 per call and per claim for each batch size, and each batch's p50 
 of a one-claim call's (measured first, in the same run). Exits 1 when a call fails for any claim or
 answers for other claims than it was asked for.
 
+Most of a large Prepare is the file system's (six directories, pids.config and the CDI spec per claim,
+two fsynced checkpoint writes), and its cost on a shared disk varies from run to run, so each round of
+64 claims is followed by the reference: the same directories and files made with bare `os` calls in a
+fresh tree (`FsFloor`). The 64-claim row's p99 and its ratio to that floor are the figures `make bench`
+summarizes (goal: p99 <= 50 ms).
+
     .venv/bin/python bench/prepare.py [--rounds N]
 """
 
 from __future__ import annotations
 
 import argparse
-import statistics
+import os
+import shutil
 import sys
 import tempfile
 import threading
@@ -26,6 +33,7 @@ import trio_asyncio
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from bench.lib.results import Figure, emit
 from bench.lib.stats import percentile
 from tests import objects as o
 from tests.draharness import NODE, Harness
@@ -34,11 +42,60 @@ from vgpud.dra.service import node_services
 from vgpud.grpcserve import serve
 
 BATCHES = (1, 8, 64, 256)
+#: the batch the issue's goal is about, and the goal (milliseconds, p99 of one call)
+GOAL_BATCH, GOAL_P99_MS = 64, 50.0
 V1 = "k8s.io.kubelet.pkg.apis.dra.v1"
 
 
 def claim_uid(i: int) -> str:
     return f"{i:08x}-0000-4000-8000-000000000000"
+
+
+class FsFloor:
+    """The file system work of a Prepare with nothing else: the directories and files a real Prepare
+    left under `root` (snapshotted once), re-made in a fresh tree with bare `os` calls, plus two
+    fsynced writes of the checkpoint's size, then removed."""
+
+    def __init__(self, root: Path, scratch: Path) -> None:
+        self.scratch = scratch
+        scratch.mkdir(exist_ok=True)
+        self.dirs: list[Path] = []
+        self.files: list[tuple[Path, int]] = []
+        for top in ("manager", "cdi"):
+            for path in sorted((root / top).rglob("*")):
+                rel = path.relative_to(root)
+                if path.is_dir():
+                    self.dirs.append(rel)
+                else:
+                    self.files.append((rel, path.stat().st_size))
+        self.checkpoint = (root / "plugin" / "checkpoint.json").stat().st_size
+
+    def run(self) -> float:
+        """Seconds to make the tree and write the checkpoint twice (the tree is removed after)."""
+        tree = Path(tempfile.mkdtemp(dir=self.scratch))
+        for top in ("manager", "cdi"):  # exist before a Prepare too
+            (tree / top).mkdir()
+        start = time.perf_counter()
+        for rel in self.dirs:
+            os.mkdir(tree / rel)
+        for rel, size in self.files:
+            tmp = tree / rel.with_name(f".{rel.name}.tmp")
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+            os.write(fd, b"x" * size)
+            os.close(fd)
+            os.rename(tmp, tree / rel)
+        for _ in range(2):
+            fd = os.open(tree / "checkpoint.tmp", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+            os.write(fd, b"x" * self.checkpoint)
+            os.fsync(fd)
+            os.close(fd)
+            os.rename(tree / "checkpoint.tmp", tree / "checkpoint.json")
+            fd = os.open(tree, os.O_RDONLY | os.O_DIRECTORY)
+            os.fsync(fd)
+            os.close(fd)
+        elapsed = time.perf_counter() - start
+        shutil.rmtree(tree)
+        return elapsed
 
 
 def start_server(root: Path, claims: int, ready: threading.Event) -> None:
@@ -91,11 +148,19 @@ def main() -> int:
         )
         #: p50 per claim of a one-claim call, per op: the reference each batch's cost is a ratio of
         single: dict[str, float] = {}
+        reference: FsFloor | None = None
+        floor: list[float] = []
+        goal_p99 = 0.0
         for size in BATCHES:
             rounds = args.rounds or max(5, 200 // size)
+            if size == GOAL_BATCH:
+                rounds = max(rounds, 30)  # its p99 is the figure: not the max of five
             timings: dict[str, list[float]] = {"Prepare": [], "Unprepare": []}
             for _ in range(rounds):
                 for kind in ("Prepare", "Unprepare"):
+                    if kind == "Unprepare" and size == GOAL_BATCH:
+                        reference = reference or FsFloor(root, root / "floor")
+                        floor.append(reference.run())
                     request = request_cls[kind]()
                     for i in range(size):
                         request.claims.add(namespace=o.NAMESPACE, uid=claim_uid(i), name=f"c{i}")
@@ -105,15 +170,39 @@ def main() -> int:
                     errors = [e.error for e in reply.claims.values() if e.error]
                     if set(reply.claims) != {claim_uid(i) for i in range(size)} or errors:
                         print(f"{kind} of {size} claims failed: {errors[:3]}", file=sys.stderr)
+                        emit("prepare", [], ok=False)
                         return 1
             for kind, values in timings.items():
                 p50, p99 = percentile(values, 50) * 1e3, percentile(values, 99) * 1e3
-                reference = single.setdefault(kind, p50 / size)
+                ratio = p50 / size / single.setdefault(kind, p50 / size)
+                if size == GOAL_BATCH and kind == "Prepare":
+                    goal_p99 = p99
                 print(
                     f"{size:>6} {kind:<9} {rounds:>6} {p50:>8.2f}ms {p99:>8.2f}ms "
-                    f"{p50 / size:>8.3f}ms {p99 / size:>8.3f}ms {p50 / size / reference:>10.2f}"
+                    f"{p50 / size:>8.3f}ms {p99 / size:>8.3f}ms {ratio:>10.2f}"
                 )
-        print(f"mean Prepare per claim at 256: {statistics.mean(timings['Prepare']) / 256 * 1e3:.3f} ms")
+        floor_p50, floor_p99 = percentile(floor, 50) * 1e3, percentile(floor, 99) * 1e3
+        print(
+            f"{GOAL_BATCH:>6} {'fs floor':<9} {len(floor):>6} {floor_p50:>8.2f}ms {floor_p99:>8.2f}ms "
+            f"(bare os calls for the same directories and files; Prepare p99 is "
+            f"{goal_p99 / floor_p99:.2f}x it)"
+        )
+    emit(
+        "prepare",
+        [
+            Figure(
+                f"Prepare {GOAL_BATCH} claims, p99 of one call",
+                goal_p99,
+                "ms",
+                reference="its files with bare os calls, p99",
+                ratio=goal_p99 / floor_p99,
+                goal=f"<= {GOAL_P99_MS:.0f} ms",
+                met=goal_p99 <= GOAL_P99_MS,
+            ),
+            Figure(f"fs floor for {GOAL_BATCH} claims, p99", floor_p99, "ms"),
+        ],
+        ok=True,
+    )
     return 0
 
 

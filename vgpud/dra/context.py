@@ -77,10 +77,15 @@ class DraContext:
         return PrepareOutcome(error=str(err))
 
     async def remove_artifacts(self, claim_uid: str) -> None:
-        """Remove everything Prepare may have created for the claim: its directory and CDI spec."""
-        for path in self.assigner.unprepare(claim_uid, {}).paths:
-            await trio.to_thread.run_sync(remove_tree, Path(path))
-        await trio.to_thread.run_sync(remove_spec, self.cdi_root, self.driver, claim_uid)
+        """Remove everything Prepare may have created for the claim: its directory and CDI spec (in
+        one worker-thread hop)."""
+        paths = [Path(path) for path in self.assigner.unprepare(claim_uid, {}).paths]
+        await trio.to_thread.run_sync(self._remove_files, paths, claim_uid)
+
+    def _remove_files(self, paths: list[Path], claim_uid: str) -> None:
+        for path in paths:
+            remove_tree(path)
+        remove_spec(self.cdi_root, self.driver, claim_uid)
 
     async def try_remove_artifacts(self, ref: ClaimRef) -> str:
         """A rollback that cannot fail the batch: "" when everything went, else what could not be

@@ -13,13 +13,21 @@ Every per-claim failure is a message in that claim's reply entry, never a whole-
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 import trio
 
 from vgpud.dra.cdi import write_spec
-from vgpud.dra.checkpoint import Checkpoint, CheckpointError, ClaimEntry, PrepareState
+from vgpud.dra.checkpoint import (
+    Checkpoint,
+    CheckpointError,
+    ClaimEntry,
+    PreparedDevice,
+    PrepareState,
+)
 from vgpud.dra.claimedits import PrepareError, build_claim_spec, gpu_for
 from vgpud.dra.claimindex import ClaimRef
 from vgpud.dra.context import DraContext, PrepareOutcome, state_error
@@ -29,7 +37,7 @@ from vgpud.kube import KubeError, NotFound
 from vgpud.partition.assigner import Mode, PartitionError, PrepareResult
 from vgpud.partition.model import ClaimView, ModelError, PodView, parse_claim, parse_pod
 from vgpud.partition.pidsfile import PidsFileError, reset_pids_file
-from vgpud.recorder import Outcome
+from vgpud.recorder import HookCall, Outcome
 
 log = logging.getLogger("vgpud.dra")
 
@@ -63,6 +71,8 @@ async def _prepare_locked(
     """Two checkpoint writes per call, not per claim: every claim to prepare is marked
     PrepareStarted before any side effect, and the results are recorded together at the end."""
     checkpoint = await ctx.load()
+    # the batch's own PrepareStarted entries below prepare no devices, so this stays true for the loop
+    prepared = _prepared_index(checkpoint)
     todo = []
     for ref, claim, pods in fetched:
         entry = checkpoint.claims.get(ref.uid)
@@ -71,7 +81,7 @@ async def _prepare_locked(
                 outcomes[ref.uid] = PrepareOutcome(devices=entry.prepared_devices)
             continue
         try:
-            _check_devices(ctx, claim, checkpoint)
+            _check_devices(ctx, claim, prepared)
         except PrepareError as err:
             outcomes[ref.uid] = ctx.failed("Prepare", ref, err)
             continue
@@ -97,25 +107,30 @@ async def _prepare_locked(
     # A cancellation (the kubelet's deadline) from here on leaves PrepareStarted entries: the next
     # Prepare or the periodic cleanup rolls them back.
     checkpoint = await ctx.save(checkpoint)
-    for ref, claim, pods in todo:
-        with ctx.timed("Prepare", ref) as call:
-            try:
-                completed = await _materialize(ctx, claim, pods)
-            except Exception as err:  # whatever it is, it is this claim's error
-                if not isinstance(err, EXPECTED):
-                    log.exception("claim %s/%s: unexpected Prepare failure", ref.namespace, ref.name)
-                message = f"claim {ref.namespace}/{ref.name}: {err}"
-                problem = await ctx.try_remove_artifacts(ref)
-                if problem:  # PrepareStarted stays, so the next Prepare or the cleanup rolls back
-                    message = f"{message}; {problem}"
-                else:
-                    checkpoint = checkpoint.without_claim(ref.uid)
-                call.outcome, call.detail = Outcome.ERROR, message
-                log.warning("%s", message)
-                outcomes[ref.uid] = PrepareOutcome(error=message)
-                continue
-            checkpoint = checkpoint.with_claim(ref.uid, completed)
-            outcomes[ref.uid] = PrepareOutcome(devices=completed.prepared_devices)
+    for (ref, _, _), (planned, failure, seconds) in zip(todo, await _materialize_all(ctx, todo), strict=True):
+        if failure is None:
+            assert planned is not None
+            checkpoint = checkpoint.with_claim(ref.uid, planned)
+            outcomes[ref.uid] = PrepareOutcome(devices=planned.prepared_devices)
+            _record(ctx, ref, seconds)
+            continue
+        if not isinstance(failure, EXPECTED):
+            log.error(
+                "claim %s/%s: unexpected Prepare failure",
+                ref.namespace,
+                ref.name,
+                exc_info=(type(failure), failure, failure.__traceback__),
+            )
+        message = f"claim {ref.namespace}/{ref.name}: {failure}"
+        started = time.perf_counter()
+        problem = await ctx.try_remove_artifacts(ref)
+        if problem:  # PrepareStarted stays, so the next Prepare or the cleanup rolls back
+            message = f"{message}; {problem}"
+        else:
+            checkpoint = checkpoint.without_claim(ref.uid)
+        log.warning("%s", message)
+        outcomes[ref.uid] = PrepareOutcome(error=message)
+        _record(ctx, ref, seconds + time.perf_counter() - started, message)
     try:
         await ctx.save(checkpoint)
     except CheckpointError as err:  # done but not recorded: PrepareStarted stays, so it is redone
@@ -126,16 +141,89 @@ async def _prepare_locked(
                 )
 
 
-async def _materialize(ctx: DraContext, claim: ClaimView, pods: list[PodView]) -> ClaimEntry:
-    """The side effects of one Prepare: directories, claim annotations, the CDI spec."""
-    result = ctx.assigner.prepare(claim, pods)
-    spec, devices = build_claim_spec(ctx.facts, claim, result)
-    await trio.to_thread.run_sync(_create_directories, result)
-    if result.annotations:
-        await ctx.kube.patch_resource_claim_annotations(
-            claim.namespace, claim.name, dict(result.annotations), uid=claim.uid
+#: one claim's completed checkpoint entry or what failed it (then the entry is None), and the seconds
+#: its own side effects took
+Materialized = tuple[ClaimEntry | None, Exception | None, float]
+
+
+@dataclass
+class _Plan:
+    """One claim's side effects, computed on the event loop, written in the batch's worker thread."""
+
+    claim: ClaimView
+    result: PrepareResult
+    spec: dict
+    devices: tuple[PreparedDevice, ...]
+    failure: Exception | None = None
+    seconds: float = 0.0
+
+
+async def _materialize_all(ctx: DraContext, todo: list[Fetched]) -> list[Materialized]:
+    """The side effects of the batch's Prepares, in request order: each claim's directories and CDI
+    spec (all claims in one worker-thread hop, not two hops per claim: the hops were most of a large
+    batch's time), then its claim annotations through the API (eager client mode only)."""
+    plans: list[_Plan | tuple[Exception, float]] = []
+    for _, claim, pods in todo:
+        started = time.perf_counter()
+        try:
+            result = ctx.assigner.prepare(claim, pods)
+            spec, devices = build_claim_spec(ctx.facts, claim, result)
+        except Exception as err:  # whatever it is, it is this claim's error
+            plans.append((err, time.perf_counter() - started))
+            continue
+        plans.append(_Plan(claim, result, spec, devices, seconds=time.perf_counter() - started))
+    written = [plan for plan in plans if isinstance(plan, _Plan)]
+    if written:
+        await trio.to_thread.run_sync(_write_files, ctx.cdi_root, ctx.driver, written)
+    done: list[Materialized] = []
+    for plan in plans:
+        if not isinstance(plan, _Plan):
+            done.append((None, *plan))
+            continue
+        if plan.failure is None and plan.result.annotations:
+            claim = plan.claim
+            started = time.perf_counter()
+            try:
+                await ctx.kube.patch_resource_claim_annotations(
+                    claim.namespace, claim.name, dict(plan.result.annotations), uid=claim.uid
+                )
+            except Exception as err:  # whatever it is, it is this claim's error
+                plan.failure = err
+            plan.seconds += time.perf_counter() - started
+        entry = _completed(ctx, plan) if plan.failure is None else None
+        done.append((entry, plan.failure, plan.seconds))
+    return done
+
+
+def _write_files(cdi_root: Path, driver: str, plans: list[_Plan]) -> None:
+    """Each plan's directories, then its CDI spec; a failure is recorded on its plan (blocking)."""
+    for plan in plans:
+        started = time.perf_counter()
+        try:
+            _create_directories(plan.result)
+            write_spec(cdi_root, driver, plan.claim.uid, plan.spec)
+        except Exception as err:  # whatever it is, it is this claim's error
+            plan.failure = err
+        plan.seconds += time.perf_counter() - started
+
+
+def _record(ctx: DraContext, ref: ClaimRef, seconds: float, error: str = "") -> None:
+    """One claim's Prepare in the recorder, timed by its own side effects (the batch shares its hops)."""
+    ctx.recorder.record(
+        HookCall(
+            component="dra",
+            call="Prepare",
+            claim_uid=ref.uid,
+            pod_namespace=ref.namespace,
+            outcome=Outcome.ERROR if error else Outcome.OK,
+            detail=error,
+            latency_seconds=seconds,
         )
-    await trio.to_thread.run_sync(write_spec, ctx.cdi_root, ctx.driver, claim.uid, spec)
+    )
+
+
+def _completed(ctx: DraContext, plan: _Plan) -> ClaimEntry:
+    claim, devices = plan.claim, plan.devices
     log.info(
         "claim %s/%s (%s) prepared: %s",
         claim.namespace,
@@ -148,7 +236,7 @@ async def _materialize(ctx: DraContext, claim: ClaimView, pods: list[PodView]) -
         name=claim.name,
         namespace=claim.namespace,
         prepared_devices=devices,
-        partition=result.record.to_dict(),
+        partition=plan.result.record.to_dict(),
         vgpu=bool(devices),
         status={
             "reservedFor": [{"resource": "pods", "name": r.name, "uid": r.uid} for r in claim.reserved_for]
@@ -201,7 +289,20 @@ async def _reserved_pods(ctx: DraContext, claim: ClaimView) -> list[PodView]:
     return pods
 
 
-def _check_devices(ctx: DraContext, claim: ClaimView, checkpoint: Checkpoint) -> None:
+#: (device, pool, share id) -> the checkpoint's claims that have it prepared, in checkpoint order
+PreparedIndex = dict[tuple[str, str, str | None], list[tuple[str, ClaimEntry]]]
+
+
+def _prepared_index(checkpoint: Checkpoint) -> PreparedIndex:
+    """Built once per call, so checking a batch is not claims x prepared claims."""
+    index: PreparedIndex = {}
+    for uid, other in checkpoint.claims.items():
+        for prepared in other.prepared_devices:
+            index.setdefault((prepared.device, prepared.pool, prepared.share_id), []).append((uid, other))
+    return index
+
+
+def _check_devices(ctx: DraContext, claim: ClaimView, prepared: PreparedIndex) -> None:
     """Every result is a GPU of this node and not already prepared for another claim."""
     for device in claim.devices:
         if device.admin_access:
@@ -210,16 +311,12 @@ def _check_devices(ctx: DraContext, claim: ClaimView, checkpoint: Checkpoint) ->
                 f"for vGPU device {device.device}"
             )
         gpu_for(ctx.facts, device)
-        for uid, other in checkpoint.claims.items():
-            if uid == claim.uid:
-                continue
-            for prepared in other.prepared_devices:
-                same_share = prepared.share_id == device.share_id
-                if prepared.device == device.device and prepared.pool == device.pool and same_share:
-                    raise PrepareError(
-                        f"device {device.device} (share {device.share_id or '-'}) is already prepared "
-                        f"for claim {other.namespace}/{other.name} ({uid})"
-                    )
+        for uid, other in prepared.get((device.device, device.pool, device.share_id), ()):
+            if uid != claim.uid:
+                raise PrepareError(
+                    f"device {device.device} (share {device.share_id or '-'}) is already prepared "
+                    f"for claim {other.namespace}/{other.name} ({uid})"
+                )
 
 
 def _create_directories(result: PrepareResult) -> None:
