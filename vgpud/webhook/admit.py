@@ -12,6 +12,12 @@ one named claim each see a namespace without the other, and both are admitted. T
 rather than serialized (a webhook has no lock across API server replicas); the invariant holds anyway
 because the scheduler must reserve the claim for the second pod through a resourceclaims/status
 update, which `check_claim_status` denies, so the second pod stays Pending and never runs.
+
+What the API server returns is read as strictly as the review itself: a claim, template or namespace
+pod whose fields do not have Kubernetes' types is denied with code 400 naming the object and the field
+(and logged as a warning), never a 500 from deep inside the rules. The rules over a large pod or
+namespace run in a worker thread (`cpu.CpuLane`), so they never hold up the other reviews; a decision
+still running at the deadline is answered with code 500.
 """
 
 from __future__ import annotations
@@ -25,9 +31,10 @@ import trio
 from vgpud.kube.api import KubeError, NotFound
 from vgpud.recorder import Outcome, Recorder
 from vgpud.webhook import rules
+from vgpud.webhook.cpu import INLINE_CONTAINERS, CpuLane, DecisionTooSlow
 from vgpud.webhook.lookup import Lookup
 from vgpud.webhook.review import AdmissionRequest, Decision
-from vgpud.webhook.rules import Policy, RuleInputError
+from vgpud.webhook.rules import ApiObjectError, Policy, RuleInputError
 
 log = logging.getLogger("vgpud.webhook")
 
@@ -53,11 +60,13 @@ class Admitter:
         *,
         recorder: Recorder | None = None,
         lookup_timeout: float = LOOKUP_TIMEOUT_S,
+        cpu: CpuLane | None = None,
     ) -> None:
         self._lookup = lookup
         self._policy = policy
         self.recorder = recorder if recorder is not None else Recorder()
         self._timeout = lookup_timeout
+        self.cpu = cpu if cpu is not None else CpuLane()
 
     async def decide(self, request: AdmissionRequest) -> Decision:
         """The answer to a well-formed review; never raises for the review's content."""
@@ -93,10 +102,23 @@ class Admitter:
                         return self._claim(request)
                     if request.sub_resource == "status" and request.operation == "UPDATE":
                         return await self._claim_status(request)
+        except ApiObjectError as err:
+            log.warning(
+                "review %s of %s: the API server returned an object that cannot be read: %s",
+                request.uid,
+                what,
+                err,
+            )
+            return Decision.deny(
+                f"vgpud webhook cannot read what the API server returned for {what}: {err}", code=400
+            ), True
         except RuleInputError as err:
             return Decision.deny(f"vgpud webhook cannot read {what}: {err}", code=400), True
         except KubeError as err:
             return Decision.deny(f"vgpud webhook could not check {what}: {err}", code=500), True
+        except DecisionTooSlow:
+            message = f"vgpud webhook could not check {what}: deciding took longer than {self._timeout:g}s"
+            return Decision.deny(message, code=500), True
         except trio.TooSlowError:
             message = (
                 f"vgpud webhook could not check {what}: the API server did not answer in {self._timeout:g}s"
@@ -108,13 +130,17 @@ class Admitter:
         pod = request.object_with_identity()
         if not _has_claims(pod):
             return Decision.allow(), False
-        sources = rules.pod_claims(pod)  # RuleInputError for a pod without namespace, name or uid
+        size = _containers(pod)
+        # RuleInputError for a pod without namespace, name or uid
+        sources = await self.cpu.run(size > INLINE_CONTAINERS, rules.pod_claims, pod)
         namespace = pod["metadata"]["namespace"]
         warnings: list[str] = []
         claims: dict[str, Mapping[str, Any]] = {}
         for name in dict.fromkeys(sources.named.values()):
             try:
-                claims[name] = await self._lookup.get_resource_claim(namespace, name)
+                claims[name] = _api_object(
+                    await self._lookup.get_resource_claim(namespace, name), "ResourceClaim", name
+                )
             except NotFound:
                 warnings.append(
                     f'ResourceClaim "{name}" does not exist yet: its vGPU requests are checked when it is '
@@ -123,13 +149,20 @@ class Admitter:
         templates: dict[str, Mapping[str, Any]] = {}
         for name in dict.fromkeys(sources.templates.values()):
             try:
-                templates[name] = await self._lookup.get_resource_claim_template(namespace, name)
+                templates[name] = _api_object(
+                    await self._lookup.get_resource_claim_template(namespace, name),
+                    "ResourceClaimTemplate",
+                    name,
+                )
             except NotFound:
                 warnings.append(f'ResourceClaimTemplate "{name}" does not exist: no claim can be generated')
-        pods = []
+        pods: list[Mapping[str, Any]] = []
         if rules.uses_named_vgpu_claim(claims, self._policy):
-            pods = await self._lookup.list_pods(namespace)
-        violations = rules.check_pod(pod, claims, templates, pods, self._policy)
+            pods = _api_list(await self._lookup.list_pods(namespace), namespace)
+            size += sum(_containers(other) for other in pods)
+        violations = await self.cpu.run(
+            size > INLINE_CONTAINERS, rules.check_pod, pod, claims, templates, pods, self._policy
+        )
         return _decision(violations, warnings), True
 
     def _claim(self, request: AdmissionRequest) -> tuple[Decision, bool]:
@@ -151,8 +184,41 @@ class Admitter:
         namespace = claim["metadata"].get("namespace")
         if not namespace:
             raise RuleInputError("the claim has no namespace")
-        pods = await self._lookup.list_pods(namespace)
-        return _decision(rules.check_claim_status(claim, old, pods, self._policy), []), True
+        pods = _api_list(await self._lookup.list_pods(namespace), namespace)
+        large = sum(_containers(pod) for pod in pods) > INLINE_CONTAINERS
+        violations = await self.cpu.run(large, rules.check_claim_status, claim, old, pods, self._policy)
+        return _decision(violations, []), True
+
+
+def _api_object(value: Any, kind: str, name: str) -> Mapping[str, Any]:
+    """An object the API server returned, as the rules need it: a JSON object."""
+    if not isinstance(value, Mapping):
+        raise ApiObjectError(f"{kind} {name}: expected an object, got {type(value).__name__}")
+    return value
+
+
+def _api_list(value: Any, namespace: str) -> list[Mapping[str, Any]]:
+    """The pods of a namespace as the API server returned them: a list of JSON objects (each one's
+    fields are checked where the rules parse it)."""
+    if not isinstance(value, list):
+        raise ApiObjectError(
+            f"the pods of namespace {namespace}: expected a list, got {type(value).__name__}"
+        )
+    for index, item in enumerate(value):
+        if not isinstance(item, Mapping):
+            kind = type(item).__name__
+            raise ApiObjectError(
+                f"the pods of namespace {namespace}: item {index}: expected an object, got {kind}"
+            )
+    return value
+
+
+def _containers(pod: Mapping[str, Any]) -> int:
+    """How many containers a pod dict lists (init and app): the size of the rules' work on it."""
+    spec = pod.get("spec")
+    if not isinstance(spec, Mapping):
+        return 0
+    return sum(len(v) for k in ("initContainers", "containers") if isinstance(v := spec.get(k), list))
 
 
 def _has_claims(pod: Mapping[str, Any]) -> bool:

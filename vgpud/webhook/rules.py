@@ -52,6 +52,10 @@ class RuleInputError(ValueError):
     """An object the rules cannot read; the message names the object and the field."""
 
 
+class ApiObjectError(RuleInputError):
+    """An object the API server returned (a pod of the namespace) that the rules cannot read."""
+
+
 class Rule(StrEnum):
     ONE_CLAIM_PER_CONTAINER = "one-vgpu-claim-per-container"
     ONE_APP_PER_REQUEST = "one-app-per-request"
@@ -136,6 +140,21 @@ def _pod_view(pod: Any) -> PodView:
         return parse_pod(pod)
     except ModelError as err:
         raise RuleInputError(str(err)) from None
+
+
+def _namespace_pod(obj: Any) -> tuple[PodView, str | None]:
+    """A pod of the namespace as the API server returned it, and its phase; ApiObjectError when a
+    field does not have Kubernetes' type (such an answer is not trusted to say who holds what)."""
+    try:
+        view = parse_pod(obj)
+    except ModelError as err:
+        raise ApiObjectError(str(err)) from None
+    phase = _field(obj, "status", "phase")
+    if phase is not None and not isinstance(phase, str):
+        raise ApiObjectError(
+            f"Pod {_label(view)}: status.phase: expected a string, got {type(phase).__name__}"
+        )
+    return view, phase
 
 
 def claim_vgpu_requests(claim: Mapping[str, Any], policy: Policy) -> frozenset[str]:
@@ -274,6 +293,9 @@ def _one_claim_per_container(pod: str, uses: Sequence[_Use]) -> list[Violation]:
     return out
 
 
+#: app containers a rule 3 message names (the rest are counted as "more than")
+_NAMED_APPS = 3
+
 _WHY = {
     Rule.ONE_APP_PER_REQUEST: "a vGPU request may be used by at most one app container",
     Rule.ONE_SIDECAR_PER_REQUEST: "a vGPU request may be used by at most one sidecar container",
@@ -322,26 +344,45 @@ def _per_request(pod: str, uses: Sequence[_Use]) -> list[Violation]:
 def _init_shares_with_one_app(
     pod: str, users: Mapping[tuple[_Claim, str], list[ContainerRef]]
 ) -> list[Violation]:
-    # (init container, claim) -> app container -> requests they share
-    shares: dict[tuple[ContainerRef, _Claim], dict[ContainerRef, list[str]]] = {}
+    """Rule 3, linear in the uses: each plain init container looks at no more than `_NAMED_APPS` + 1
+    distinct app containers per request it uses (enough to know it breaks the rule and to name them)."""
+    apps_of: dict[tuple[_Claim, str], list[ContainerRef]] = {}
+    app_uses: dict[tuple[ContainerRef, _Claim], set[str]] = {}
+    inits: dict[tuple[ContainerRef, _Claim], list[str]] = {}  # (init, claim) -> its requests, in order
     for (claim, request), refs in users.items():
-        apps = [r for r in refs if r.kind is ContainerKind.APP]
+        apps_of[(claim, request)] = apps = [r for r in refs if r.kind is ContainerKind.APP]
+        for app in apps:
+            app_uses.setdefault((app, claim), set()).add(request)
         for init in (r for r in refs if r.kind is ContainerKind.INIT and not r.sidecar):
-            for app in apps:
-                shares.setdefault((init, claim), {}).setdefault(app, []).append(request)
+            inits.setdefault((init, claim), []).append(request)
     out = []
-    for (init, claim), apps in shares.items():
-        if len(apps) < 2:
+    for (init, claim), requests in inits.items():
+        found: dict[
+            ContainerRef, None
+        ] = {}  # the first distinct apps, in order, at most one past those named
+        for request in requests:
+            for app in apps_of[(claim, request)]:
+                if len(found) > _NAMED_APPS:
+                    break
+                found.setdefault(app)
+        if len(found) < 2:
             continue
-        details = ", ".join(f'"{app.name}" ({_requests_text(reqs)})' for app, reqs in apps.items())
+        details = ", ".join(
+            f'"{app.name}" ({_requests_text([r for r in requests if r in app_uses[(app, claim)]])})'
+            for app in list(found)[:_NAMED_APPS]
+        )
+        if len(found) > _NAMED_APPS:
+            count, details = f"more than {_NAMED_APPS}", f"{details}, ..."
+        else:
+            count = str(len(found))
         out.append(
             Violation(
                 pod,
                 init.name,
                 claim.name,
-                ", ".join(sorted({r for reqs in apps.values() for r in reqs})),
+                ", ".join(sorted(r for r in requests if apps_of[(claim, r)])),
                 Rule.INIT_SHARES_WITH_ONE_APP,
-                f"pod {pod}: {_role(init)} shares vGPU claim {claim} with {len(apps)} app containers "
+                f"pod {pod}: {_role(init)} shares vGPU claim {claim} with {count} app containers "
                 f"({details}); an init container may share vGPU requests with at most one app container",
             )
         )
@@ -421,24 +462,21 @@ def _other_pods(
     pod: PodView, pods: Sequence[Mapping[str, Any]], claims: Iterable[Mapping[str, Any]]
 ) -> list[PodView]:
     """The namespace's other pods that can hold a request: reserved ones first (in reservedFor order),
-    then those that have not finished. A pod our parser cannot read is one the API server would not
-    have stored; it is skipped rather than blocking every admission in the namespace."""
-    reserved: list[str] = []
+    then those that have not finished. ApiObjectError for one that cannot be read (the API server
+    validates every pod it stores, so such a pod means its answer cannot be trusted)."""
+    reserved: dict[str, None] = {}
     for claim in claims:
         for ref in _entries(_field(claim, "status", "reservedFor")):
             if ref.get("resource") == "pods" and not ref.get("apiGroup") and isinstance(ref.get("uid"), str):
-                reserved.append(ref["uid"])
+                reserved[ref["uid"]] = None
     views: dict[str, PodView] = {}
     for obj in pods:
-        try:
-            other = parse_pod(obj)
-        except ModelError:
-            continue
+        other, phase = _namespace_pod(obj)
         if other.namespace != pod.namespace or other.name == pod.name or other.uid == pod.uid:
             continue
-        if other.uid in reserved or _field(obj, "status", "phase") not in FINISHED_PHASES:
+        if other.uid in reserved or phase not in FINISHED_PHASES:
             views[other.uid] = other
-    first = [views.pop(uid) for uid in dict.fromkeys(reserved) if uid in views]
+    first = [views.pop(uid) for uid in reserved if uid in views]
     return first + list(views.values())
 
 
@@ -480,10 +518,7 @@ def _reservation_violations(
         return []
     by_uid: dict[str, PodView] = {}
     for obj in namespace_pods:
-        try:
-            pod = parse_pod(obj)
-        except ModelError:
-            continue
+        pod, _ = _namespace_pod(obj)
         if view.reserves(pod):
             by_uid[pod.uid] = pod
     claim_ref = _Claim(view.name)

@@ -29,6 +29,7 @@ import trio
 
 from vgpud.recorder import HookCall, Outcome
 from vgpud.webhook.admit import Admitter, result_of
+from vgpud.webhook.cpu import INLINE_BODY_BYTES
 from vgpud.webhook.metrics import WebhookMetrics
 from vgpud.webhook.review import BadReview, encode, parse_review, review_response
 
@@ -266,7 +267,8 @@ class WebhookServer:
     async def _review(self, body: bytes) -> Response:
         started = time.perf_counter()
         try:
-            request = parse_review(body)
+            # a large body is decoded in a worker thread, as the rules over a large pod are (cpu.py)
+            request = await self._admitter.cpu.run(len(body) > INLINE_BODY_BYTES, parse_review, body)
         except BadReview as err:
             self._bad_request(err.reason)
             return text(400, f"bad AdmissionReview: {err.reason}")

@@ -130,12 +130,15 @@ class StallingListener(trio.abc.Listener[trio.abc.Stream]):
 
 @asynccontextmanager
 async def serving(
-    live_certs: SelfSigned, limits: Limits = LIMITS, stalls: Stalls | None = None
+    live_certs: SelfSigned,
+    limits: Limits = LIMITS,
+    stalls: Stalls | None = None,
+    lookup: FakeLookup | None = None,
 ) -> AsyncIterator[Running]:
     metrics = WebhookMetrics()
     tls = ReloadingTls(live_certs.cert, live_certs.key, metrics)
     tls.load()
-    admitter = Admitter(FakeLookup({"gpu-claim": GPU}), POLICY)
+    admitter = Admitter(lookup or FakeLookup({"gpu-claim": GPU}), POLICY)
     server = WebhookServer(admitter, lambda: tls.context, metrics, limits=limits)
     listeners: list[Any] = await trio.open_tcp_listeners(0, host="127.0.0.1")
     served = listeners if stalls is None else [StallingListener(ls, stalls) for ls in listeners]
@@ -619,3 +622,75 @@ async def test_expect_100_continue_is_answered(running: Running) -> None:
         final = await read_reply(stream)
     await stream.aclose()
     assert (interim.status, final.status) == (100, 200)
+
+
+class CrowdedLookup(FakeLookup):
+    """A namespace "crowded" whose pod list is large; `listed` is set when the webhook has it (the
+    rules over it start right after)."""
+
+    def __init__(self, crowd: list[dict[str, Any]]) -> None:
+        crowded = dict(GPU, metadata=dict(GPU["metadata"], namespace="crowded"))
+        super().__init__({"gpu-claim": GPU, "crowded-claim": crowded}, pods=crowd)
+        self.listed = trio.Event()
+
+    async def list_pods(self, namespace: str) -> list[dict[str, Any]]:
+        pods = await super().list_pods(namespace)
+        if namespace == "crowded":
+            self.listed.set()
+        return pods
+
+
+def crowd(pods: int, containers: int) -> list[dict[str, Any]]:
+    """Running pods of namespace "crowded", each with `containers` containers using none of its claims."""
+    return [
+        o.pod(
+            f"p{k}",
+            f"00000000-0000-4000-8000-{k:012d}",
+            containers=[o.container(f"c{j}") for j in range(containers)],
+            namespace="crowded",
+        )
+        for k in range(pods)
+    ]
+
+
+async def test_a_small_review_is_answered_while_a_large_one_is_decided(live_certs: SelfSigned) -> None:
+    """A 2,000 + 2,000 pod in a namespace of 100,000 containers: its body is decoded and its rules run
+    in worker threads, so a small review sent while they run is answered first, and promptly."""
+    init = [o.container(f"i{k}", o.ref("gpu")) for k in range(2000)]
+    apps = [o.container(f"a{k}", o.ref("gpu")) for k in range(2000)]
+    large = o.pod("large", o.POD2_UID, containers=apps, init=init, claims={"gpu": "crowded-claim"})
+    large["metadata"]["namespace"] = "crowded"
+    body = json.dumps(review(large, uid="large")).encode()
+    lookup = CrowdedLookup(crowd(2000, 50))
+    limits = dataclasses.replace(LIMITS, max_body=len(body), request_timeout=30.0, write_timeout=30.0)
+    answered: dict[str, float] = {}
+
+    async def send(stream: trio.abc.Stream, raw: bytes, name: str) -> Reply:
+        await stream.send_all(raw)
+        reply = await read_reply(stream)
+        answered[name] = trio.current_time()
+        return reply
+
+    async with serving(live_certs, limits, lookup=lookup) as running:
+        large_stream, small_stream = await running.connect(), await running.connect()
+        replies: dict[str, Reply] = {}
+
+        async def large_review() -> None:
+            replies["large"] = await send(large_stream, http("POST", "/validate", body), "large")
+
+        with trio.fail_after(60):
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(large_review)
+                await lookup.listed.wait()
+                sent = trio.current_time()
+                small = await send(small_stream, http("POST", "/validate", VALID), "small")
+                assert "large" not in answered, "the small review waited for the large one"
+        await large_stream.aclose()
+        await small_stream.aclose()
+    assert json.loads(small.body)["response"] == {"uid": "the-uid", "allowed": True}
+    denied = json.loads(replies["large"].body)["response"]
+    assert (denied["allowed"], denied["status"]["code"]) == (False, 403)
+    assert denied["status"]["message"].endswith("; and 3994 more")  # 1,999 apps and 2,000 inits too many
+    assert running.admitter.cpu.offloaded == 3  # the large body decoded, its claims read, its rules
+    assert answered["small"] - sent < 1.0, f"the small review took {answered['small'] - sent:.3f}s"
+    assert answered["large"] > answered["small"]
