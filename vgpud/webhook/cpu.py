@@ -48,7 +48,11 @@ class CpuLane:
         if not large:
             return step(*args)
         self.offloaded += 1
-        with trio.move_on_at(trio.current_effective_deadline()) as scope:
+        deadline = trio.current_effective_deadline()
+        try:
             return await trio.to_thread.run_sync(step, *args, limiter=self.limiter, abandon_on_cancel=True)
-        assert scope.cancelled_caught
-        raise DecisionTooSlow()
+        except trio.Cancelled:
+            # an outer scope's deadline is caught by that scope, not one opened here: tell it apart
+            if trio.current_time() >= deadline:
+                raise DecisionTooSlow() from None
+            raise

@@ -4,6 +4,7 @@ what the recorder keeps."""
 from __future__ import annotations
 
 import json
+import time
 from typing import Any
 
 import pytest
@@ -221,3 +222,81 @@ async def test_a_failure_inside_the_webhook_still_answers(caplog: pytest.LogCapt
     assert decision.message == "vgpud webhook failed: ZeroDivisionError: a bug"
     assert admitter.recorder.recent()[0].outcome == Outcome.ERROR
     assert "failed" in caplog.text
+
+
+@pytest.mark.parametrize(
+    ("lookup", "reason"),
+    [
+        (
+            FakeLookup(
+                {"gpu-claim": GPU}, pods=[dict(o.pod("x", o.POD2_UID, containers=[]), status={"phase": 1})]
+            ),
+            "Pod default/x: status.phase: expected a string, got int",
+        ),
+        (
+            FakeLookup({"gpu-claim": ["not", "a", "claim"]}),
+            "ResourceClaim gpu-claim: expected an object, got list",
+        ),
+    ],
+    ids=["a namespace pod's phase", "a claim"],
+)
+async def test_an_api_object_of_the_wrong_type_is_denied_with_code_400_and_logged(
+    lookup: FakeLookup, reason: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    admitter = Admitter(lookup, POLICY)
+    decision = await admitter.decide(request_of(review(new_pod(c("a", ref("gpu", "r0"))))))
+    assert (decision.allowed, decision.code) == (False, 400)
+    assert decision.message == (
+        f"vgpud webhook cannot read what the API server returned for pods default/new: {reason}"
+    )
+    assert admitter.recorder.recent()[0].outcome == Outcome.ERROR
+    (warning,) = [r for r in caplog.records if r.levelname == "WARNING"]
+    assert reason in warning.getMessage()
+
+
+class OddList(FakeLookup):
+    """A pod listing that is not a list of objects (a proxy or API server answering garbage)."""
+
+    def __init__(self, listed: Any) -> None:
+        super().__init__({"gpu-claim": GPU})
+        self.listed = listed
+
+    async def list_pods(self, namespace: str) -> Any:
+        await super().list_pods(namespace)
+        return self.listed
+
+
+@pytest.mark.parametrize(
+    ("listed", "reason"),
+    [
+        ({"items": []}, "the pods of namespace default: expected a list, got dict"),
+        ([new_pod(c("x")), "pod"], "the pods of namespace default: item 1: expected an object, got str"),
+    ],
+)
+async def test_a_pod_listing_that_is_not_a_list_of_objects_is_denied_with_code_400(
+    listed: Any, reason: str
+) -> None:
+    decision = await Admitter(OddList(listed), POLICY).decide(request_of(review(new_pod(c("a", ref("gpu"))))))
+    assert (decision.allowed, decision.code, decision.message) == (
+        False,
+        400,
+        f"vgpud webhook cannot read what the API server returned for pods default/new: {reason}",
+    )
+
+
+async def test_a_decision_still_running_at_the_deadline_is_answered_with_code_500() -> None:
+    """The rules over a namespace of 100,000 containers run in a worker thread; the review is answered
+    at its deadline while they still run."""
+    crowd = [
+        o.pod(f"p{k}", f"00000000-0000-4000-8000-{k:012d}", containers=[c(f"c{j}") for j in range(50)])
+        for k in range(2000)
+    ]
+    admitter = Admitter(FakeLookup({"gpu-claim": GPU}, pods=crowd), POLICY, lookup_timeout=0.05)
+    started = time.perf_counter()
+    decision = await admitter.decide(request_of(review(new_pod(c("a", ref("gpu", "r0"))))))
+    assert time.perf_counter() - started < 0.05 + 0.5  # not the whole decision's time
+    assert (decision.allowed, decision.code) == (False, 500)
+    assert (
+        decision.message == "vgpud webhook could not check pods default/new: deciding took longer than 0.05s"
+    )
+    assert admitter.cpu.offloaded == 1
