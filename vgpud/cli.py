@@ -224,7 +224,7 @@ def _health(args: argparse.Namespace) -> int:
     from vgpud.health import check_remote
 
     host, sep, port = args.address.rpartition(":")
-    if not sep or not port.isdigit():
+    if not sep or not (port.isascii() and port.isdigit()):
         raise ConfigError(f"--address {args.address!r} is not HOST:PORT")
     status = asyncio.run(check_remote(host, int(port), args.service, args.timeout))
     print(status)

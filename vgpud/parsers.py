@@ -20,8 +20,8 @@ OFF_WORDS = frozenset({"", "-1", "off"})
 #: `--debug-socket off`: no debug unix socket
 SOCKET_OFF = "off"
 
-_DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
-_NRI_IDX = re.compile(r"^[0-9]{2}$")
+_DNS_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
+_NRI_IDX = re.compile(r"[0-9]{2}")
 
 
 def absolute_path(raw: str) -> Path:
@@ -68,7 +68,7 @@ def boolean(raw: str) -> bool:
 
 
 def dns_subdomain(raw: str) -> str:
-    if len(raw) > 253 or not _DNS_SUBDOMAIN.match(raw):
+    if len(raw) > 253 or not _DNS_SUBDOMAIN.fullmatch(raw):
         raise ValueError(f"{raw!r} is not a DNS subdomain (lower-case letters, digits, '-' and '.')")
     return raw
 
@@ -95,7 +95,7 @@ def hosts(raw: str) -> tuple[str, ...]:
 
 
 def nri_idx(raw: str) -> str:
-    if not _NRI_IDX.match(raw):
+    if not _NRI_IDX.fullmatch(raw):
         raise ValueError(f"{raw!r} is not exactly two digits (the NRI plugin index, e.g. 00)")
     return raw
 
@@ -113,7 +113,7 @@ def parse_host_port(raw: str) -> tuple[str, int]:
     host, sep, port = raw.strip().rpartition(":")
     if host.startswith("[") and host.endswith("]"):
         host = host[1:-1]
-    if not sep or not port.isdigit() or not host:
+    if not sep or not (port.isascii() and port.isdigit()) or not host:
         raise ValueError(f"{raw!r} is not HOST:PORT")
     if int(port) > 65535:
         raise ValueError(f"{raw!r}: port {port} is outside 0..65535")

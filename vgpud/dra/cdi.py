@@ -33,9 +33,11 @@ CDI_VERSIONS = ("0.3.0", "0.4.0", "0.5.0", "0.6.0", "0.7.0", "0.8.0", "1.0.0", "
 
 _UNSAFE = re.compile(r"[^A-Za-z0-9._-]")
 # CDI's ValidateVendorName / ValidateClassName and ValidateDeviceName (api/producer/identifiers.go)
-_VENDOR_OR_CLASS = re.compile(r"^[A-Za-z]([A-Za-z0-9._-]*[A-Za-z0-9])?$")
-_DEVICE_NAME = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9._:-]*[A-Za-z0-9])?$")
+_VENDOR_OR_CLASS = re.compile(r"[A-Za-z]([A-Za-z0-9._-]*[A-Za-z0-9])?")
+_DEVICE_NAME = re.compile(r"[A-Za-z0-9]([A-Za-z0-9._:-]*[A-Za-z0-9])?")
 _LEADING_DIGIT = re.compile(r"[0-9]")
+#: a DRA driver name is a DNS subdomain of at most 63 characters (resource.k8s.io validation)
+MAX_DRIVER_NAME = 63
 
 
 # --------------------------------------------------------------------------------------------------
@@ -49,7 +51,7 @@ def sanitize(token: str) -> str:
 
 def cdi_vendor(driver: str) -> str:
     vendor = f"k8s.{driver}"
-    if not _VENDOR_OR_CLASS.match(vendor):
+    if len(driver) > MAX_DRIVER_NAME or not _VENDOR_OR_CLASS.fullmatch(vendor):
         raise ValueError(f"driver name {driver!r} does not make a valid CDI vendor ({vendor!r})")
     return vendor
 
@@ -69,7 +71,7 @@ def device_name(claim_uid: str, request: str, minor: int, share_id: str | None, 
         raise ValueError(f"CDI device name: minor {minor} and ordinal {ordinal} must not be negative")
     base = f"{sanitize(claim_uid)}-{sanitize(request)}-vgpu-{minor}"
     name = f"{base}-share-{sanitize(share_id)}" if share_id else f"{base}-{ordinal}"
-    if not _DEVICE_NAME.match(name):
+    if not _DEVICE_NAME.fullmatch(name):
         raise ValueError(f"CDI device name {name!r} must start and end with a letter or digit")
     return name
 
@@ -134,7 +136,7 @@ def claim_spec(
     prefix = f"{sanitize(claim_uid)}-"
     seen: set[str] = set()
     for name, _ in devices:
-        if not name.startswith(prefix) or not _DEVICE_NAME.match(name):
+        if not name.startswith(prefix) or not _DEVICE_NAME.fullmatch(name):
             raise ValueError(f"claim {claim_uid}: CDI device name {name!r} is not a valid claim-unique name")
         if name in seen:
             raise ValueError(f"claim {claim_uid}: CDI device name {name!r} appears twice")

@@ -34,6 +34,8 @@ from vgpud.partition.layout import (
 from vgpud.partition.model import AllocatedDevice, ClaimView
 
 DEVICE_PREFIX = "vgpu-"
+#: a GPU minor number is a small integer; more digits are no name this driver publishes
+MAX_MINOR_DIGITS = 6
 
 
 class PrepareError(Exception):
@@ -60,7 +62,9 @@ def device_minor(name: str) -> int | None:
     if not name.startswith(DEVICE_PREFIX):
         return None
     digits = name[len(DEVICE_PREFIX) :]
-    return int(digits) if digits.isdigit() and str(int(digits)) == digits else None
+    if not (digits.isascii() and digits.isdigit() and len(digits) <= MAX_MINOR_DIGITS):
+        return None
+    return int(digits) if str(int(digits)) == digits else None
 
 
 def gpu_for(facts: NodeFacts, device: AllocatedDevice) -> GpuInfo:

@@ -63,7 +63,7 @@ WATCH_MIN_INTERVAL = 1.0
 #: how many of our own writes' resourceVersions are remembered, to know their (late) watch events
 OWN_VERSIONS_KEPT = 16
 
-_BDF = re.compile(r"^[0-9a-f]{4}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-9a-f]$")  # deviceattribute's check
+_BDF = re.compile(r"[0-9a-f]{4}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-9a-f]")  # deviceattribute's check
 _NOT_IN_LABEL_VALUE = re.compile(r"[^a-z0-9._-]+")
 
 
@@ -167,7 +167,7 @@ def device_attributes(
             attributes[name] = {"version": version}
     attributes["coreRatio"] = {"int": cores_ratio}
     attributes["memoryRatio"] = {"int": memory_ratio}
-    if _BDF.match(gpu.pci_bus_id):
+    if _BDF.fullmatch(gpu.pci_bus_id):
         attributes[PCI_BUS_ID_ATTRIBUTE] = _string(gpu.pci_bus_id)
     if pcie_root is not None:
         attributes[PCIE_ROOT_ATTRIBUTE] = _string(pcie_root)
@@ -262,7 +262,7 @@ def read_pcie_root(pci_bus_id: str, sysfs: Path = Path("/sys")) -> str | None:
     """`pci<domain>:<bus>` above a PCI device, as deviceattribute reads it: the first element under
     <sysfs>/devices of where <sysfs>/bus/pci/devices/<bdf> points. None when sysfs does not know the
     device (a mock GPU) or the link looks wrong. Blocking: call it from a worker thread."""
-    if not _BDF.match(pci_bus_id):
+    if not _BDF.fullmatch(pci_bus_id):
         return None
     link = sysfs / "bus" / "pci" / "devices" / pci_bus_id
     try:

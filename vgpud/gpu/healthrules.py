@@ -61,7 +61,7 @@ def parse_xid_list(raw: str) -> frozenset[int]:
     xids: set[int] = set()
     for part in text.split(","):
         item = part.strip()
-        if not item.isdigit() or not 1 <= int(item) <= MAX_XID:
+        if not (item.isascii() and item.isdigit()) or not 1 <= int(item) <= MAX_XID:
             raise ValueError(
                 f"{item!r} is not an XID (1..{MAX_XID}): give comma-separated XIDs, or {NO_XIDS!r} to "
                 "ignore none"

@@ -101,6 +101,6 @@ def _int_param(query: bytes, name: str, default: int, *, allowed: set[str] | fro
     if unknown:
         raise ValueError(f"unknown parameter(s) {sorted(unknown)}; allowed: {sorted(allowed)}")
     raw = params.get(name, [str(default)])[-1]
-    if not raw.isdigit():
+    if not (raw.isascii() and raw.isdigit()):
         raise ValueError(f"{name}={raw!r} is not a non-negative integer")
     return int(raw)

@@ -227,11 +227,11 @@ class PartitionAssigner(Protocol):
 # --------------------------------------------------------------------------------------------------
 # Shared by both assigners
 
-_UUID = re.compile(r"^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$")
+_UUID = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
 
 
 def is_register_uuid(value: str) -> bool:
-    return bool(_UUID.match(value))
+    return bool(_UUID.fullmatch(value))
 
 
 def register_annotation_key(driver: str, register_uuid: str) -> str:

@@ -106,20 +106,25 @@ class LayoutError(ValueError):
     """A name that would not make a safe path component (empty, '.', '..', '/', odd characters)."""
 
 
-_TOKEN = re.compile(r"^[A-Za-z0-9._-]+$")
-_DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
+#: longest token: a path component with room for a prefix or suffix within NAME_MAX (255)
+MAX_TOKEN = 128
+_TOKEN = re.compile(rf"[A-Za-z0-9._-]{{1,{MAX_TOKEN}}}")
+_DNS_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")
 
 
 def check_token(value: str, what: str) -> str:
-    """A single path component made of [A-Za-z0-9._-] that is not '.' or '..' (UIDs, key parts)."""
-    if not isinstance(value, str) or not _TOKEN.match(value) or value in {".", ".."}:
-        raise LayoutError(f"{what} {value!r} is not a safe path component ([A-Za-z0-9._-], not . or ..)")
+    """A single path component of 1 to MAX_TOKEN characters of [A-Za-z0-9._-] that is not '.' or '..'
+    (UIDs, key parts). A full match: a trailing newline is not a token's end."""
+    if not isinstance(value, str) or not _TOKEN.fullmatch(value) or value in {".", ".."}:
+        raise LayoutError(
+            f"{what} {value!r} is not a safe path component (1 to {MAX_TOKEN} of [A-Za-z0-9._-], not . or ..)"
+        )
     return value
 
 
 def check_dns_label(value: str, what: str) -> str:
     """A Kubernetes DNS label (container and request names); it never contains '_' or '/'."""
-    if not isinstance(value, str) or not _DNS_LABEL.match(value):
+    if not isinstance(value, str) or not _DNS_LABEL.fullmatch(value):
         raise LayoutError(f"{what} {value!r} is not a DNS label (lower-case letters, digits, '-')")
     return value
 

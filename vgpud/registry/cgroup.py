@@ -25,12 +25,12 @@ from typing import Any
 
 #: a pod UID (static pods have 32 hex digits); systemd slice names spell its dashes as underscores
 _UID = "[0-9a-f]{{8}}{s}[0-9a-f]{{4}}{s}[0-9a-f]{{4}}{s}[0-9a-f]{{4}}{s}[0-9a-f]{{12}}|[0-9a-f]{{32}}"
-_CGROUPFS_POD = re.compile(rf"^pod({_UID.format(s='-')})$")
-_POD_UID = re.compile(rf"^(?:{_UID.format(s='-')})$")
-_SYSTEMD_POD = re.compile(rf"^kubepods(?:-(burstable|besteffort))?-pod({_UID.format(s='_')})\.slice$")
+_CGROUPFS_POD = re.compile(rf"pod({_UID.format(s='-')})")
+_POD_UID = re.compile(f"(?:{_UID.format(s='-')})")
+_SYSTEMD_POD = re.compile(rf"kubepods(?:-(burstable|besteffort))?-pod({_UID.format(s='_')})\.slice")
 #: conmon's own `crio-conmon-<id>.scope` is deliberately not a container
-_CONTAINER = re.compile(r"^(?:(?:cri-containerd|crio|docker)-)?([0-9a-f]{64})(?:\.scope)?$")
-_STATUS_ID = re.compile(r"^[a-z][a-z0-9+.-]*://([0-9a-f]{64})$")
+_CONTAINER = re.compile(r"(?:(?:cri-containerd|crio|docker)-)?([0-9a-f]{64})(?:\.scope)?")
+_STATUS_ID = re.compile(r"[a-z][a-z0-9+.-]*://([0-9a-f]{64})")
 
 QOS_CLASSES = ("guaranteed", "burstable", "besteffort")
 
@@ -53,14 +53,14 @@ class Membership:
 
 def is_pod_uid(value: str) -> bool:
     """A pod UID as the kubelet writes it into cgroup names: a lower-case UUID, or 32 hex digits."""
-    return bool(_POD_UID.match(value))
+    return bool(_POD_UID.fullmatch(value))
 
 
 def _pod_component(component: str) -> tuple[str, bool] | None:
     """(pod UID, systemd layout) when `component` is a kubelet pod cgroup name."""
-    if match := _CGROUPFS_POD.match(component):
+    if match := _CGROUPFS_POD.fullmatch(component):
         return match.group(1), False
-    if match := _SYSTEMD_POD.match(component):
+    if match := _SYSTEMD_POD.fullmatch(component):
         return match.group(2).replace("_", "-"), True
     return None
 
@@ -77,7 +77,7 @@ def membership_of_path(path: str, systemd: bool | None = None) -> Membership | N
         if pod is None or (systemd is not None and pod[1] != systemd):
             continue
         below = parts[index + 1] if index + 1 < len(parts) else None
-        container = _CONTAINER.match(below) if below is not None else None
+        container = _CONTAINER.fullmatch(below) if below is not None else None
         if container is None:
             return Membership(pod[0], pod[1])
         return Membership(pod[0], pod[1], below, container.group(1))
@@ -107,7 +107,7 @@ def parse_proc_cgroup(text: str, systemd: bool | None = None) -> Membership | No
 
 def container_id_of_status(value: str) -> str | None:
     """`containerd://<id>` (or `cri-o://`, `docker://`) -> `<id>`; None when not of that shape."""
-    match = _STATUS_ID.match(value or "")
+    match = _STATUS_ID.fullmatch(value or "")
     return match.group(1) if match else None
 
 
