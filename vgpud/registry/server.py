@@ -70,7 +70,8 @@ async def read_request(stream: Any, limit: int = MAX_MESSAGE) -> ContainerDevice
 
     grpclib has no receive limit: `Stream.recv_message` reads (and acknowledges) as many bytes as
     the prefix claims. So the frame is read here (vgpud.compat.grpclib.recv_data) and decoded
-    strictly (INVALID_ARGUMENT for malformed or truncated bytes).
+    strictly (INVALID_ARGUMENT for malformed or truncated bytes: a stream that ends inside the prefix,
+    or before the bytes the prefix announces, none at all included).
     """
     try:
         prefix = await recv_data(stream, _PREFIX.size)
@@ -86,11 +87,15 @@ async def read_request(stream: Any, limit: int = MAX_MESSAGE) -> ContainerDevice
             Status.RESOURCE_EXHAUSTED, f"request message of {length} bytes exceeds the limit of {limit}"
         )
     try:
-        return parse_strict(await recv_data(stream, length), ContainerDeviceRequest)
+        message = await recv_data(stream, length)
+    except TruncatedData:
+        message = b""
+    if len(message) < length:  # the stream ended inside the message, or right after its prefix
+        raise GRPCError(Status.INVALID_ARGUMENT, "truncated request message")
+    try:
+        return parse_strict(message, ContainerDeviceRequest)
     except MalformedMessage as err:
         raise GRPCError(Status.INVALID_ARGUMENT, f"malformed ContainerDeviceRequest: {err}") from None
-    except TruncatedData:
-        raise GRPCError(Status.INVALID_ARGUMENT, "truncated request message") from None
 
 
 class RegistryService(VDeviceRegistryBase):

@@ -199,19 +199,27 @@ def raw_h2_call(path: Path, body: bytes) -> tuple[str, str]:
 
 
 async def test_a_request_that_ends_inside_its_prefix_or_its_message_is_invalid(world: World) -> None:
+    """Raw HTTP/2 (h2): a stream that ends inside the 5-byte prefix, a prefix announcing bytes that
+    never come (none, or fewer), and no message at all: each INVALID_ARGUMENT, recorded as rejected."""
     server = make_server(world)
     invalid = str(grpc.StatusCode.INVALID_ARGUMENT.value[0])
+    sent_and_why = [
+        (b"\x00\x00\x00", "truncated message prefix"),
+        (b"\x00\x00\x00\x00\x0a", "truncated request message"),  # 10 bytes announced, none sent
+        (b"\x00\x00\x00\x00\x0a\x0a\x01", "truncated request message"),
+        (b"", "no request message"),
+    ]
 
     async def body() -> None:
-        for sent, why in [
-            (b"\x00\x00\x00", "truncated message prefix"),
-            (b"\x00\x00\x00\x00\x0a\x0a\x01", "truncated request message"),
-            (b"", "no request message"),
-        ]:
+        for sent, why in sent_and_why:
             status, message = await trio.to_thread.run_sync(raw_h2_call, server.path, sent)
             assert (status, message) == (invalid, why), sent
 
     await serving(server, body)
+    calls = world.recorder.recent(component="registry")
+    assert [(c.outcome, c.detail) for c in calls] == [
+        (Outcome.REJECTED, f"INVALID_ARGUMENT: {why}") for _, why in sent_and_why
+    ]
 
 
 def test_peer_pid_is_none_without_a_unix_socket() -> None:
