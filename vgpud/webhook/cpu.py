@@ -6,7 +6,8 @@ on the Trio thread, such a step would make every other admission wait for it. So
 input runs inline (a few milliseconds at most: a thread hop would cost more), and one over a large
 input runs in a worker thread. Worker threads are few (`THREADS`): large reviews queue for them, small
 ones never do. A worker still shares the GIL, but Python hands the GIL over every few milliseconds,
-so the Trio thread keeps answering in the meantime (bench/webhook.py measures it).
+so the Trio thread keeps answering in the meantime (bench/webhook.py measures it); only one long C
+call keeps it longer (json.loads of a body near the 6 MiB limit: tens of milliseconds).
 
 A step in a worker thread is abandoned when its review's deadline passes: the review is answered
 (`DecisionTooSlow`) and the thread's result is dropped when it ends; its thread slot stays taken

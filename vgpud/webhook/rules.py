@@ -27,10 +27,11 @@ Every rule yields `Violation`s whose message names the pod, the container, the c
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import Any
+from functools import cached_property, partial
+from typing import Any, NamedTuple
 
 from vgpud.partition.model import (
     ClaimView,
@@ -78,14 +79,20 @@ class Policy:
 @dataclass(frozen=True)
 class Violation:
     """One broken rule. `claim` is the ResourceClaim name, or the pod's claim entry name for a claim
-    a template will generate; `request` lists the requests concerned (comma-separated when several)."""
+    a template will generate; `request` lists the requests concerned (comma-separated when several).
+    The message is written when first read: a large pod breaks thousands of times, and the answer
+    shows only the first few (`summary`)."""
 
     pod: str  # namespace/name
     container: str
     claim: str
     request: str
     rule: Rule
-    message: str
+    describe: Callable[[], str] = field(repr=False, compare=False)
+
+    @cached_property
+    def message(self) -> str:
+        return self.describe()
 
     @property
     def key(self) -> tuple[str, str, str, str, Rule]:
@@ -204,8 +211,7 @@ def _sources(pod: Mapping[str, Any]) -> PodClaims:
 # Who uses which vGPU request
 
 
-@dataclass(frozen=True)
-class _Claim:
+class _Claim(NamedTuple):
     """A claim as the messages name it: a ResourceClaim, or a pod's entry a template will generate."""
 
     name: str
@@ -217,9 +223,8 @@ class _Claim:
         return f'"{self.name}" (generated from template "{self.template}")'
 
 
-@dataclass(frozen=True)
-class _Use:
-    """One container's use of one vGPU request of one claim."""
+class _Use(NamedTuple):
+    """One container's use of one vGPU request of one claim (a tuple: thousands are made per pod)."""
 
     container: ContainerRef
     claim: _Claim
@@ -278,7 +283,6 @@ def _one_claim_per_container(pod: str, uses: Sequence[_Use]) -> list[Violation]:
     for ref, claims in by_container.items():
         if len(claims) < 2:
             continue
-        details = ", ".join(f"claim {claim} ({_requests_text(reqs)})" for claim, reqs in claims.items())
         out.append(
             Violation(
                 pod,
@@ -286,11 +290,18 @@ def _one_claim_per_container(pod: str, uses: Sequence[_Use]) -> list[Violation]:
                 ", ".join(claim.name for claim in claims),
                 ", ".join(r for reqs in claims.values() for r in reqs),
                 Rule.ONE_CLAIM_PER_CONTAINER,
-                f"pod {pod}: {_role(ref)} uses {len(claims)} vGPU claims ({details}); "
-                "a container may use at most one vGPU claim",
+                partial(_claims_text, pod, ref, claims),
             )
         )
     return out
+
+
+def _claims_text(pod: str, ref: ContainerRef, claims: Mapping[_Claim, list[str]]) -> str:
+    details = ", ".join(f"claim {claim} ({_requests_text(reqs)})" for claim, reqs in claims.items())
+    return (
+        f"pod {pod}: {_role(ref)} uses {len(claims)} vGPU claims ({details}); "
+        "a container may use at most one vGPU claim"
+    )
 
 
 #: app containers a rule 3 message names (the rest are counted as "more than")
@@ -304,16 +315,23 @@ _WHY = {
 }
 
 
-def _shared(pod: str, use: _Use, holder: str, rule: Rule) -> Violation:
-    """`use` shares its request with `holder` (described) against `rule`."""
+def _shared(pod: str, use: _Use, holder: ContainerRef, holder_pod: str | None, rule: Rule) -> Violation:
+    """`use` shares its request with `holder` (of `holder_pod` when another pod's) against `rule`."""
     return Violation(
         pod,
         use.container.name,
         use.claim.name,
         use.request,
         rule,
+        partial(_shared_text, pod, use, holder, holder_pod, rule),
+    )
+
+
+def _shared_text(pod: str, use: _Use, holder: ContainerRef, holder_pod: str | None, rule: Rule) -> str:
+    where = _role(holder) if holder_pod is None else f"{_role(holder)} of pod {holder_pod}"
+    return (
         f'pod {pod}: {_role(use.container)} uses request "{use.request}" of vGPU claim {use.claim}, '
-        f"which {holder} also uses; {_WHY[rule]}",
+        f"which {where} also uses; {_WHY[rule]}"
     )
 
 
@@ -327,15 +345,15 @@ def _per_request(pod: str, uses: Sequence[_Use]) -> list[Violation]:
         apps = [r for r in refs if r.kind is ContainerKind.APP]
         sidecars = [r for r in refs if r.sidecar]
         for extra in apps[1:]:
-            out.append(_shared(pod, _Use(extra, claim, request), _role(apps[0]), Rule.ONE_APP_PER_REQUEST))
+            out.append(_shared(pod, _Use(extra, claim, request), apps[0], None, Rule.ONE_APP_PER_REQUEST))
         for extra in sidecars[1:]:
             out.append(
-                _shared(pod, _Use(extra, claim, request), _role(sidecars[0]), Rule.ONE_SIDECAR_PER_REQUEST)
+                _shared(pod, _Use(extra, claim, request), sidecars[0], None, Rule.ONE_SIDECAR_PER_REQUEST)
             )
         if sidecars:
             for other in (r for r in refs if not r.sidecar):
                 out.append(
-                    _shared(pod, _Use(other, claim, request), _role(sidecars[0]), Rule.SIDECAR_ONLY_USER)
+                    _shared(pod, _Use(other, claim, request), sidecars[0], None, Rule.SIDECAR_ONLY_USER)
                 )
     out += _init_shares_with_one_app(pod, users)
     return out
@@ -344,49 +362,75 @@ def _per_request(pod: str, uses: Sequence[_Use]) -> list[Violation]:
 def _init_shares_with_one_app(
     pod: str, users: Mapping[tuple[_Claim, str], list[ContainerRef]]
 ) -> list[Violation]:
-    """Rule 3, linear in the uses: each plain init container looks at no more than `_NAMED_APPS` + 1
-    distinct app containers per request it uses (enough to know it breaks the rule and to name them)."""
+    """Rule 3, linear in the uses: for each plain init container, the first few app containers it shares
+    a claim's requests with (`_shared_apps`), enough to know it breaks the rule and to name them."""
+    # containers by name (unique in a pod, and a str's hash is cached: a ContainerRef's is not)
     apps_of: dict[tuple[_Claim, str], list[ContainerRef]] = {}
-    app_uses: dict[tuple[ContainerRef, _Claim], set[str]] = {}
-    inits: dict[tuple[ContainerRef, _Claim], list[str]] = {}  # (init, claim) -> its requests, in order
+    app_uses: dict[tuple[str, _Claim], set[str]] = {}  # (app name, claim) -> its requests
+    inits: dict[tuple[str, _Claim], tuple[ContainerRef, list[str]]] = {}  # -> (init, its requests)
     for (claim, request), refs in users.items():
         apps_of[(claim, request)] = apps = [r for r in refs if r.kind is ContainerKind.APP]
         for app in apps:
-            app_uses.setdefault((app, claim), set()).add(request)
+            app_uses.setdefault((app.name, claim), set()).add(request)
         for init in (r for r in refs if r.kind is ContainerKind.INIT and not r.sidecar):
-            inits.setdefault((init, claim), []).append(request)
+            inits.setdefault((init.name, claim), (init, []))[1].append(request)
     out = []
-    for (init, claim), requests in inits.items():
-        found: dict[
-            ContainerRef, None
-        ] = {}  # the first distinct apps, in order, at most one past those named
-        for request in requests:
-            for app in apps_of[(claim, request)]:
-                if len(found) > _NAMED_APPS:
-                    break
-                found.setdefault(app)
-        if len(found) < 2:
+    # what an init container shares depends only on its claim and requests: worked out once for each
+    shares: dict[tuple[_Claim, tuple[str, ...]], tuple[dict[ContainerRef, list[str]], bool, str] | None] = {}
+    for (_, claim), (init, requests) in inits.items():
+        key = (claim, tuple(requests))
+        if key not in shares:
+            shares[key] = _shared_apps(claim, requests, apps_of, app_uses)
+        if (share := shares[key]) is None:
             continue
-        details = ", ".join(
-            f'"{app.name}" ({_requests_text([r for r in requests if r in app_uses[(app, claim)]])})'
-            for app in list(found)[:_NAMED_APPS]
-        )
-        if len(found) > _NAMED_APPS:
-            count, details = f"more than {_NAMED_APPS}", f"{details}, ..."
-        else:
-            count = str(len(found))
+        named, more, shared = share
         out.append(
             Violation(
                 pod,
                 init.name,
                 claim.name,
-                ", ".join(sorted(r for r in requests if apps_of[(claim, r)])),
+                shared,
                 Rule.INIT_SHARES_WITH_ONE_APP,
-                f"pod {pod}: {_role(init)} shares vGPU claim {claim} with {count} app containers "
-                f"({details}); an init container may share vGPU requests with at most one app container",
+                partial(_init_text, pod, init, claim, named, more),
             )
         )
     return out
+
+
+def _shared_apps(
+    claim: _Claim,
+    requests: list[str],
+    apps_of: Mapping[tuple[_Claim, str], list[ContainerRef]],
+    app_uses: Mapping[tuple[str, _Claim], set[str]],
+) -> tuple[dict[ContainerRef, list[str]], bool, str] | None:
+    """The app containers an init container using `requests` of `claim` shares them with: the first
+    `_NAMED_APPS` with their requests, whether there are more, and the shared requests; None for
+    fewer than two apps. It looks at no more than `_NAMED_APPS` + 1 distinct apps per request."""
+    found: dict[str, ContainerRef] = {}  # the first distinct apps, in order, one past those named
+    for request in requests:
+        for app in apps_of[(claim, request)]:
+            if len(found) > _NAMED_APPS:
+                break
+            found.setdefault(app.name, app)
+    if len(found) < 2:
+        return None
+    named = {
+        app: [r for r in requests if r in app_uses[(name, claim)]]
+        for name, app in list(found.items())[:_NAMED_APPS]
+    }
+    return named, len(found) > _NAMED_APPS, ", ".join(sorted(r for r in requests if apps_of[(claim, r)]))
+
+
+def _init_text(
+    pod: str, init: ContainerRef, claim: _Claim, named: Mapping[ContainerRef, list[str]], more: bool
+) -> str:
+    details = ", ".join(f'"{app.name}" ({_requests_text(requests)})' for app, requests in named.items())
+    count = f"more than {_NAMED_APPS}" if more else str(len(named))
+    return (
+        f"pod {pod}: {_role(init)} shares vGPU claim {claim} with {count} app containers "
+        f"({details}{', ...' if more else ''}); an init container may share vGPU requests with at most one "
+        "app container"
+    )
 
 
 _Holders = dict[tuple[_Claim, str], tuple[str, ContainerRef]]
@@ -398,8 +442,7 @@ def _one_pod_per_request(pod: str, uses: Sequence[_Use], held: _Holders) -> list
     for use in uses:
         holder = held.get((use.claim, use.request))
         if holder is not None and holder[0] != pod:
-            where = f"{_role(holder[1])} of pod {holder[0]}"
-            out.append(_shared(pod, use, where, Rule.ONE_POD_PER_REQUEST))
+            out.append(_shared(pod, use, holder[1], holder[0], Rule.ONE_POD_PER_REQUEST))
     for use in uses:
         held.setdefault((use.claim, use.request), (pod, use.container))
     return out
