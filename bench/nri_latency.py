@@ -26,7 +26,12 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from bench.lib.results import Figure, emit
 from tests.conformance.nri import gobuild
+
+#: the issue's goals: the ratio to the Go stub plugin, and CreateContainer's absolute p99 at c=1
+GOAL_RATIO = 1.5
+GOAL_C1_P99_MS = 2.0
 
 
 def main() -> int:
@@ -56,7 +61,9 @@ def main() -> int:
         plugin_cmd = [sys.executable, __file__, PROFILED, str(args.profile.resolve()), "--", *plugin_cmd]
     bench_args = ["-test.run", "^TestBench$", "-test.timeout", "3000s", "-vgpud.bench"]
     bench_args += [f"-vgpud.bench-calls={args.calls}", f"-vgpud.bench-label={label}"]
-    with tempfile.TemporaryFile("w+") as log:
+    with tempfile.TemporaryFile("w+") as log, tempfile.TemporaryDirectory() as scratch:
+        figures_json = Path(scratch) / "figures.json"
+        bench_args.append(f"-vgpud.bench-json={figures_json}")
         result = gobuild.run(
             harness,
             bench_args,
@@ -70,7 +77,36 @@ def main() -> int:
             log.seek(0)
             tail = log.read().splitlines()[-60:]
             print("\n".join(["nri_latency: the harness failed; last log lines:", *tail]), file=sys.stderr)
-    return 0 if result.returncode == 0 else 1
+        ok = result.returncode == 0 and figures_json.is_file()
+        emit("nri_latency", summary_figures(json.loads(figures_json.read_text())) if ok else [], ok=ok)
+    return 0 if ok else 1
+
+
+def summary_figures(rows: list[dict]) -> list[Figure]:
+    """The harness's figures (plugin under test first, the Go stub second) as summary lines."""
+    ours, go = rows
+    figures = []
+    for conc in (1, 32):
+        mine, ref = ours[f"create_c{conc}"]["p99_ms"], go[f"create_c{conc}"]["p99_ms"]
+        ratio = mine / ref
+        met = ratio <= GOAL_RATIO and (conc != 1 or mine <= GOAL_C1_P99_MS)
+        goal = f"<= {GOAL_RATIO}x" + (f", <= {GOAL_C1_P99_MS:.0f} ms" if conc == 1 else "")
+        figures.append(
+            Figure(f"NRI CreateContainer p99, c={conc}", mine, "ms", "Go stub plugin", ratio, goal, met)
+        )
+    ratio = ours["sync_ms"] / go["sync_ms"]
+    figures.append(
+        Figure(
+            "NRI Synchronize, 10,000 containers",
+            ours["sync_ms"],
+            "ms",
+            "Go stub plugin",
+            ratio,
+            f"<= {GOAL_RATIO}x",
+            ratio <= GOAL_RATIO,
+        )
+    )
+    return figures
 
 
 PROFILED = "--run-profiled"

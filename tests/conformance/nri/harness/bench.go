@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"os"
 	"sort"
@@ -56,6 +57,11 @@ func TestBench(t *testing.T) {
 		results = append(results, res)
 	}
 	printBench(results)
+	if *benchJSON != "" {
+		if err := writeBenchJSON(*benchJSON, results); err != nil {
+			t.Fatalf("writing %s: %v", *benchJSON, err)
+		}
+	}
 }
 
 func benchOne(t *testing.T, label, variable string) benchResult {
@@ -161,4 +167,24 @@ func printBench(rs []benchResult) {
 				"the runtime would drop it\n", r.label, ms(r.syncTime), defaultRequestTimeout)
 		}
 	}
+}
+
+// writeBenchJSON writes each plugin's figures in milliseconds, the plugin under test first, for
+// bench/nri_latency.py to turn into `make bench` summary lines.
+func writeBenchJSON(path string, rs []benchResult) error {
+	ms := func(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }
+	type row map[string]any
+	out := []row{}
+	for _, r := range rs {
+		entry := row{"label": r.label, "sync_ms": ms(r.syncTime), "start_to_sync_ms": ms(r.startToSync)}
+		for conc, l := range r.create {
+			entry[fmt.Sprintf("create_c%d", conc)] = row{"p50_ms": ms(l.p50), "p99_ms": ms(l.p99), "per_s": l.perSec}
+		}
+		out = append(out, entry)
+	}
+	data, err := json.MarshalIndent(out, "", "  ")
+	if err != nil {
+		return err
+	}
+	return os.WriteFile(path, data, 0o644)
 }

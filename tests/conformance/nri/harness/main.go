@@ -44,6 +44,7 @@ var (
 	benchMode  = flag.Bool("vgpud.bench", false, "run TestBench (CreateContainer latency and Synchronize time)")
 	benchCalls = flag.Int("vgpud.bench-calls", 2000, "CreateContainer calls per concurrency level in TestBench")
 	benchLabel = flag.String("vgpud.bench-label", "plugin under test", "TestBench's name for $VGPUD_NRI_PLUGIN_CMD")
+	benchJSON  = flag.String("vgpud.bench-json", "", "TestBench also writes its figures here as JSON (bench/nri_latency.py reads it)")
 	debugLog   = flag.Bool("vgpud.debug", false, "also print the runtime's NRI debug log lines")
 )
 
