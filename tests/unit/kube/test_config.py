@@ -284,6 +284,7 @@ async def test_client_certificates_authenticate(
     assert await get_node_as(from_kubeconfig(write_kubeconfig(tmp_path / "kc", cluster, user))) == "client"
 
 
+@pytest.mark.filterwarnings("ignore::urllib3.exceptions.InsecureRequestWarning")  # asked for
 async def test_the_server_is_verified_unless_told_not_to(tmp_path: Path, pki: Pki, mtls_server: str) -> None:
     user = {"client-certificate": str(pki.client_cert), "client-key": str(pki.client_key)}
     wrong_ca = {"server": mtls_server, "certificate-authority": str(pki.other_ca)}
