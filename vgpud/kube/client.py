@@ -252,7 +252,7 @@ class _Watch:
     def _events(self, response: urllib3.BaseHTTPResponse) -> Iterator[JsonObject]:
         try:
             yield from rest.watch_events(response, f"watch {self._path}")
-        except KubeError:
+        except Exception:
             if self._stopped:
                 return  # the socket shutdown that stop() did, seen from the reading side
             raise

@@ -27,6 +27,9 @@ CALL_TIMEOUT_S = 30.0
 #: an answer is never retried, and a PATCH never after its request was sent
 RETRIES = urllib3.Retry(total=3, redirect=False, status=0)
 
+#: the most bytes one read of a watch stream takes
+READ_SIZE = 65536
+
 Query = Mapping[str, str | int | bool]
 
 
@@ -114,7 +117,8 @@ def watch_events(response: urllib3.BaseHTTPResponse, what: str) -> Iterator[Json
     event raises (its Status's code: 410 Gone when the version is too old)."""
     with translated_errors(what):
         pending = b""
-        for chunk in response.stream(None, decode_content=False):
+        # read1: whatever has arrived, chunked or not (a plain read would wait for the stream's end)
+        while chunk := response.read1(READ_SIZE, decode_content=False):
             pending += chunk
             *lines, pending = pending.split(b"\n")
             for line in lines:
@@ -139,7 +143,7 @@ def _event(line: bytes, what: str) -> JsonObject:
 
 def shutdown(response: urllib3.BaseHTTPResponse) -> None:
     """Unblock a thread reading `response` (its socket shut down); nothing when already closed."""
-    with suppress(ValueError, RuntimeError, OSError, AttributeError):
+    with suppress(ValueError, RuntimeError, OSError):
         response.shutdown()  # type: ignore[attr-defined]
 
 
