@@ -16,11 +16,13 @@ vgpud records it (from the request read to pids.config written). N defaults to 2
 in-flight limit. The reference, measured first in the same run: the same N clients sending a request
 that is refused while decoding; each round prints its wall time and client p50 as a ratio of it.
 API requests: every call the kube facade answers from "go" to the last answer (its counter), and
-those of the whole round (the caches' lists and watches too), each also per registration. Exits 1
-when any call gets another answer than expected, a pids.config is wrong, or a registration made an
-API request (they read the caches only).
+those of the whole round (the caches' lists and watches too), each also per registration. The
+server's start-up heap is frozen once its caches have listed, as the daemon does (vgpud.heap;
+--no-freeze leaves it, to compare). The key figures also go to bench/summary.py's table
+(bench/lib/results.py). Exits 1 when any call gets another answer than expected, a pids.config is
+wrong, or a registration made an API request (they read the caches only).
 
-    .venv/bin/python bench/registry.py [--containers N] [--rounds R]
+    .venv/bin/python bench/registry.py [--containers N] [--rounds R] [--no-freeze]
 """
 
 from __future__ import annotations
@@ -250,7 +252,7 @@ def main() -> int:
         "registry",
         [
             Figure(
-                f"{n} registrations, time inside vgpud p99 (worst of {len(rounds)})",
+                f"{n} registrations: inside vgpud, p99",
                 worst_p99,
                 "ms",
                 goal=f"<= {INSIDE_P99_GOAL_MS:.0f} ms",
