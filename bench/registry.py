@@ -16,16 +16,19 @@ vgpud records it (from the request read to pids.config written). N defaults to 2
 in-flight limit. The reference, measured first in the same run: the same N clients sending a request
 that is refused while decoding; each round prints its wall time and client p50 as a ratio of it.
 API requests: every call the kube facade answers from "go" to the last answer (its counter), and
-those of the whole round (the caches' lists and watches too), each also per registration. Exits 1
-when any call gets another answer than expected, a pids.config is wrong, or a registration made an
-API request (they read the caches only).
+those of the whole round (the caches' lists and watches too), each also per registration. The
+server's start-up heap is frozen once its caches have listed, as the daemon does (vgpud.heap;
+--no-freeze leaves it, to compare). The key figures also go to bench/summary.py's table
+(bench/lib/results.py). Exits 1 when any call gets another answer than expected, a pids.config is
+wrong, or a registration made an API request (they read the caches only).
 
-    .venv/bin/python bench/registry.py [--containers N] [--rounds R]
+    .venv/bin/python bench/registry.py [--containers N] [--rounds R] [--no-freeze]
 """
 
 from __future__ import annotations
 
 import argparse
+import gc
 import os
 import shutil
 import sys
@@ -42,12 +45,16 @@ import trio_asyncio
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from bench.lib.results import Figure, emit
 from bench.lib.stats import percentile
 from tests.unit.registry.world import World, running
 from vgpud._pb.registry import ContainerDeviceRequest
+from vgpud.heap import freeze_when_listed
 from vgpud.registry.server import RegistryServer
 
 METHOD = "/registry.VDeviceRegistry/RegisterContainerDevice"
+#: issue 16's goal for the time a registration spends inside vgpud, p99
+INSIDE_P99_GOAL_MS = 20.0
 
 
 def client(socket_path: Path, request: bytes, go: int, results: int, expected: str) -> None:
@@ -92,8 +99,9 @@ def fork_clients(socket_path: Path, requests: list[bytes], expected: str) -> tup
 class ServerThread:
     """RegistryServer and the world's pod and claim caches in a Trio thread; `stop` cancels them."""
 
-    def __init__(self, world: World, server: RegistryServer) -> None:
+    def __init__(self, world: World, server: RegistryServer, *, freeze: bool) -> None:
         self.world = world
+        self.freeze = freeze
         self.server = server
         self.ready = threading.Event()
         self.token: trio.lowlevel.TrioToken | None = None
@@ -102,6 +110,9 @@ class ServerThread:
 
     async def _main(self) -> None:
         self.token = trio.lowlevel.current_trio_token()
+        if self.freeze:
+            # as vgpud.daemon does: start-up's objects frozen once the caches have listed
+            freeze_when_listed([self.world.pods, self.world.claim_objects])
         with trio.CancelScope() as self.scope:
             async with trio_asyncio.open_loop(), running(self.world.pods, self.world.claim_objects):
                 await self.server.run(self.ready.set)
@@ -115,6 +126,7 @@ class ServerThread:
         assert self.scope is not None and self.token is not None
         trio.from_thread.run_sync(self.scope.cancel, trio_token=self.token)
         self.thread.join(30)
+        gc.unfreeze()  # the next round starts from the same collector state
 
 
 @dataclass(frozen=True)
@@ -133,9 +145,10 @@ class Round:
 MALFORMED = b"\x0a\x7fx"
 
 
-def one_round(n: int, *, reference: bool = False) -> Round:
+def one_round(n: int, *, reference: bool = False, freeze: bool = True) -> Round:
     """N containers register at once; `reference`: the same N calls, each refused at decoding
-    (INVALID_ARGUMENT): transport, framing and the event loop, without vgpud's lookups and write."""
+    (INVALID_ARGUMENT): transport, framing and the event loop, without vgpud's lookups and write.
+    `freeze`: the start-up heap frozen as the daemon freezes it (vgpud.heap)."""
     root = Path(tempfile.mkdtemp(prefix="vgb", dir="/tmp"))
     try:
         world = World(root)
@@ -150,7 +163,7 @@ def one_round(n: int, *, reference: bool = False) -> Round:
         children, go, results = fork_clients(server.path, requests, expected)
         for pid, (uid, cid, _) in zip(children, containers, strict=True):
             world.place(pid, uid, cid)
-        runner = ServerThread(world, server)
+        runner = ServerThread(world, server, freeze=freeze)
         runner.start()
         before = sum(world.kube.calls.values())
         started = time.perf_counter()
@@ -208,14 +221,18 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--containers", type=int, default=256, help="concurrent registrations (default 256)")
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument(
+        "--no-freeze", action="store_true", help="leave the start-up heap unfrozen (vgpud.heap), to compare"
+    )
     args = parser.parse_args()
     if args.containers < 1 or args.rounds < 1:
         parser.error("--containers and --rounds must be at least 1")
     print(
-        f"registry bench: {os.cpu_count()} CPUs, Python {sys.version.split()[0]}, grpcio {grpc.__version__}"
+        f"registry bench: {os.cpu_count()} CPUs, Python {sys.version.split()[0]}, grpcio {grpc.__version__}, "
+        f"start-up heap {'not ' if args.no_freeze else ''}frozen"
     )
-    reference = one_round(args.containers, reference=True)
-    rounds = [one_round(args.containers) for _ in range(args.rounds)]
+    reference = one_round(args.containers, reference=True, freeze=not args.no_freeze)
+    rounds = [one_round(args.containers, freeze=not args.no_freeze) for _ in range(args.rounds)]
     for r in rounds:
         wall, p50 = r.wall / reference.wall, r.p50 / reference.p50 if reference.p50 else float("nan")
         print(f"vs the reference: wall {wall:5.2f}x, client p50 {p50:5.2f}x")
@@ -223,12 +240,43 @@ def main() -> int:
     print(f"\n{'figure':<58} {'value':>10} {'per registration':>17}")
     worst_p99 = max(r.inside_p99 for r in rounds)
     print(f"{'time inside vgpud, p99 (worst round), ms':<58} {worst_p99:>10.2f}")
+    requests, round_requests = max(r.requests for r in rounds), max(r.round_requests for r in rounds)
     for label, count in (
-        ("API requests while registering (worst round)", max(r.requests for r in rounds)),
-        ("API requests in a round (caches' lists and watches too)", max(r.round_requests for r in rounds)),
+        ("API requests while registering (worst round)", requests),
+        ("API requests in a round (caches' lists and watches too)", round_requests),
     ):
         print(f"{label:<58} {count:>10d} {count / n:>16.3f}x")
-    return 0 if reference.ok and all(r.ok for r in rounds) else 1
+    ok = reference.ok and all(r.ok for r in rounds)
+    worst = max(rounds, key=lambda r: r.wall)
+    emit(
+        "registry",
+        [
+            Figure(
+                f"{n} registrations: inside vgpud, p99",
+                worst_p99,
+                "ms",
+                goal=f"<= {INSIDE_P99_GOAL_MS:.0f} ms",
+                met=worst_p99 <= INSIDE_P99_GOAL_MS,
+            ),
+            Figure(
+                f"{n} registrations, wall (slowest round)",
+                worst.wall * 1000,
+                "ms",
+                reference="the same calls refused at decoding",
+                ratio=worst.wall / reference.wall,
+            ),
+            Figure(
+                f"API requests while {n} registrations resolve",
+                requests,
+                "",
+                reference=f"{round_requests} in the whole round",
+                goal="0 (constant)",
+                met=requests == 0,
+            ),
+        ],
+        ok=ok,
+    )
+    return 0 if ok else 1
 
 
 if __name__ == "__main__":

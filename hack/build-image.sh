@@ -151,9 +151,7 @@ flock 9
 rm -rf "$OUT"/.deps.* "$OUT"/.vgpud.*
 
 # --- deps: the pinned runtime closure, wheels only ---------------------------------------------------
-# kubernetes' asyncio client (kubernetes.aio) is not in the image (vgpud uses the threaded client):
-# neither are aiohttp and the packages only it loads
-requirements=$("$VENV_PY" "$HERE/image-requirements.py" --drop aiohttp --drop aiohttp-retry)
+requirements=$("$VENV_PY" "$HERE/image-requirements.py")
 DEPS_DIR=$OUT/deps
 deps_stamp="runtime=$(cat "$RUNTIME_DIR/.stamp") script=$(sha256sum <"$0" | cut -c1-16) requirements=$(echo "$requirements" | sha256sum | cut -c1-16)"
 
@@ -190,8 +188,7 @@ install_deps() {
   for glibc in $(seq 5 36); do platforms+=(--platform "manylinux_2_${glibc}_x86_64"); done
   pip_target "$tmp/root/$SITE" --no-deps --only-binary=:all: "${platforms[@]}" \
     --python-version 3.11 --implementation cp --abi cp311 -r "$tmp/requirements.txt"
-  # kubernetes' asyncio client (see --drop above), every package's own tests
-  rm -rf "$tmp/root/$SITE"/kubernetes/aio
+  # every package's own tests
   find "$tmp/root/$SITE" -depth -type d \( -name tests -o -name _tests \) -exec rm -rf {} +
   find "$tmp/root/$SITE" -name '*_test.py' -delete
   prune_records "$tmp/root/$SITE"

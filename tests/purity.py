@@ -2,8 +2,7 @@
 
 The pure modules (partition algorithms, webhook rules) must be importable and usable there
 (DESIGN §3). The top-level `vgpud` package reads its version from installed metadata, so it is
-imported before the patch, as is the Kubernetes client's quantity parser; every other vgpud module is
-imported by the body, after it.
+imported before the patch; every other vgpud module is imported by the body, after it.
 """
 
 from __future__ import annotations
@@ -19,10 +18,6 @@ PRELUDE = textwrap.dedent("""
 
     import vgpud
     assert not [m for m in sys.modules if m.startswith("vgpud.")]
-    # the client library's quantity parser (partition uses it) is a pure function, but importing it
-    # imports the whole client package (ssl, urllib3...), so it is loaded before the patch
-    import kubernetes.utils.quantity
-
     class IOAttempted(AssertionError):
         pass
 

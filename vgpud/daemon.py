@@ -33,6 +33,7 @@ from vgpud.gpu.health import HealthBoard
 from vgpud.gpu.healthwatch import HealthRules, HealthWatcher
 from vgpud.grpcserve import serve
 from vgpud.health import HealthService
+from vgpud.heap import freeze_when_listed
 from vgpud.kube import KubeApi, KubeError
 from vgpud.kube.client import KubeClient
 from vgpud.kube.informer import Informer, claim_informer, pod_informer
@@ -391,6 +392,8 @@ async def _main(startup: Startup) -> None:
             if isinstance(assigner, LazyAssigner):
                 nri = NriHooks(assigner=assigner, admission=driver.index, recorder=recorder)
             caches = build_caches(startup, nri=nri is not None, registry=registry_enabled(settings))
+            # the collector's one setting: start-up's objects frozen once the caches have listed
+            freeze_when_listed([cache for cache in (caches.claims, caches.pods) if cache is not None])
             if nri is not None and caches.claims is not None:
                 # who may join a claim after Prepare; without it only the pods Prepare saw are injected
                 ClaimWatch(caches.claims, driver.index)

@@ -8,6 +8,7 @@ RBAC created for real (a row that is too narrow fails there with 403)."""
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 import secrets
 import time
@@ -17,13 +18,13 @@ from typing import Any
 
 import pytest
 import trio
-from kubernetes import client, config
 
 from tests.chart.apiserver import create, create_namespace
 from tests.chart.chart import Manifest, one, render
 from tests.kubeapi import ApiServer, api_request
 from vgpud.kube.api import RESOURCE_API, KubeApi, KubeError, WatchEventType
 from vgpud.kube.client import KubeClient
+from vgpud.kube.config import ApiConfig, from_kubeconfig
 from vgpud.webhook.lookup import KubeLookup, Lookup
 
 Right = tuple[str, str, str]  # (API group, resource, verb)
@@ -97,13 +98,9 @@ RBAC_KINDS = ("ServiceAccount", "ClusterRole", "ClusterRoleBinding")
 PROPAGATION_TIMEOUT_S = 30.0
 
 
-def impersonating(server: ApiServer, user: str) -> client.ApiClient:
-    """An API client with the admin's credentials that acts as `user` (Impersonate-User)."""
-    configuration = client.Configuration()
-    config.load_kube_config(
-        config_file=str(server.kubeconfig), client_configuration=configuration, persist_config=False
-    )
-    return client.ApiClient(configuration, header_name="Impersonate-User", header_value=user)
+def impersonating(server: ApiServer, user: str) -> ApiConfig:
+    """The admin's credentials, acting as `user` (Impersonate-User, a kubeconfig's `as`)."""
+    return dataclasses.replace(from_kubeconfig(server.kubeconfig), impersonate=user)
 
 
 def wait_allowed(server: ApiServer, user: str, namespace: str, right: Right) -> None:

@@ -113,7 +113,7 @@ def test_the_runtime_is_the_images_own_and_imports_what_vgpud_needs(image: Image
     done = image.run(
         "/usr/bin/python3",
         "-c",
-        "import sys, ssl, vgpud.cli, vgpud.daemon, vgpud.webhook, vgpud.kube.client, grpclib, kubernetes,"
+        "import sys, ssl, vgpud.cli, vgpud.daemon, vgpud.webhook, vgpud.kube.client, grpclib, urllib3,"
         " trio, trio_asyncio, pynvml, yaml, google.protobuf, hypercorn, prometheus_client;"
         " ssl.create_default_context(); print(sys.prefix, *sys.version_info[:2])",
     )

@@ -27,13 +27,13 @@ PURE = {
     "vgpud.nri.ttrpc",
     "vgpud.nri.mux",
     "vgpud.gpu.healthrules",
+    "vgpud.quantity",
 }
-#: what else a pure module may import (prefix match): generated messages, the protobuf runtime, the
-#: client library's quantity parser, grpclib's codec interface
+#: what else a pure module may import (prefix match): generated messages, the protobuf runtime,
+#: grpclib's codec interface
 PURE_MAY_IMPORT = (
     "vgpud._pb",
     "betterproto2",
-    "kubernetes.utils.quantity",
     "grpclib.const",
     "grpclib.exceptions",
     "grpclib.encoding.",

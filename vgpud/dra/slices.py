@@ -34,12 +34,12 @@ from pathlib import Path
 from typing import Any
 
 import trio
-from kubernetes.utils.quantity import parse_quantity
 
 from vgpud import excgroup
 from vgpud.gpu.health import DeviceHealth, HealthBoard
 from vgpud.gpu.model import GpuInfo
 from vgpud.kube import RESOURCE_API, JsonObject, KubeApi, NotFound, WatchEvent, WatchEventType
+from vgpud.quantity import parse_quantity
 
 log = logging.getLogger("vgpud.dra.slices")
 
@@ -285,15 +285,12 @@ def read_pcie_roots(gpus: Sequence[GpuInfo], sysfs: Path = Path("/sys")) -> dict
 
 
 def _quantity(value: Any) -> Any:
-    """A quantity as an exact number (the client library's parser): the server re-renders quantities
-    ("1000" comes back as "1k"). Anything else is compared as it is."""
-    if isinstance(value, bool):
-        return value
+    """A quantity as an exact number (vgpud.quantity): the server re-renders quantities ("1000" comes
+    back as "1k"). Anything else (a bool too) is compared as it is."""
     try:
-        number = parse_quantity(value)
-    except (ValueError, TypeError):
+        return parse_quantity(value)
+    except ValueError:
         return value
-    return number if number.is_finite() else value
 
 
 def _quantities(value: Any) -> Any:

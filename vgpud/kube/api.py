@@ -2,7 +2,7 @@
 
 Objects travel as plain dicts in the API server's own JSON shape (camelCase), never as client
 models, so a client-library upgrade cannot change what the rest of vgpud sees. Two implementations:
-`vgpud.kube.client.KubeClient` (the official client, blocking calls in threads) and
+`vgpud.kube.client.KubeClient` (vgpud's own REST client over urllib3, blocking calls in threads) and
 `vgpud.kube.fake.FakeKube` (in memory, for fast unit tests and benches). Both raise the errors below.
 """
 

@@ -10,8 +10,6 @@ from __future__ import annotations
 from collections.abc import Mapping
 from enum import StrEnum
 
-from kubernetes.utils.quantity import parse_quantity
-
 from vgpud.partition.layout import (
     ENV_CUDA_CORE_LIMIT,
     ENV_CUDA_CORE_SOFT_LIMIT,
@@ -26,6 +24,7 @@ from vgpud.partition.layout import (
     MODE_OPEN_KERNEL,
     indexed,
 )
+from vgpud.quantity import parse_quantity
 
 MIB = 1 << 20
 HUNDRED_CORES = 100
@@ -116,13 +115,11 @@ def device_env(
 
 
 def quantity_as_int(value: str | int) -> int | None:
-    """A Kubernetes quantity ("40", "1536Mi", "2e9"; the client library's parser, exact decimals) as an
-    integer, or None when it has a fraction (Go's `Quantity.AsInt64` ok=false); ValueError naming the
-    value when it is not a finite quantity."""
+    """A Kubernetes quantity ("40", "1536Mi", "2e9"; vgpud.quantity, exact decimals) as an integer, or
+    None when it has a fraction (Go's `Quantity.AsInt64` ok=false); ValueError naming the value when it
+    is not a quantity."""
     try:
         number = parse_quantity(value)
-    except (ValueError, TypeError) as err:
+    except ValueError as err:
         raise ValueError(f"{value!r} is not a Kubernetes quantity: {err}") from None
-    if not number.is_finite():
-        raise ValueError(f"{value!r} is not a Kubernetes quantity: not a finite number")
     return int(number) if number == number.to_integral_value() else None

@@ -4,8 +4,9 @@ of a namespace. A Protocol, so unit tests hand in a dict-backed fake; `KubeLooku
 from __future__ import annotations
 
 from typing import Protocol
+from urllib.parse import quote
 
-from vgpud.kube.api import JsonObject
+from vgpud.kube.api import RESOURCE_API, JsonObject
 from vgpud.kube.client import KubeClient
 
 
@@ -24,9 +25,10 @@ class KubeLookup(KubeClient):
     only the webhook needs."""
 
     async def get_resource_claim_template(self, namespace: str, name: str) -> JsonObject:
-        return await self._call(self._resource.read_namespaced_resource_claim_template, name, namespace)
+        path = f"/apis/{RESOURCE_API}/namespaces/{quote(namespace, safe='')}/resourceclaimtemplates/"
+        return await self._call("GET", path + quote(name, safe=""))
 
     async def list_pods(self, namespace: str) -> list[JsonObject]:
-        listed = await self._call(self._core.list_namespaced_pod, namespace)
+        listed = await self._call("GET", f"/api/v1/namespaces/{quote(namespace, safe='')}/pods")
         items = listed.get("items")
         return [] if items is None else items  # as returned: the Admitter checks its type

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -17,7 +17,7 @@ import trio
 import yaml
 
 from tests.kubeapi import free_port
-from vgpud.kube.api import Conflict, KubeError, NotFound, WatchEventType
+from vgpud.kube.api import Conflict, Gone, KubeError, NotFound, WatchEventType
 from vgpud.kube.client import KubeClient
 
 SLICES = "/apis/resource.k8s.io/v1/resourceslices"
@@ -65,7 +65,7 @@ async def test_unreachable_server(tmp_path: Path) -> None:
 class Stub:
     """Answers by (method, path, is-watch); records every request."""
 
-    routes: dict[tuple[str, str, bool], Callable[[], tuple[int, list[bytes]]]]
+    routes: dict[tuple[str, str, bool], Callable[[], tuple[int, Iterable[bytes]]]]
     requests: list[dict[str, Any]] = field(default_factory=list)
 
 
@@ -171,7 +171,7 @@ async def test_watch_error_event_raises(stub: tuple[Stub, KubeClient]) -> None:
             first = await anext(events)
             assert (first.type, first.object) == (WatchEventType.ADDED, obj)
             await anext(events)  # the BOOKMARK is skipped, the ERROR raises and leaves the block
-    assert e.value.status == 410 and "too old resource version" in str(e.value)
+    assert isinstance(e.value, Gone) and "too old resource version" in str(e.value)
     watch = stub[0].requests[-1]["query"]
     assert watch["resourceVersion"] == ["7"]
     assert watch["fieldSelector"] == ["spec.driver=d,spec.nodeName=n"]
@@ -200,3 +200,25 @@ async def test_watch_refused_raises_on_entry(stub: tuple[Stub, KubeClient]) -> N
         async with client.watch_resource_slices(driver="d", node_name="n"):
             pytest.fail("entered a watch the server refused")
     assert e.value.status == 403
+
+
+async def test_leaving_a_watch_ends_its_stream_at_once(stub: tuple[Stub, KubeClient]) -> None:
+    routes, client = stub[0].routes, stub[1]
+    obj = {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceSlice", "metadata": {"name": "s"}}
+    release = threading.Event()
+
+    def open_stream() -> Iterator[bytes]:
+        yield event("ADDED", obj)
+        release.wait(60)  # the server keeps the watch open: only the client's stop ends the read
+
+    routes["GET", SLICES, False] = lambda: (
+        200,
+        [json.dumps({"metadata": {"resourceVersion": "7"}}).encode()],
+    )
+    routes["GET", SLICES, True] = lambda: (200, open_stream())
+    try:
+        with trio.fail_after(10):
+            async with client.watch_resource_slices(driver="d", node_name="n") as events:
+                assert (await anext(events)).object == obj
+    finally:
+        release.set()
