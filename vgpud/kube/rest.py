@@ -29,6 +29,9 @@ RETRIES = urllib3.Retry(total=3, redirect=False, status=0)
 
 #: the most bytes one read of a watch stream takes
 READ_SIZE = 65536
+#: the longest watch event line accepted: the API server stores objects up to about 1.5 MiB (etcd's
+#: request limit), so a line past this is a broken stream, not a big object
+MAX_EVENT_BYTES = 16 * 1024 * 1024
 
 Query = Mapping[str, str | int | bool]
 
@@ -124,6 +127,10 @@ def watch_events(response: urllib3.BaseHTTPResponse, what: str) -> Iterator[Json
             for line in lines:
                 if line.strip():
                     yield _event(line, what)
+            if len(pending) > MAX_EVENT_BYTES:
+                raise KubeError(
+                    f"{what}: a watch event longer than {MAX_EVENT_BYTES} bytes: the stream is broken"
+                )
         if pending.strip():
             yield _event(pending, what)
 

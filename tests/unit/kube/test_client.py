@@ -222,3 +222,19 @@ async def test_leaving_a_watch_ends_its_stream_at_once(stub: tuple[Stub, KubeCli
                 assert (await anext(events)).object == obj
     finally:
         release.set()
+
+
+async def test_a_watch_line_past_the_limit_is_a_broken_stream(
+    stub: tuple[Stub, KubeClient], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A stream that never ends its line does not grow without bound: the watch fails, naming why."""
+    monkeypatch.setattr("vgpud.kube.rest.MAX_EVENT_BYTES", 1000)
+    routes, client = stub[0].routes, stub[1]
+    routes["GET", SLICES, False] = lambda: (
+        200,
+        [json.dumps({"metadata": {"resourceVersion": "7"}}).encode()],
+    )
+    routes["GET", SLICES, True] = lambda: (200, [b'{"type": "ADDED", "object": {"x": "' + b"y" * 5000])
+    with trio.fail_after(10), pytest.raises(KubeError, match="longer than 1000 bytes"):
+        async with client.watch_resource_slices(driver="d", node_name="n") as events:
+            await anext(events)
