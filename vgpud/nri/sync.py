@@ -66,19 +66,30 @@ class SyncBatch(NamedTuple):
     more: bool = False
 
 
+class _GcPause:
+    """How many blocks pause the collector now, and whether it was on before the first."""
+
+    depth = 0
+    was_enabled = False
+
+
 @contextmanager
 def gc_paused() -> Iterator[None]:
     """The cyclic garbage collector off for a block that makes tens of thousands of acyclic objects
     (a Synchronize's decode and cache rebuild): their allocations would trigger full collections that
     walk the whole heap, about 20 ms of a 10,000-container Synchronize. Reference counting still frees
-    everything; the collector is back on (if it was) when the block ends. No await inside: it is
-    process-wide."""
-    enabled = gc.isenabled()
-    gc.disable()
+    everything. Blocks may nest or overlap (Trio tasks): the collector is back on (if it was before
+    the first) when the last one ends. Process-wide: only around a bounded piece of work (the session
+    keeps it paused until a Synchronize's reply is sent)."""
+    if _GcPause.depth == 0:
+        _GcPause.was_enabled = gc.isenabled()
+        gc.disable()
+    _GcPause.depth += 1
     try:
         yield
     finally:
-        if enabled:
+        _GcPause.depth -= 1
+        if _GcPause.depth == 0 and _GcPause.was_enabled:
             gc.enable()
 
 

@@ -72,6 +72,16 @@ def test_the_gc_pause_restores_the_collector_as_it_found_it() -> None:
         gc.enable()
 
 
+def test_overlapping_pauses_keep_the_collector_off_until_the_last_ends() -> None:
+    first, second = gc_paused(), gc_paused()  # two Trio tasks: not properly nested
+    first.__enter__()
+    second.__enter__()
+    first.__exit__(None, None, None)
+    assert not gc.isenabled()
+    second.__exit__(None, None, None)
+    assert gc.isenabled()
+
+
 def test_a_bulk_replace_keeps_the_later_of_a_repeated_id_and_the_index_in_step() -> None:
     cache = NriCache()
     cache.set("old", CacheEntry("p", "c", CLAIM, PurePosixPath("/x")))
