@@ -71,10 +71,12 @@ def write_atomic(path: Path, data: bytes, mode: int, *, durable: bool = True) ->
 
 def remove_tree(path: Path) -> bool:
     """rm -rf that refuses a symlink at the top (rmtree itself never follows links inside); False when
-    there was nothing to remove."""
-    if path.is_symlink():
-        raise OSError(errno.ELOOP, f"{path} is a symlink; refusing to remove through it")
-    if not path.exists():
+    there was nothing to remove. One lstat decides (Prepare calls it for every claim)."""
+    try:
+        info = os.lstat(path)
+    except FileNotFoundError:
         return False
+    if stat.S_ISLNK(info.st_mode):
+        raise OSError(errno.ELOOP, f"{path} is a symlink; refusing to remove through it")
     shutil.rmtree(path)
     return True

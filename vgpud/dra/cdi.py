@@ -234,8 +234,11 @@ def write_spec(cdi_root: Path, driver: str, claim_uid: str, spec: Mapping[str, A
     discards the checkpoint, so every claim is prepared again anyway."""
     path = spec_path(cdi_root, driver, claim_uid)
     data = json.dumps(spec, indent=2, ensure_ascii=True, allow_nan=False).encode("ascii") + b"\n"
-    Path(cdi_root).mkdir(mode=0o755, parents=True, exist_ok=True)
-    write_atomic(path, data, CDI_SPEC_MODE, durable=False)
+    try:
+        write_atomic(path, data, CDI_SPEC_MODE, durable=False)
+    except FileNotFoundError:  # the root is made once, not checked for every claim of a Prepare
+        Path(cdi_root).mkdir(mode=0o755, parents=True, exist_ok=True)
+        write_atomic(path, data, CDI_SPEC_MODE, durable=False)
     return path
 
 

@@ -12,10 +12,13 @@ Every per-claim failure is a message in that claim's reply entry, never a whole-
 
 from __future__ import annotations
 
+import errno
 import logging
+import os
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 
 import trio
@@ -36,7 +39,7 @@ from vgpud.fsutil import remove_tree
 from vgpud.kube import KubeError, NotFound
 from vgpud.partition.assigner import Mode, PartitionError, PrepareResult
 from vgpud.partition.model import ClaimView, ModelError, PodView, parse_claim, parse_pod
-from vgpud.partition.pidsfile import PidsFileError, reset_pids_file
+from vgpud.partition.pidsfile import PidsFileError, create_pids_file
 from vgpud.recorder import HookCall, Outcome
 
 log = logging.getLogger("vgpud.dra")
@@ -44,6 +47,9 @@ log = logging.getLogger("vgpud.dra")
 Fetched = tuple[ClaimRef, ClaimView, list[PodView]]
 #: the failures a Prepare expects; anything else is logged with its traceback, and still only fails its claim
 EXPECTED = (PrepareError, PartitionError, PidsFileError, OSError, KubeError, ValueError)
+#: worker threads writing one call's files at once (their system calls release the GIL; more than two
+#: gained nothing on a 2-core node), and the claims each hop carries
+WRITE_THREADS, WRITE_CHUNK = 2, 8
 
 
 async def prepare(ctx: DraContext, claims: Sequence[ClaimRef]) -> dict[str, PrepareOutcome]:
@@ -160,21 +166,29 @@ class _Plan:
 
 async def _materialize_all(ctx: DraContext, todo: list[Fetched]) -> list[Materialized]:
     """The side effects of the batch's Prepares, in request order: each claim's directories and CDI
-    spec (all claims in one worker-thread hop, not two hops per claim: the hops were most of a large
-    batch's time), then its claim annotations through the API (eager client mode only)."""
+    spec, then its claim annotations through the API (eager client mode only). The files of every
+    WRITE_CHUNK claims go to a worker thread as soon as their plans are computed, at most
+    WRITE_THREADS at once, so the file system works while the event loop computes the next plans."""
     plans: list[_Plan | tuple[Exception, float]] = []
-    for _, claim, pods in todo:
-        started = time.perf_counter()
-        try:
-            result = ctx.assigner.prepare(claim, pods)
-            spec, devices = build_claim_spec(ctx.facts, claim, result)
-        except Exception as err:  # whatever it is, it is this claim's error
-            plans.append((err, time.perf_counter() - started))
-            continue
-        plans.append(_Plan(claim, result, spec, devices, seconds=time.perf_counter() - started))
-    written = [plan for plan in plans if isinstance(plan, _Plan)]
-    if written:
-        await trio.to_thread.run_sync(_write_files, ctx.cdi_root, ctx.driver, written)
+    limiter = trio.CapacityLimiter(WRITE_THREADS)
+    async with trio.open_nursery() as nursery:
+        chunk: list[_Plan] = []
+        for i, (_, claim, pods) in enumerate(todo, 1):
+            started = time.perf_counter()
+            try:
+                result = ctx.assigner.prepare(claim, pods)
+                spec, devices = build_claim_spec(ctx.facts, claim, result)
+            except Exception as err:  # whatever it is, it is this claim's error
+                plans.append((err, time.perf_counter() - started))
+            else:
+                plan = _Plan(claim, result, spec, devices, seconds=time.perf_counter() - started)
+                plans.append(plan)
+                chunk.append(plan)
+            if chunk and (len(chunk) == WRITE_CHUNK or i == len(todo)):
+                write = partial(trio.to_thread.run_sync, _write_files, ctx.cdi_root, ctx.driver, chunk)
+                nursery.start_soon(partial(write, limiter=limiter))
+                chunk = []
+                await trio.lowlevel.checkpoint()  # hand it to its thread now, not after the loop
     done: list[Materialized] = []
     for plan in plans:
         if not isinstance(plan, _Plan):
@@ -320,11 +334,31 @@ def _check_devices(ctx: DraContext, claim: ClaimView, prepared: PreparedIndex) -
 
 
 def _create_directories(result: PrepareResult) -> None:
-    """A fresh claim dir, then each partition dir with an empty pids.config (blocking)."""
-    claim_dir = Path(result.claim_dir)
-    remove_tree(claim_dir)
-    claim_dir.mkdir(parents=True, mode=0o755)
+    """A fresh claim dir, then each partition dir with an empty pids.config (blocking). Everything
+    below the claim dir is new, so each directory is one mkdir on its string (no `parents=True`
+    walk, no exist check) and each pids.config one exclusive create."""
+    claim_dir = str(result.claim_dir)
+    remove_tree(Path(claim_dir))
+    try:
+        os.mkdir(claim_dir, 0o755)
+    except FileNotFoundError:  # the claims dir itself is missing (a first Prepare)
+        Path(claim_dir).mkdir(parents=True, mode=0o755)
+    made = {claim_dir}
     for paths in result.partition_dirs:
-        for directory in paths.directories:
-            Path(directory).mkdir(parents=True, exist_ok=True, mode=0o755)
-        reset_pids_file(Path(paths.config))
+        for directory in map(str, paths.directories):
+            _make_below(directory, made)
+        create_pids_file(str(paths.config))
+
+
+def _make_below(directory: str, made: set[str]) -> None:
+    """mkdir `directory` and any of its parents not in `made` (directories this call made under a
+    fresh claim dir); `made` gains them."""
+    if directory in made:
+        return
+    parent = os.path.dirname(directory)
+    if parent == directory:
+        raise OSError(errno.EINVAL, f"{directory} is not below the claim directory")
+    if parent not in made:
+        _make_below(parent, made)
+    os.mkdir(directory, 0o755)
+    made.add(directory)

@@ -27,8 +27,9 @@ cache survives reconnects, while the split-Synchronize buffer is per session (`b
 from __future__ import annotations
 
 import logging
+import os
 import time
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Awaitable, Callable
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -86,12 +87,12 @@ from vgpud.nri.envs import env_value
 from vgpud.nri.events import WANTED_EVENTS, event_mask, known_events_mask
 from vgpud.nri.fastcodec import decode_create_container, encode_create_container
 from vgpud.nri.session import NriSessionState, NriStats, SessionState
-from vgpud.nri.sync import SyncBatch, SyncContainer, SyncPod, decode_sync
+from vgpud.nri.sync import SyncBatch, SyncContainer, SyncPod, decode_sync, gc_paused
 from vgpud.nri.ttrpc import Code
 from vgpud.nri.verify import missing_injection
 from vgpud.partition.admission import Admission, ClaimAdmission, Verdict
 from vgpud.partition.assigner import ContainerContext
-from vgpud.partition.layout import ENV_CLAIM_UID, LayoutError
+from vgpud.partition.layout import ENV_CLAIM_UID, LayoutError, PartitionPaths
 from vgpud.partition.lazy import LazyAssigner
 from vgpud.partition.pidsfile import PidsFileError
 from vgpud.recorder import Outcome, Recorder, TimedCall
@@ -208,75 +209,81 @@ class NriHooks:
         """Rebuild the cache from every container; a split request is answered `more` until the last."""
         session = self._session
         session.pods.extend(request.pods)
-        session.containers.extend(request.containers)
+        session.claimed.extend(request.claimed)
+        session.reported += request.reported
         if request.more:
             return SynchronizeResponse(more=True)
-        with self._recorder.timed("nri", "Synchronize") as call:
-            # each container's env is read once: a node reports thousands, most without a claim
-            claimed = [(c, uid) for c in session.containers if (uid := env_value(c.env, ENV_CLAIM_UID))]
+        with self._recorder.timed("nri", "Synchronize") as call, gc_paused():
             pods = {pod.id: pod for pod in session.pods}
-            entries, not_injected = self._rebuild(pods, claimed)
+            entries, not_injected, runtime = self._rebuild(pods, session.claimed)
             self.cache.replace(entries)
             self.not_injected.replace(not_injected)
             self._warn_not_injected()
-            self.runtime.replace(_runtime_containers(pods, claimed))
+            self.runtime.replace(runtime)
             self._last_sync_time = time.time()
-            self.stats.sync_reported = len(session.containers)
+            self.stats.sync_reported = session.reported
             self.stats.sync_rebuilt = len(entries)
-            invalid = len(claimed) - len(entries) - len(not_injected)
+            invalid = len(session.claimed) - len(entries) - len(not_injected)
             call.detail = (
-                f"{len(entries)} vGPU containers of {len(session.containers)}, {invalid} not valid here, "
+                f"{len(entries)} vGPU containers of {session.reported}, {invalid} not valid here, "
                 f"{len(not_injected)} without their injection"
             )
         log.info("NRI: synchronized: %s", call.detail)
-        session.pods, session.containers = [], []
+        session.pods, session.claimed, session.reported = [], [], 0
         session.synchronized.set()
         return SynchronizeResponse()
 
     def _rebuild(
-        self, by_id: dict[str, SyncPod], claimed: list[tuple[SyncContainer, str]]
-    ) -> tuple[list[tuple[str, CacheEntry]], list[tuple[str, NotInjected]]]:
-        """(cache entries, containers without their injection) of a Synchronize, by container ID, from
-        the containers with a claim UID in their env (with it) and the pods by sandbox ID."""
+        self, by_id: dict[str, SyncPod], claimed: list[SyncContainer]
+    ) -> tuple[
+        list[tuple[str, CacheEntry]], list[tuple[str, NotInjected]], list[tuple[str, RuntimeContainer]]
+    ]:
+        """(cache entries, containers without their injection, what the runtime runs) of a Synchronize,
+        by container ID, from the containers with a claim UID in their env and the pods by sandbox ID.
+        One pass of string work per container: a node reports thousands."""
         entries: list[tuple[str, CacheEntry]] = []
         not_injected: list[tuple[str, NotInjected]] = []
+        runtime: list[tuple[str, RuntimeContainer]] = []
         invalid_before = self.stats.sync_invalid
-        for container, claim_uid in claimed:
+        layout, check = self.assigner.layout, self._admission.check
+        for container in claimed:
+            claim_uid = container.claim_uid
             pod = by_id.get(container.pod_sandbox_id)
-            reason = ""
             if pod is None:
                 reason = f"its pod sandbox {container.pod_sandbox_id} was not reported"
+                self._count_invalid(container, reason, invalid_before)
+                continue
+            runtime.append(
+                (container.id, RuntimeContainer(pod.uid, container.name, claim_uid, pod.namespace, pod.name))
+            )
+            verdict = check(claim_uid, pod.namespace, pod.uid)
+            try:
+                base = layout.container_dir_text(claim_uid, pod.uid, container.name)
+            except LayoutError as err:
+                self._count_invalid(container, str(err), invalid_before)
+                continue
+            # a pod that joined the claim after Prepare, before the claim watch of this run has
+            # listed: its directory proves an earlier admission (a refused pod never gets one)
+            joined = verdict.verdict is Verdict.NOT_RESERVED and os.path.isdir(base)
+            if not (verdict.inject or joined):
+                self._count_invalid(container, verdict.reason, invalid_before)
+                continue
+            paths = PartitionPaths.of(base)
+            # an exited container runs nothing that could register: only live ones are checked,
+            # against the injection (built only for them: most of the per-container time)
+            missing: tuple[str, ...] = ()
+            if not container.stopped:
+                ctx = ContainerContext(claim_uid, pod.uid, pod.name, pod.namespace, container.name)
+                env, mounts = self.assigner.injection(ctx, paths)
+                missing = missing_injection(mounts, env, container.mounts, container.env)
+            if missing:
+                found = NotInjected(
+                    pod.uid, container.name, claim_uid, pod.namespace, pod.name, paths.base, missing
+                )
+                not_injected.append((container.id, found))
             else:
-                verdict = self._admission.check(claim_uid, pod.namespace, pod.uid)
-                try:
-                    base = self.assigner.paths(claim_uid, pod.uid, container.name).base
-                except LayoutError as err:
-                    reason = str(err)
-                else:
-                    # a pod that joined the claim after Prepare, before the claim watch of this run has
-                    # listed: its directory proves an earlier admission (a refused pod never gets one)
-                    joined = verdict.verdict is Verdict.NOT_RESERVED and Path(base).is_dir()
-                    if not (verdict.inject or joined):
-                        reason = verdict.reason
-                        self._count_invalid(container, reason, invalid_before)
-                        continue
-                    # an exited container runs nothing that could register: only live ones are checked,
-                    # against the plan (built only for them: most of the per-container time)
-                    missing: tuple[str, ...] = ()
-                    if not container.stopped:
-                        ctx = ContainerContext(claim_uid, pod.uid, pod.name, pod.namespace, container.name)
-                        plan = self.assigner.inject(ctx)
-                        missing = missing_injection(plan, container.mounts, container.env)
-                    if missing:
-                        found = NotInjected(
-                            pod.uid, container.name, claim_uid, pod.namespace, pod.name, base, missing
-                        )
-                        not_injected.append((container.id, found))
-                    else:
-                        entries.append((container.id, CacheEntry(pod.uid, container.name, claim_uid, base)))
-                    continue
-            self._count_invalid(container, reason, invalid_before)
-        return entries, not_injected
+                entries.append((container.id, CacheEntry(pod.uid, container.name, claim_uid, paths.base)))
+        return entries, not_injected, runtime
 
     def _count_invalid(self, container: SyncContainer, reason: str, invalid_before: int) -> None:
         """A Synchronize container that is not cached: counted, and logged up to a limit."""
@@ -457,16 +464,6 @@ class NriHooks:
                 log.warning("NRI: cannot remove %s: %s", path, err)
                 continue
             self.stats.removed_dirs += removed
-
-
-def _runtime_containers(
-    by_id: dict[str, SyncPod], claimed: list[tuple[SyncContainer, str]]
-) -> Iterable[tuple[str, RuntimeContainer]]:
-    """Every container of a Synchronize with a claim UID in its env and a reported pod, by ID."""
-    for container, claim_uid in claimed:
-        pod = by_id.get(container.pod_sandbox_id)
-        if pod is not None:
-            yield container.id, RuntimeContainer(pod.uid, container.name, claim_uid, pod.namespace, pod.name)
 
 
 _NO_OP_EVENTS = (

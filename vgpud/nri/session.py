@@ -49,5 +49,8 @@ class SessionState:
     runtime: str = ""
     nri_version: str = ""
     pods: list[SyncPod] = field(default_factory=list)
-    containers: list[SyncContainer] = field(default_factory=list)
+    #: the containers with a claim UID in their env, of the chunks received so far
+    claimed: list[SyncContainer] = field(default_factory=list)
+    #: every container those chunks reported, with or without a claim UID
+    reported: int = 0
     synchronized: trio.Event = field(default_factory=trio.Event)

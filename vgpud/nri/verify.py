@@ -7,19 +7,33 @@ container the runtime reports back (Synchronize: its mounts and env) is.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 
-from vgpud.nri.envs import env_value
-from vgpud.partition.assigner import InjectionPlan
+from vgpud.partition.layout import Mount
 
 
 def missing_injection(
-    plan: InjectionPlan, mounts: Iterable[tuple[str, str]], env: Sequence[str]
+    mounts: Sequence[Mount],
+    env: Mapping[str, str],
+    have_mounts: Iterable[tuple[str, str]],
+    have_env: Sequence[str],
 ) -> tuple[str, ...]:
-    """What of `plan` the container lacks: `mount <destination>` for a bind mount that is absent or
-    has another source, `env <KEY>` for an identity variable with another value; () when complete.
-    `mounts`: the container's (destination, source) pairs."""
-    have = set(mounts)
-    gaps = [f"mount {m.container_path}" for m in plan.mounts if (m.container_path, m.host_path) not in have]
-    gaps += [f"env {key}" for key, value in plan.env.items() if env_value(env, key) != value]
+    """What of the intended `mounts` and `env` the container lacks: `mount <destination>` for a bind
+    mount that is absent or has another source, `env <KEY>` for an identity variable with another
+    value; () when complete. `have_mounts`: the container's (destination, source) pairs; `have_env`
+    its `KEY=VALUE` list (the last of a key wins)."""
+    have = set(have_mounts)
+    gaps = [f"mount {m.container_path}" for m in mounts if (m.container_path, m.host_path) not in have]
+    values = _env_dict(have_env)
+    gaps += [f"env {key}" for key, value in env.items() if values.get(key, "") != value]
     return tuple(gaps)
+
+
+def _env_dict(env: Sequence[str]) -> dict[str, str]:
+    """`KEY=VALUE` items as a dict, the last of a key winning (`env_value` for every key at once)."""
+    values = {}
+    for item in env:
+        key, sep, value = item.partition("=")
+        if sep:
+            values[key] = value
+    return values

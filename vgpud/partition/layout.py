@@ -14,6 +14,7 @@ import os
 import re
 from dataclasses import dataclass
 from pathlib import PurePosixPath
+from typing import NamedTuple
 
 # --------------------------------------------------------------------------------------------------
 # Names under the manager root (host side)
@@ -147,9 +148,9 @@ def container_dir_name(pod_uid: str, container: str) -> str:
 # The layout
 
 
-@dataclass(frozen=True)
-class Mount:
-    """One bind mount, as CDI and NRI both express it."""
+class Mount(NamedTuple):
+    """One bind mount, as CDI and NRI both express it. A NamedTuple (immutable, half the cost of a
+    frozen dataclass to build): a Synchronize builds five per running vGPU container."""
 
     host_path: str
     container_path: str
@@ -170,8 +171,21 @@ class PartitionPaths:
 
     base: PurePosixPath
 
+    @classmethod
+    def of(cls, text: str) -> PartitionPaths:
+        """From the string of a normalised absolute path (what `Layout` builds from validated names):
+        `text` is kept, so the mounts are joined on strings, never parsed back."""
+        paths = cls(PurePosixPath(text))
+        paths.__dict__["text"] = text  # the cached_property's slot: str(base) is `text` by construction
+        return paths
+
     @functools.cached_property
-    def config(self) -> PurePosixPath:  # cached: the mounts, the pids file and the target all use it
+    def text(self) -> str:
+        """`str(base)`: mount sources are strings, joined without pathlib."""
+        return str(self.base)
+
+    @functools.cached_property
+    def config(self) -> PurePosixPath:  # cached: the pids file and the target use it
         return self.base / CONFIG_DIR
 
     @property
@@ -218,13 +232,31 @@ class Layout:
     def host(self, path: PurePosixPath) -> PurePosixPath:
         """The same path as the container runtime sees it (the source of a bind mount)."""
         assert self.host_root is not None
-        if self._same_root and _under(str(path), str(self.root)):
-            return path  # the usual case, without pathlib's parsing (a Synchronize maps 5 per container)
+        if self._same_root and _under(str(path), self._root_text):
+            return path  # the usual case, without pathlib's parsing
         return self.host_root / path.relative_to(self.root)
+
+    def host_text(self, path: str) -> str:
+        """`host` on the string of a normalised absolute path: a Synchronize maps one per container."""
+        root = self._root_text
+        if _under(path, root):
+            if self._same_root:
+                return path
+            if root != "/" and self._host_root_text != "/":
+                return self._host_root_text + path[len(root) :]
+        return str(self.host(PurePosixPath(path)))
 
     @functools.cached_property
     def _same_root(self) -> bool:
         return self.host_root == self.root
+
+    @functools.cached_property
+    def _root_text(self) -> str:
+        return str(self.root)
+
+    @functools.cached_property
+    def _host_root_text(self) -> str:
+        return str(self.host_root)
 
     @functools.cached_property
     def claims_dir(self) -> PurePosixPath:
@@ -240,7 +272,17 @@ class Layout:
 
     def container_partition(self, claim_uid: str, pod_uid: str, container: str) -> PartitionPaths:
         """Lazy: `claims/<claimUID>/<podUID>_<container>` (seed §12.3)."""
-        return PartitionPaths(self.claim_dir(claim_uid) / container_dir_name(pod_uid, container))
+        return PartitionPaths.of(self.container_dir_text(claim_uid, pod_uid, container))
+
+    def container_dir_text(self, claim_uid: str, pod_uid: str, container: str) -> str:
+        """`container_partition(...).base` as a string, joined from the validated names (no pathlib:
+        a Synchronize checks thousands)."""
+        claim = check_token(claim_uid, "claim UID")
+        return f"{self._claims_text}/{claim}/{container_dir_name(pod_uid, container)}"
+
+    @functools.cached_property
+    def _claims_text(self) -> str:
+        return str(self.claims_dir)
 
     def device_plugin_config_dir(self, pod_uid: str, container: str) -> PurePosixPath:
         """`<root>/<podUID>_<container>/config`: the registry's pod-UID fallback (non-NRI pods)."""
@@ -278,14 +320,26 @@ def _under(path: str, root: str) -> bool:
     return path == root or path.startswith(root if root == "/" else root + "/")
 
 
+#: the mounts of a partition directory, in order: (path under it, container path, read-only)
+_PARTITION_MOUNTS = (
+    (CONFIG_DIR, CONT_CONFIG_DIR, False),
+    (VGPU_LOCK_DIR, CONT_VGPU_LOCK, False),
+    (VMEM_NODE_DIR, CONT_VMEM_NODE, False),
+    (SM_NODE_DIR, CONT_SM_NODE, False),
+    (f"{CONFIG_DIR}/{PIDS_FILE}", CONT_PIDS_FILE, True),
+)
+_PARTITION_MOUNT_PARTS = tuple(
+    (f"/{below}", str(container), ("ro" if read_only else "rw", *BIND_OPTIONS))
+    for below, container, read_only in _PARTITION_MOUNTS
+)
+
+
 def partition_mounts(layout: Layout, paths: PartitionPaths) -> tuple[Mount, ...]:
-    """The per-partition (eager) or per-container (lazy) mounts; one set per container, never two."""
-    return (
-        Mount.bind(layout.host(paths.config), CONT_CONFIG_DIR, read_only=False),
-        Mount.bind(layout.host(paths.vgpu_lock), CONT_VGPU_LOCK, read_only=False),
-        Mount.bind(layout.host(paths.vmem_node), CONT_VMEM_NODE, read_only=False),
-        Mount.bind(layout.host(paths.sm_node), CONT_SM_NODE, read_only=False),
-        Mount.bind(layout.host(paths.pids_file), CONT_PIDS_FILE, read_only=True),
+    """The per-partition (eager) or per-container (lazy) mounts; one set per container, never two.
+    Joined on strings: a Synchronize builds them for every running vGPU container."""
+    host = layout.host_text(paths.text)
+    return tuple(
+        [Mount(host + below, container, options) for below, container, options in _PARTITION_MOUNT_PARTS]
     )
 
 

@@ -40,6 +40,7 @@ from vgpud.partition.layout import (
     ENV_REGISTER_UUID,
     Layout,
     LayoutError,
+    Mount,
     PartitionPaths,
     container_dir_name,
     partition_mounts,
@@ -83,6 +84,14 @@ class LazyAssigner:
 
     def inject(self, context: ContainerContext) -> InjectionPlan:
         target, paths = self._target(context.claim_uid, context.pod_uid, context.container)
+        env, mounts = self.injection(context, paths)
+        return InjectionPlan(target=target, paths=paths, env=env, mounts=mounts)
+
+    def injection(
+        self, context: ContainerContext, paths: PartitionPaths
+    ) -> tuple[dict[str, str], tuple[Mount, ...]]:
+        """The env and mounts `inject` gives the container whose directory is `paths` (a Synchronize
+        checks running containers against them without building the registry's target)."""
         env = {
             ENV_POD_NAME: context.pod_name,
             ENV_POD_NAMESPACE: context.pod_namespace,
@@ -91,7 +100,7 @@ class LazyAssigner:
             # blank whatever the image or a stale CDI spec set: the library must register by pod UID
             ENV_REGISTER_UUID: "",
         }
-        return InjectionPlan(target=target, paths=paths, env=env, mounts=partition_mounts(self.layout, paths))
+        return env, partition_mounts(self.layout, paths)
 
     def resolve(self, query: RegisterQuery, facts: ResolveFacts) -> Target:
         """The NRI cache decides (seed §12.8): hit -> the container's directory; miss before the first

@@ -80,7 +80,7 @@ def with_sync_report(hooks: NriHooks, report: Path) -> None:
     async def synchronize(request: SyncBatch) -> SynchronizeResponse:
         response = await real(request)
         totals["pods"] += len(request.pods)
-        totals["containers"] += len(request.containers)
+        totals["containers"] += request.reported
         if not request.more:
             # the harness's containers carry no injection: vgpud tracks them as not injected
             line = {**totals, "tracked": len(hooks.cache) + len(hooks.not_injected)}

@@ -12,6 +12,7 @@ from tests.draharness import BOOT, GPUS, NODE, REF, Harness, single_container_cl
 from vgpud.dra.cdi import spec_path
 from vgpud.dra.checkpoint import CheckpointStore, ClaimEntry, PrepareState
 from vgpud.dra.claimindex import ClaimRef
+from vgpud.dra.prepare import WRITE_CHUNK
 from vgpud.partition import libfiles as F
 
 
@@ -438,3 +439,32 @@ async def test_an_unprepare_of_a_claim_uid_that_names_no_directory_fails_only_th
     assert errors[REF.uid] == ""
     assert errors[bad.uid].startswith("claim default/bad: ") and "claim UID" in errors[bad.uid], errors
     assert not h.claim_dir().exists() and h.checkpoint() == {}
+
+
+async def test_a_large_batch_is_written_by_several_threads_and_one_failure_stays_its_own(h: Harness) -> None:
+    """More claims than one write chunk: every claim gets its six directories, pids.config and spec;
+    the one whose spec cannot be written fails alone (its rollback cannot remove the directory in
+    the spec's place either, so its PrepareStarted entry stays for the cleanup)."""
+    uids = [f"{i:08x}-0000-4000-8000-000000000000" for i in range(2 * WRITE_CHUNK + 3)]
+    for i, uid in enumerate(uids):
+        h.kube.add_claim(
+            o.claim(
+                requests=[o.exactly("r1")],
+                results=[o.result("r1", f"vgpu-{i % 2}", share_id=f"s{i}")],
+                name=f"c{i}",
+                uid=uid,
+            )
+        )
+    broken = uids[WRITE_CHUNK + 1]
+    spec_path(h.cdi_root, o.DRIVER, broken).mkdir(parents=True)  # a directory where its spec goes
+    out = await h.driver.prepare([ClaimRef(o.NAMESPACE, uid, f"c{i}") for i, uid in enumerate(uids)])
+    assert "not a regular file" in out[broken].error
+    assert h.checkpoint()[broken]["checkpointState"] == "PrepareStarted"
+    for uid in uids:
+        if uid == broken:
+            continue
+        assert out[uid].error == "" and h.checkpoint()[uid]["checkpointState"] == "PrepareCompleted"
+        partition = h.claim_dir(uid) / "r1"
+        assert sorted(p.name for p in partition.iterdir()) == ["config", "sm_node", "vgpu_lock", "vmem_node"]
+        assert (partition / "config" / "pids.config").read_bytes() == b""
+        assert h.spec(uid)["devices"]

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from vgpud.partition.pidsfile import PidsFileError, PidsFileLockTimeout, reset_pids_file
+from vgpud.partition.pidsfile import PidsFileError, PidsFileLockTimeout, create_pids_file, reset_pids_file
 
 
 def test_creates_the_file_with_mode_0644(tmp_path: Path) -> None:
@@ -100,3 +100,35 @@ def test_a_held_lock_times_out_with_a_clear_error(tmp_path: Path) -> None:
     assert path.read_text() == "7\n"  # nothing was truncated without the lock
     reset_pids_file(tmp_path)  # released: now it works
     assert path.read_text() == ""
+
+
+def test_create_makes_an_empty_0644_file_whatever_the_umask(tmp_path: Path) -> None:
+    old = os.umask(0o077)
+    try:
+        path = create_pids_file(tmp_path)
+    finally:
+        os.umask(old)
+    info = path.lstat()
+    assert path == tmp_path / "pids.config"
+    assert stat.S_ISREG(info.st_mode) and stat.S_IMODE(info.st_mode) == 0o644 and info.st_size == 0
+
+
+def test_create_over_an_existing_file_resets_it_in_place(tmp_path: Path) -> None:
+    path = tmp_path / "pids.config"
+    path.write_text("101\n")
+    inode = path.stat().st_ino
+    create_pids_file(tmp_path)
+    assert path.stat().st_ino == inode and path.read_bytes() == b""
+
+
+def test_create_refuses_a_symlink_and_a_missing_dir(tmp_path: Path) -> None:
+    target = tmp_path / "elsewhere"
+    target.write_text("precious\n")
+    config = tmp_path / "config"
+    config.mkdir()
+    (config / "pids.config").symlink_to(target)
+    with pytest.raises(PidsFileError, match="symbolic link"):
+        create_pids_file(config)
+    assert target.read_text() == "precious\n"
+    with pytest.raises(PidsFileError, match="cannot reset"):
+        create_pids_file(tmp_path / "absent")

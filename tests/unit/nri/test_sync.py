@@ -1,0 +1,95 @@
+"""Synchronize's decoding (claimed containers kept, the rest counted), its GC pause, and the
+bulk cache replace it feeds."""
+
+from __future__ import annotations
+
+import gc
+from pathlib import PurePosixPath
+
+import pytest
+
+from vgpud._pb.nri.pkg.api.v1alpha1 import Container, ContainerState, Mount, PodSandbox, SynchronizeRequest
+from vgpud.nri.cache import CacheEntry, NriCache
+from vgpud.nri.sync import SyncContainer, SyncPod, decode_sync, gc_paused
+from vgpud.wire import MalformedMessage
+
+CLAIM = "5b0e7c1a-3f2d-4c8e-9a71-0d6f1e2b3c4d"
+
+
+def test_only_containers_with_a_claim_uid_are_kept_and_every_one_is_counted() -> None:
+    containers = [
+        Container(id="a", pod_sandbox_id="s", name="a", env=["PATH=/bin", f"MANAGER_VGPU_CLAIM_UID={CLAIM}"]),
+        Container(id="b", pod_sandbox_id="s", name="b", env=["PATH=/bin"]),
+        Container(id="c", pod_sandbox_id="s", name="c", env=["MANAGER_VGPU_CLAIM_UID="]),  # empty: none
+        Container(
+            id="d",
+            pod_sandbox_id="s",
+            name="d",
+            env=["MANAGER_VGPU_CLAIM_UID=first", "MANAGER_VGPU_CLAIM_UID=last", "X=1"],  # the last wins
+            mounts=[Mount(destination="/dst", source="/src", type="bind")],
+            state=ContainerState.CONTAINER_STOPPED,
+        ),
+    ]
+    pods = [PodSandbox(id="s", uid="u", name="p", namespace="ns")]
+    batch = decode_sync(bytes(SynchronizeRequest(pods=pods, containers=containers, more=True)))
+    assert batch.pods == (SyncPod("s", "u", "p", "ns"),)
+    assert batch.reported == 4 and batch.more is True
+    assert batch.claimed == (
+        SyncContainer("a", "s", "a", CLAIM, ("PATH=/bin", f"MANAGER_VGPU_CLAIM_UID={CLAIM}"), (), 0),
+        SyncContainer(
+            "d",
+            "s",
+            "d",
+            "last",
+            ("MANAGER_VGPU_CLAIM_UID=first", "MANAGER_VGPU_CLAIM_UID=last", "X=1"),
+            (("/dst", "/src"),),
+            int(ContainerState.CONTAINER_STOPPED),
+        ),
+    )
+    assert batch.claimed[1].stopped and not batch.claimed[0].stopped
+
+
+def test_malformed_bytes_are_refused_and_the_collector_is_back_on() -> None:
+    assert gc.isenabled()
+    with pytest.raises(MalformedMessage):
+        decode_sync(b"\x0a\x05ab")  # a length running past the end
+    assert gc.isenabled()
+
+
+def test_the_gc_pause_restores_the_collector_as_it_found_it() -> None:
+    with gc_paused():
+        assert not gc.isenabled()
+    assert gc.isenabled()
+    with pytest.raises(RuntimeError), gc_paused():
+        raise RuntimeError("the block failed")
+    assert gc.isenabled()
+    gc.disable()
+    try:
+        with gc_paused():
+            pass
+        assert not gc.isenabled()  # someone else turned it off: left off
+    finally:
+        gc.enable()
+
+
+def test_overlapping_pauses_keep_the_collector_off_until_the_last_ends() -> None:
+    first, second = gc_paused(), gc_paused()  # two Trio tasks: not properly nested
+    first.__enter__()
+    second.__enter__()
+    first.__exit__(None, None, None)
+    assert not gc.isenabled()
+    second.__exit__(None, None, None)
+    assert gc.isenabled()
+
+
+def test_a_bulk_replace_keeps_the_later_of_a_repeated_id_and_the_index_in_step() -> None:
+    cache = NriCache()
+    cache.set("old", CacheEntry("p", "c", CLAIM, PurePosixPath("/x")))
+    first = CacheEntry("p", "main", CLAIM, PurePosixPath("/a"))
+    second = CacheEntry("q", "main", CLAIM, PurePosixPath("/b"))
+    third = CacheEntry("p", "main", CLAIM, PurePosixPath("/a"))
+    cache.replace([("1", first), ("2", second), ("1", second), ("3", third)])
+    assert cache.synced and len(cache) == 3 and "old" not in cache
+    assert cache.instance("1") is second
+    assert cache.instances("p", "main") == ["3"] and cache.instances("q", "main") == ["2", "1"]
+    assert cache.get("q", "main") is second and cache.instances("p", "c") == []
