@@ -3,11 +3,12 @@
 - An exited instance of a container removed through CRI (`crictl rm`, as an operator or another
   kubelet GC setting does) while another instance of it runs: the running one keeps its directory
   and registers (both tracks).
-- vgpud's start leaves no plugin error in containerd's log (its start-up probe is the first session).
+- vgpud's start leaves no plugin error in containerd's log (its start-up probe is the first session);
+  on containerd 1.7 and 2.x.
 - Containers the NRI plugin never adjusted: vgpud stopped past the runtime's deadline while a vGPU
-  container is created, and vgpud killed while ten start. containerd 1.7.24 (NRI v0.6.1) ignores a
-  plugin's eviction requests, so afterwards every running vGPU container has its injection or is
-  reported (debug state, metric, one WARNING line each).
+  container is created (containerd 1.7 and 2.x), and vgpud killed while ten start. containerd 1.7.24
+  (NRI v0.6.1) and 2.4.2 (NRI v0.12.3) ignore a plugin's eviction requests, so afterwards every
+  running vGPU container has its injection or is reported (debug state, metric, one WARNING line each).
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from typing import Any
 import pytest
 
 from tests.e2e import workload as w
+from tests.e2e.conftest import NRI_TRACKS
 from tests.e2e.node import LocalNode
 from tests.kubeapi import kube_env
 from tests.support import require
@@ -179,7 +181,7 @@ def test_removing_an_exited_instance_keeps_the_running_ones_directory(node: Loca
 # -- item 5 ------------------------------------------------------------------------------------------
 
 
-@NRI_ONLY
+@NRI_TRACKS
 def test_vgpud_start_leaves_no_plugin_error_in_containerd_log(node: LocalNode) -> None:
     registered = len(re.findall(r"NRI: registered as", log_text(node, "vgpud")))
     node.restart_vgpud()
@@ -195,7 +197,7 @@ def test_vgpud_start_leaves_no_plugin_error_in_containerd_log(node: LocalNode) -
 # -- item 7 ------------------------------------------------------------------------------------------
 
 
-@NRI_ONLY
+@NRI_TRACKS
 def test_vgpud_stopped_past_the_deadline_leaves_a_reported_container(node: LocalNode) -> None:
     """containerd drops the stalled plugin and creates the container unadjusted; vgpud finishes its
     hook later, then the Synchronize after its reconnect shows what the runtime really did."""
