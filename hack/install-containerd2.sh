@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
 # Installs the containerd 2.x runtime track of the local test node into the cache hack/install-node.sh
 # uses: containerd, containerd-shim-runc-v2 and ctr built from the github.com/containerd/containerd/v2
-# Go module (no Debian suite this machine can run ships 2.x), with the build tags containerd's Makefile
-# uses by default (urfave_cli_no_docs; the shim also no_grpc) and cgo off, which leaves out the btrfs
-# snapshotter (it needs cgo and the btrfs headers; the node uses overlayfs). runc stays the one
-# hack/install-node.sh unpacks (bookworm's 1.1.5): containerd 2.x drives it through the same shim
-# protocol and `runc features`, which 1.1 has (docs/containerd2.md). Idempotent: prints nothing and does
-# nothing when the cache holds this version's build.
+# Go module (the Debian containerd hack/install-node.sh unpacks, trixie's, is 1.7), with the build tags
+# containerd's Makefile uses by default (urfave_cli_no_docs; the shim also no_grpc) and cgo off, which
+# leaves out the btrfs snapshotter (it needs cgo and the btrfs headers; the node uses overlayfs). runc
+# stays the one hack/install-node.sh unpacks (bookworm's 1.1.5): containerd 2.x drives it through the
+# same shim protocol and `runc features`, which 1.1 has (docs/containerd2.md). Idempotent: prints
+# nothing and does nothing when the cache holds this version's build.
 #
 #   hack/install-containerd2.sh             install what is missing, then write <cache>/containerd2.env
 #   hack/install-containerd2.sh --print-env also print containerd2.env (CONTAINERD_BIN=..., CTR_BIN=...,
