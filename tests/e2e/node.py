@@ -429,7 +429,8 @@ class LocalNode:
         """containerd 2.x, config version 3 or the version the build writes by default (4 from 2.4: it
         renamed only plugins this file leaves alone): the CRI runtime and images halves are plugins of
         their own; CDI is always on (no enable_cdi key); NRI is on by default, so `disable` is written
-        either way; the shim is named by path (1.7's is on NODE_PATH too)."""
+        either way; the shim is named by path (1.7's is on NODE_PATH too), and its sockets go under
+        the node's temp dir (1.7 puts them in /run/containerd/s whatever the config says)."""
         env, w = self.env, self.workdir
         runtime = "plugins.'io.containerd.cri.v1.runtime'"
         version = int(env["CONFIG_VERSION"])
@@ -449,6 +450,8 @@ state = "{w}/c/state"
   address = "{self.containerd_socket}.ttrpc"
 [plugins.'io.containerd.internal.v1.opt']
   path = "{w}/containerd/opt"
+[plugins.'io.containerd.shim.v1.manager']
+  socket_dir = "{w}/s"
 [plugins.'io.containerd.nri.v1.nri']
   disable = {str(not self.nri).lower()}
   socket_path = "{self.nri_root}/nri.sock"

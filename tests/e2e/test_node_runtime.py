@@ -62,6 +62,8 @@ def test_the_track_runs_on_its_runtime(node: LocalNode) -> None:
     w.create_pod(node, ns, "p", [w.container("main", [("gpu", "gpu")])], {"gpu": "gpu"})
     w.wait_running(node, ns, "p")
     assert shim_binaries(node) == {want_shim}
+    if node.containerd == CONTAINERD_2:  # its shim sockets under the node's dir, not /run/containerd/s
+        assert any(entry.is_socket() for entry in (node.workdir / "s").iterdir())
     w.delete_pod(node, ns, "p")
     w.wait_for(lambda: not node.claim_dir(uid).exists(), what="claim directory removed")
     w.release_claim(node, ns, "gpu")
