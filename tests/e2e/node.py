@@ -426,11 +426,13 @@ class LocalNode:
         return self._containerd_config_v2()
 
     def _containerd_config_v3(self) -> str:
-        """containerd 2.x, config version 3 or the version the build writes by default (4 from 2.4: it
-        renamed only plugins this file leaves alone): the CRI runtime and images halves are plugins of
-        their own; CDI is always on (no enable_cdi key); NRI is on by default, so `disable` is written
-        either way; the shim is named by path (1.7's is on NODE_PATH too), and its sockets go under
-        the node's temp dir (1.7 puts them in /run/containerd/s whatever the config says)."""
+        """containerd 2.x, in the config version the build writes by default (3 up to 2.3, 4 from 2.4;
+        docs/containerd2.md): the CRI runtime and images halves are plugins of their own; CDI is always
+        on (no enable_cdi key); NRI is on by default, so `disable` is written either way, and its
+        built-in validator (NRI v0.10+, off by default) is on and refuses every adjustment kind it
+        judges, which vgpud's (env and mounts) must pass; the shim is named by path (1.7's is on
+        NODE_PATH too), and its sockets go under the node's temp dir (1.7 puts them in
+        /run/containerd/s whatever the config says)."""
         env, w = self.env, self.workdir
         runtime = "plugins.'io.containerd.cri.v1.runtime'"
         version = int(env["CONFIG_VERSION"])
@@ -457,6 +459,14 @@ state = "{w}/c/state"
   socket_path = "{self.nri_root}/nri.sock"
   plugin_path = "{self.nri_root}/plugins"
   plugin_config_path = "{self.nri_root}/conf.d"
+[plugins.'io.containerd.nri.v1.nri'.default_validator]
+  enable = true
+  reject_oci_hook_adjustment = true
+  reject_runtime_default_seccomp_adjustment = true
+  reject_unconfined_seccomp_adjustment = true
+  reject_custom_seccomp_adjustment = true
+  reject_namespace_adjustment = true
+  reject_sysctl_adjustment = true
 [plugins.'io.containerd.cri.v1.images']
   snapshotter = "overlayfs"
 [plugins.'io.containerd.cri.v1.images'.pinned_images]

@@ -1,6 +1,7 @@
 """Each track runs on the runtime it names, and vgpud sees that runtime as docs/containerd2.md says:
-containerd 1.7 or 2.x with its own shim; NRI on (the NRI version, the timeouts and the lifecycle RPCs
-the runtime uses) or explicitly off (no NRI socket although 2.x enables NRI by default; vgpud eager)."""
+containerd 1.7 or 2.x with its own shim; NRI on (the NRI version, the timeouts, the lifecycle RPCs the
+runtime uses, 2.x's built-in validator) or explicitly off (no NRI socket although 2.x enables NRI by
+default; vgpud eager)."""
 
 from __future__ import annotations
 
@@ -82,6 +83,9 @@ def test_the_track_runs_on_its_runtime(node: LocalNode) -> None:
         # NRI v0.12 calls the dedicated lifecycle RPCs; StateChange only for a plugin without them
         assert requests.get("RemoveContainer", 0) >= 1 and requests.get("StopPodSandbox", 0) >= 1, requests
         assert "StateChange" not in requests, requests
+        # the built-in validator ran beside vgpud, refusing hooks, seccomp, namespace and sysctl
+        # adjustments, and let vgpud's injection through (the pod above ran with it)
+        assert "validator plugins" in log and "default validator is disabled" not in log
     else:
         assert session["runtime"].startswith("containerd 1.7."), session
         assert session["nri_version"] == ""  # NRI v0.6.1 sends no version and no timeouts
