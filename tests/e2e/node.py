@@ -84,7 +84,7 @@ INSTALL_HINT = (
     "(the test command does it)"
 )
 #: the runtimes a node runs on: containerd 1.7 (Debian's, config version 2) and containerd 2.x (built
-#: from its Go module, config version 3; docs/containerd2.md)
+#: from its Go module, config version 3 or 4; docs/containerd2.md)
 CONTAINERD_1 = "1.7"
 CONTAINERD_2 = "2"
 CONTAINERD_VERSIONS = (CONTAINERD_1, CONTAINERD_2)
@@ -420,12 +420,12 @@ class LocalNode:
 
     # -- containerd --------------------------------------------------------------------------------
     def containerd_config(self) -> str:
-        """containerd's config file: version 2 for 1.7, version 3 (the plugin IDs 2.x renamed) for 2.x."""
+        """containerd's config file: version 2 for 1.7; 3 or 4 (the plugin IDs 2.x renamed) for 2.x."""
         if self.containerd == CONTAINERD_2:
-            return self._containerd_config_v3()
-        return self._containerd_config_v2()
+            return self._containerd2_config()
+        return self._containerd1_config()
 
-    def _containerd_config_v3(self) -> str:
+    def _containerd2_config(self) -> str:
         """containerd 2.x, in the config version the build writes by default (3 up to 2.3, 4 from 2.4;
         docs/containerd2.md): the CRI runtime and images halves are plugins of their own; CDI is always
         on (no enable_cdi key); NRI is on by default, so `disable` is written either way, and its
@@ -488,7 +488,7 @@ state = "{w}/c/state"
   conf_dir = "{w}/cni"
 """
 
-    def _containerd_config_v2(self) -> str:
+    def _containerd1_config(self) -> str:
         env, w = self.env, self.workdir
         cri = 'plugins."io.containerd.grpc.v1.cri"'
         return f"""version = 2
