@@ -8,7 +8,8 @@ holds for it too takes WITH_CHART.
 The containerd 2.x tracks (CD2_TRACKS) are the two default tracks on containerd 2.x (built from its Go
 module, docs/containerd2.md) instead of 1.7: the scenarios where the runtimes differ (injection,
 registration, cleanup, Synchronize after a restart, the NRI deadline) take WITH_CD2 or
-WITH_CHART_AND_CD2, or NRI_TRACKS for the NRI track alone on both runtimes.
+WITH_CHART_AND_CD2, or NRI_TRACKS for the NRI track alone on both runtimes. VGPUD_E2E_CONTAINERD=2 runs
+every other track on containerd 2.x too (the whole suite on 2.x, by hand; `make test` leaves it unset).
 
 A module that needs vgpud on the simulated GPUs (tests/e2e/fakegpu.py) parametrizes `node` indirectly
 with FAKE_GPU_TRACKS. It is the same fixture, so pytest stops one node before it starts the next: two
@@ -28,6 +29,7 @@ from tests.e2e.leftovers import stop_on_signals
 from tests.e2e.node import (
     CONTAINERD_1,
     CONTAINERD_2,
+    CONTAINERD_VERSIONS,
     INSTALL_HINT,
     LocalNode,
     fake_gpu_available,
@@ -52,13 +54,29 @@ WITH_CHART_AND_CD2 = pytest.mark.parametrize(
 )
 #: the NRI track on both runtimes
 NRI_TRACKS = pytest.mark.parametrize("node", ["nri", "nri-cd2"], indirect=True)
+#: the runtime of every track but CD2_TRACKS
+DEFAULT_CONTAINERD_ENV = "VGPUD_E2E_CONTAINERD"
+
+
+def default_containerd() -> str:
+    """The runtime of the tracks that do not name one: containerd 1.7 unless VGPUD_E2E_CONTAINERD says."""
+    value = os.environ.get(DEFAULT_CONTAINERD_ENV, CONTAINERD_1)
+    if value not in CONTAINERD_VERSIONS:
+        raise pytest.UsageError(
+            f"{DEFAULT_CONTAINERD_ENV}={value!r}: one of {', '.join(CONTAINERD_VERSIONS)}"
+        )
+    return value
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    default_containerd()  # a bad VGPUD_E2E_CONTAINERD stops the run before a node starts
 
 
 @pytest.fixture(scope="session", params=sorted(TRACKS))
 def node(request: pytest.FixtureRequest) -> Iterator[LocalNode]:
     """A running local node (kubelet, containerd, vgpud ...) for one track."""
     require(os.geteuid() == 0, "root (containerd, runc and the kubelet need it)", "run the tests as root")
-    containerd = CONTAINERD_2 if request.param in CD2_TRACKS else CONTAINERD_1
+    containerd = CONTAINERD_2 if request.param in CD2_TRACKS else default_containerd()
     what = f"the local node (containerd {containerd}, runc, kubelet, images)"
     require(node_available(containerd), what, INSTALL_HINT)
     fake_gpu = request.param in FAKE_GPU_TRACKS
@@ -78,7 +96,8 @@ def node(request: pytest.FixtureRequest) -> Iterator[LocalNode]:
     with stop_on_signals():  # a SIGTERM'd or SIGHUP'd test run still tears its node down
         local.start()
         took = time.monotonic() - started
-        print(f"\nlocal node ({request.param} track) ready in {took:.1f} s: {local.workdir}")
+        track = f"{request.param} track, containerd {containerd}"
+        print(f"\nlocal node ({track}) ready in {took:.1f} s: {local.workdir}")
         try:
             yield local
         finally:
