@@ -13,7 +13,7 @@
 #                                           CONTAINERD2_CONFIG_VERSION=...)
 #
 # Cache: ${VGPUD_CACHE:-$HOME/.cache/vgpud}/containerd-<version>. Go's own caches stay at their defaults.
-# Cold (empty Go caches): ~100 MB of modules and a few minutes of compiling on 2 cores; warm: nothing.
+# Cold: the modules containerd needs beyond Kubernetes' and ~1.5 minutes of compiling on 2 cores; warm: nothing.
 set -euo pipefail
 
 CONTAINERD2_VERSION=${CONTAINERD2_VERSION:-v2.4.2}  # newest 2.x the Go module proxy serves that builds here
