@@ -21,11 +21,12 @@ kube:  ## etcd, kube-apiserver, kube-controller-manager, kube-scheduler, kubelet
 chart-crds:  ## cert-manager and ServiceMonitor CRDs (from their Go modules) for the chart's server-side dry run
 	@./hack/fetch-chart-crds.sh
 
-node-deps: build  ## containerd, runc, CNI loopback, busybox + pause + cudaprobe images into ~/.cache/vgpud (the probe links against build/fakecuda)
+node-deps: build  ## containerd 1.7, runc, CNI loopback, busybox + pause + cudaprobe images, and containerd 2.x (built from its Go module) into ~/.cache/vgpud (the probe links against build/fakecuda)
 	@./hack/install-node.sh
+	@./hack/install-containerd2.sh
 
-node: build kube node-deps  ## a local node (etcd, apiserver, controller manager, scheduler, containerd, kubelet, vgpud) until Ctrl-C; NRI=off for eager
-	@$(PY) -m tests.e2e.node --nri $(or $(NRI),on)
+node: build kube node-deps  ## a local node (etcd, apiserver, controller manager, scheduler, containerd, kubelet, vgpud) until Ctrl-C; NRI=off for eager, CONTAINERD=2 for containerd 2.x
+	@$(PY) -m tests.e2e.node --nri $(or $(NRI),on) --containerd $(or $(CONTAINERD),1.7)
 
 test: build image kube chart-crds node-deps  ## every test tier that runs on this machine (as root: the e2e runs a node)
 	@$(VENV)/bin/ruff check

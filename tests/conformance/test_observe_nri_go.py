@@ -307,6 +307,8 @@ async def _check_created(daemon: Daemon, tail: Tail, pod_uid: str, claim_uid: st
         "sync_invalid": 0,
         "removed_dirs": 1,
         "connection_closes": 0,
+        # NRI v0.12 calls the dedicated RemoveContainer, not StateChange
+        "requests": {"Configure": 1, "Synchronize": 1, "CreateContainer": 4, "RemoveContainer": 1},
     }
     assert state["drift"]["differences"] == []
     assert state["healthy"], state["components"]

@@ -5,6 +5,12 @@ The chart track (CHART_TRACKS, tests/e2e/chart.py) is the NRI track with vgpud i
 `helm install`: the DaemonSet's pod and the webhook's Deployment instead of a host process. A test that
 holds for it too takes WITH_CHART.
 
+The containerd 2.x tracks (CD2_TRACKS) are the two default tracks on containerd 2.x (built from its Go
+module, docs/containerd2.md) instead of 1.7: the scenarios where the runtimes differ (injection,
+registration, cleanup, Synchronize after a restart, the NRI deadline) take WITH_CD2 or
+WITH_CHART_AND_CD2, or NRI_TRACKS for the NRI track alone on both runtimes. VGPUD_E2E_CONTAINERD=2 runs
+every other track on containerd 2.x too (the whole suite on 2.x, by hand; `make test` leaves it unset).
+
 A module that needs vgpud on the simulated GPUs (tests/e2e/fakegpu.py) parametrizes `node` indirectly
 with FAKE_GPU_TRACKS. It is the same fixture, so pytest stops one node before it starts the next: two
 nodes never run at once (they would share /run/containerd and the kubepods cgroups)."""
@@ -20,7 +26,15 @@ import pytest
 from tests.e2e.chart import INSTALL_HINT as CHART_INSTALL_HINT
 from tests.e2e.chart import chart_available
 from tests.e2e.leftovers import stop_on_signals
-from tests.e2e.node import INSTALL_HINT, LocalNode, fake_gpu_available, node_available
+from tests.e2e.node import (
+    CONTAINERD_1,
+    CONTAINERD_2,
+    CONTAINERD_VERSIONS,
+    INSTALL_HINT,
+    LocalNode,
+    fake_gpu_available,
+    node_available,
+)
 from tests.support import require
 
 TRACKS = {"nri": True, "eager": False}
@@ -28,15 +42,43 @@ TRACKS = {"nri": True, "eager": False}
 FAKE_GPU_TRACKS = {"nri-fakegpu": True, "eager-fakegpu": False}
 #: the NRI track with vgpud installed by the Helm chart
 CHART_TRACKS = {"chart": True}
+#: the default tracks on containerd 2.x
+CD2_TRACKS = {"eager-cd2": False, "nri-cd2": True}
 #: the default tracks and the chart track
 WITH_CHART = pytest.mark.parametrize("node", [*sorted(TRACKS), *CHART_TRACKS], indirect=True)
+#: the default tracks on both runtimes
+WITH_CD2 = pytest.mark.parametrize("node", [*sorted(TRACKS), *sorted(CD2_TRACKS)], indirect=True)
+#: the default tracks on both runtimes and the chart track
+WITH_CHART_AND_CD2 = pytest.mark.parametrize(
+    "node", [*sorted(TRACKS), *CHART_TRACKS, *sorted(CD2_TRACKS)], indirect=True
+)
+#: the NRI track on both runtimes
+NRI_TRACKS = pytest.mark.parametrize("node", ["nri", "nri-cd2"], indirect=True)
+#: the runtime of every track but CD2_TRACKS
+DEFAULT_CONTAINERD_ENV = "VGPUD_E2E_CONTAINERD"
+
+
+def default_containerd() -> str:
+    """The runtime of the tracks that do not name one: containerd 1.7 unless VGPUD_E2E_CONTAINERD says."""
+    value = os.environ.get(DEFAULT_CONTAINERD_ENV, CONTAINERD_1)
+    if value not in CONTAINERD_VERSIONS:
+        raise pytest.UsageError(
+            f"{DEFAULT_CONTAINERD_ENV}={value!r}: one of {', '.join(CONTAINERD_VERSIONS)}"
+        )
+    return value
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    default_containerd()  # a bad VGPUD_E2E_CONTAINERD stops the run before a node starts
 
 
 @pytest.fixture(scope="session", params=sorted(TRACKS))
 def node(request: pytest.FixtureRequest) -> Iterator[LocalNode]:
     """A running local node (kubelet, containerd, vgpud ...) for one track."""
     require(os.geteuid() == 0, "root (containerd, runc and the kubelet need it)", "run the tests as root")
-    require(node_available(), "the local node (containerd, runc, kubelet, images)", INSTALL_HINT)
+    containerd = CONTAINERD_2 if request.param in CD2_TRACKS else default_containerd()
+    what = f"the local node (containerd {containerd}, runc, kubelet, images)"
+    require(node_available(containerd), what, INSTALL_HINT)
     fake_gpu = request.param in FAKE_GPU_TRACKS
     if fake_gpu:
         require(fake_gpu_available(), "the fake GPU driver and the dynamic-libc image", INSTALL_HINT)
@@ -45,7 +87,8 @@ def node(request: pytest.FixtureRequest) -> Iterator[LocalNode]:
         require(chart_available(), "helm and the vgpud image", CHART_INSTALL_HINT)
     started = time.monotonic()
     local = LocalNode(
-        nri={**TRACKS, **FAKE_GPU_TRACKS, **CHART_TRACKS}[request.param],
+        nri={**TRACKS, **FAKE_GPU_TRACKS, **CHART_TRACKS, **CD2_TRACKS}[request.param],
+        containerd=containerd,
         fake_gpu=fake_gpu,
         chart=chart,
         keep=bool(os.environ.get("VGPUD_KEEP_NODE")),
@@ -53,7 +96,8 @@ def node(request: pytest.FixtureRequest) -> Iterator[LocalNode]:
     with stop_on_signals():  # a SIGTERM'd or SIGHUP'd test run still tears its node down
         local.start()
         took = time.monotonic() - started
-        print(f"\nlocal node ({request.param} track) ready in {took:.1f} s: {local.workdir}")
+        track = f"{request.param} track, containerd {containerd}"
+        print(f"\nlocal node ({track}) ready in {took:.1f} s: {local.workdir}")
         try:
             yield local
         finally:

@@ -4,8 +4,9 @@
 (tests/kubeapi.py), kube-controller-manager (its default controllers: the node lifecycle controller
 lifts the kubelet's not-ready taint, the resourceclaim controller releases and deallocates claims,
 DaemonSets, Deployments, service accounts and garbage collection work as in a real cluster),
-kube-scheduler, containerd 1.7 (CDI on, NRI on or off by track, restrict_oom_score_adj, cgroupfs, its
-sockets under the temp dir, the local images imported), kubelet (DRA, cgroupfs, failCgroupV1: false)
+kube-scheduler, containerd 1.7 or, with `containerd=CONTAINERD_2`, containerd 2.x (CDI on, NRI on or off
+by track, restrict_oom_score_adj, cgroupfs, its sockets under the temp dir, the local images imported;
+both with bookworm's runc), kubelet (DRA, cgroupfs, failCgroupV1: false)
 and vgpud as a host process with the mock GPU backend and the reference DaemonSet's environment.
 `LocalNode(fake_gpu=True)` runs vgpud on the NVML backend with the fake libnvidia-ml.so.1
 (build/fakenvml) serving the same profile, and a fake GPU state file that the node's containers share
@@ -15,10 +16,11 @@ instead of running it as a host process (tests/e2e/chart.py). `start()` returns 
 vgpud's health service says SERVING and its ResourceSlice is published; `stop()` tears everything down
 by PID in reverse order and leaves no process, mount or cgroup behind. The node's IP is an address of
 its own on `lo` (tests/e2e/nodeip.py), so host-network pods bind nowhere but this host. The binaries
-come from hack/install-kube.sh (kube.env) and hack/install-node.sh (node.env).
+come from hack/install-kube.sh (kube.env), hack/install-node.sh (node.env) and, for containerd 2.x,
+hack/install-containerd2.sh (containerd2.env).
 
-    python -m tests.e2e.node [--nri on|off] [--fake-gpu] [--chart]   bring a node up, print where
-                                                                    everything is, Ctrl-C stops it
+    python -m tests.e2e.node [--nri on|off] [--containerd 1.7|2] [--fake-gpu] [--chart]
+        bring a node up, print where everything is, Ctrl-C stops it
 """
 
 from __future__ import annotations
@@ -77,24 +79,61 @@ FAKE_NVML_LIBRARY = BUILD / "fakenvml" / "libnvidia-ml.so.1"
 #: one Prometheus text sample: name, labels, value
 _SAMPLE = re.compile(r"^(\w+)(?:\{(.*)\})? (\S+)$")
 _LABEL = re.compile(r'(\w+)="([^"]*)"')
-INSTALL_HINT = "run make build, hack/install-kube.sh and hack/install-node.sh (the test command does it)"
+INSTALL_HINT = (
+    "run make build, hack/install-kube.sh, hack/install-node.sh and hack/install-containerd2.sh "
+    "(the test command does it)"
+)
+#: the runtimes a node runs on: containerd 1.7 (Debian's, config version 2) and containerd 2.x (built
+#: from its Go module, config version 3 or 4; docs/containerd2.md)
+CONTAINERD_1 = "1.7"
+CONTAINERD_2 = "2"
+CONTAINERD_VERSIONS = (CONTAINERD_1, CONTAINERD_2)
 
 
-def node_env() -> dict[str, str]:
-    """`<cache>/node.env` (hack/install-node.sh) as a dict; {} if absent."""
+def _env_file(name: str) -> dict[str, str]:
+    """`<cache>/<name>` (KEY=value lines) as a dict; {} if absent."""
     try:
-        text = (cache_dir() / "node.env").read_text()
+        text = (cache_dir() / name).read_text()
     except OSError:
         return {}
     pairs = (line.split("=", 1) for line in text.splitlines() if "=" in line)
     return {key.strip(): value.strip() for key, value in pairs}
 
 
-def node_available() -> bool:
-    """True when every binary and image the local node needs is installed."""
-    env = node_env()
+def node_env(containerd: str = CONTAINERD_1) -> dict[str, str]:
+    """`<cache>/node.env` (hack/install-node.sh) as a dict, {} if absent; for containerd 2.x with
+    containerd, ctr and the shim of `<cache>/containerd2.env` (hack/install-containerd2.sh) instead of
+    1.7's ({} if that is absent), the 2.x shim first on NODE_PATH (containerd finds it there)."""
+    if containerd not in CONTAINERD_VERSIONS:
+        raise ValueError(f"no containerd {containerd!r} track: one of {', '.join(CONTAINERD_VERSIONS)}")
+    env = _env_file("node.env")
+    if containerd == CONTAINERD_1 or not env:
+        return env
+    cd2 = _env_file("containerd2.env")
+    if not cd2:
+        return {}
+    return {
+        **env,
+        "CONTAINERD2_VERSION": cd2["CONTAINERD2_VERSION"],
+        "CONTAINERD_BIN": cd2["CONTAINERD_BIN"],
+        "CTR_BIN": cd2["CTR_BIN"],
+        "SHIM_BIN": str(Path(cd2["SHIM_BIN_DIR"]) / "containerd-shim-runc-v2"),
+        "NODE_PATH": f"{cd2['SHIM_BIN_DIR']}:{env['NODE_PATH']}",
+        "CONFIG_VERSION": cd2["CONTAINERD2_CONFIG_VERSION"],
+        "NODE_VERSIONS": " ".join(
+            [f"containerd={cd2['CONTAINERD2_VERSION']}"]
+            + [v for v in env.get("NODE_VERSIONS", "").split() if not v.startswith("containerd=")]
+        ),
+    }
+
+
+def node_available(containerd: str = CONTAINERD_1) -> bool:
+    """True when every binary and image the local node needs (on that containerd) is installed."""
+    env = node_env(containerd)
     need = ("CONTAINERD_BIN", "CTR_BIN", "RUNC_BIN", "BUSYBOX_IMAGE_TAR", "PAUSE_IMAGE_TAR")
+    need += ("SHIM_BIN",) if containerd != CONTAINERD_1 else ()
     have_node = all(key in env and Path(env[key]).exists() for key in need)
+    have_node = have_node and (containerd == CONTAINERD_1 or env.get("CONFIG_VERSION", "").isdigit())
     kube = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kubelet")
     have_kube = all(binary(name) for name in kube)
     built = all((BUILD / "libvgpu" / name).exists() for name in ("vgpu-register", "libvgpu-control.so"))
@@ -160,6 +199,8 @@ class LocalNode:
 
     nri: bool
     name: str = NODE_NAME
+    #: the runtime: CONTAINERD_1 (1.7) or CONTAINERD_2 (2.x)
+    containerd: str = CONTAINERD_1
     client_mode: bool = True
     keep: bool = False
     workdir: Path = field(default_factory=lambda: Path(tempfile.mkdtemp(prefix="vgn", dir="/tmp")))
@@ -284,9 +325,11 @@ class LocalNode:
         self.stop()
 
     def start(self, timeout_s: float = READY_TIMEOUT_S) -> None:
-        env = node_env()
-        if not node_available():
-            raise FileNotFoundError(f"the local node is not installed: {INSTALL_HINT}")
+        env = node_env(self.containerd)
+        if not node_available(self.containerd):
+            raise FileNotFoundError(
+                f"the local node (containerd {self.containerd}) is not installed: {INSTALL_HINT}"
+            )
         if self.fake_gpu and not fake_gpu_available():
             raise FileNotFoundError(f"no fake GPU driver or dynamic-libc image: {INSTALL_HINT}")
         self.env = env
@@ -377,6 +420,75 @@ class LocalNode:
 
     # -- containerd --------------------------------------------------------------------------------
     def containerd_config(self) -> str:
+        """containerd's config file: version 2 for 1.7; 3 or 4 (the plugin IDs 2.x renamed) for 2.x."""
+        if self.containerd == CONTAINERD_2:
+            return self._containerd2_config()
+        return self._containerd1_config()
+
+    def _containerd2_config(self) -> str:
+        """containerd 2.x, in the config version the build writes by default (3 up to 2.3, 4 from 2.4;
+        docs/containerd2.md): the CRI runtime and images halves are plugins of their own; CDI is always
+        on (no enable_cdi key); NRI is on by default, so `disable` is written either way, and its
+        built-in validator (NRI v0.10+, off by default) is on and refuses every adjustment kind it
+        judges, which vgpud's (env and mounts) must pass; the shim is named by path (1.7's is on
+        NODE_PATH too), and its sockets go under the node's temp dir (1.7 puts them in
+        /run/containerd/s whatever the config says)."""
+        env, w = self.env, self.workdir
+        runtime = "plugins.'io.containerd.cri.v1.runtime'"
+        version = int(env["CONFIG_VERSION"])
+        # Version 4 ignores the top-level [grpc] and [ttrpc] tables (only older versions migrate them)
+        # and would listen on /run/containerd/containerd.sock: its servers are plugins.
+        grpc, ttrpc = (
+            ("plugins.'io.containerd.server.v1.grpc'", "plugins.'io.containerd.server.v1.ttrpc'")
+            if version >= 4
+            else ("grpc", "ttrpc")
+        )
+        return f"""version = {version}
+root = "{w}/containerd/root"
+state = "{w}/c/state"
+[{grpc}]
+  address = "{self.containerd_socket}"
+[{ttrpc}]
+  address = "{self.containerd_socket}.ttrpc"
+[plugins.'io.containerd.internal.v1.opt']
+  path = "{w}/containerd/opt"
+[plugins.'io.containerd.shim.v1.manager']
+  socket_dir = "{w}/s"
+[plugins.'io.containerd.nri.v1.nri']
+  disable = {str(not self.nri).lower()}
+  socket_path = "{self.nri_root}/nri.sock"
+  plugin_path = "{self.nri_root}/plugins"
+  plugin_config_path = "{self.nri_root}/conf.d"
+[plugins.'io.containerd.nri.v1.nri'.default_validator]
+  enable = true
+  reject_oci_hook_adjustment = true
+  reject_runtime_default_seccomp_adjustment = true
+  reject_unconfined_seccomp_adjustment = true
+  reject_custom_seccomp_adjustment = true
+  reject_namespace_adjustment = true
+  reject_sysctl_adjustment = true
+[plugins.'io.containerd.cri.v1.images']
+  snapshotter = "overlayfs"
+[plugins.'io.containerd.cri.v1.images'.pinned_images]
+  sandbox = "{env["PAUSE_IMAGE"]}"
+[{runtime}]
+  cdi_spec_dirs = ["{self.cdi_root}"]
+  restrict_oom_score_adj = true
+  disable_apparmor = true
+[{runtime}.containerd]
+  default_runtime_name = "runc"
+[{runtime}.containerd.runtimes.runc]
+  runtime_type = "io.containerd.runc.v2"
+  runtime_path = "{env["SHIM_BIN"]}"
+[{runtime}.containerd.runtimes.runc.options]
+  SystemdCgroup = false
+  BinaryName = "{env["RUNC_BIN"]}"
+[{runtime}.cni]
+  bin_dirs = ["{env["CNI_BIN_DIR"]}"]
+  conf_dir = "{w}/cni"
+"""
+
+    def _containerd1_config(self) -> str:
         env, w = self.env, self.workdir
         cri = 'plugins."io.containerd.grpc.v1.cri"'
         return f"""version = 2
@@ -710,7 +822,9 @@ state = "{w}/c/state"
     def describe(self) -> str:
         assert self.api is not None
         lines = [
-            f"local node {self.name} (NRI {'on' if self.nri else 'off'}) in {self.workdir}",
+            f"local node {self.name} (containerd {self.containerd}, NRI {'on' if self.nri else 'off'}) "
+            f"in {self.workdir}",
+            f"  runtime          {self.env.get('NODE_VERSIONS', '')}",
             f"  node IP          {self.node_ip} (on lo)",
             f"  kubeconfig       {self.api.kubeconfig}",
             f"  containerd       {self.containerd_socket}  (ctr: {self.env['CTR_BIN']} --address "
@@ -740,6 +854,12 @@ def local_node(nri: bool, **kw: Any) -> Iterator[LocalNode]:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="Bring up the local node until Ctrl-C.")
     parser.add_argument("--nri", choices=("on", "off"), default="on")
+    parser.add_argument(
+        "--containerd",
+        choices=CONTAINERD_VERSIONS,
+        default=CONTAINERD_1,
+        help="the runtime: containerd 1.7 (default) or 2.x (hack/install-containerd2.sh)",
+    )
     parser.add_argument("--keep", action="store_true", help="keep the temp dir (logs) after stopping")
     parser.add_argument("--fake-gpu", action="store_true", help="vgpud on the fake NVML (simulated GPUs)")
     parser.add_argument(
@@ -749,7 +869,13 @@ def main(argv: list[str] | None = None) -> int:
     )
     args = parser.parse_args(argv)
     started = time.monotonic()
-    node = LocalNode(nri=args.nri == "on", keep=args.keep, fake_gpu=args.fake_gpu, chart=args.chart)
+    node = LocalNode(
+        nri=args.nri == "on",
+        containerd=args.containerd,
+        keep=args.keep,
+        fake_gpu=args.fake_gpu,
+        chart=args.chart,
+    )
     with stop_on_signals():  # SIGTERM and SIGHUP tear the node down like Ctrl-C
         try:
             node.start()

@@ -1,6 +1,7 @@
 """The main job on a real node, both tracks: slices, one container with one vGPU claim, registration
 from inside the container, and clean-up after pod deletion. Most hold on the chart track too (vgpud as
-the chart's DaemonSet pod)."""
+the chart's DaemonSet pod); the one-container scenario and the kubelet registration also run on
+containerd 2.x."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import time
 import urllib.parse
 
 from tests.e2e import workload as w
-from tests.e2e.conftest import WITH_CHART
+from tests.e2e.conftest import WITH_CHART, WITH_CHART_AND_CD2
 from tests.e2e.node import DRIVER, LocalNode
 from tests.kubeapi import log_tail
 from vgpud import metrics_names as names
@@ -37,7 +38,7 @@ def time_limit(seconds: float) -> float:
     return time.monotonic() + seconds
 
 
-@WITH_CHART
+@WITH_CHART_AND_CD2
 def test_one_container_one_claim(node: LocalNode) -> None:
     ns = w.namespace(node)
     claim = w.create_claim(node, ns, "gpu", [w.vgpu_request("gpu", "4Gi", "10")])
@@ -182,7 +183,7 @@ def test_forged_claim_uid_of_another_namespaces_claim(node: LocalNode) -> None:
         w.release_claim(node, owner_ns, "gpu")
 
 
-@WITH_CHART
+@WITH_CHART_AND_CD2
 def test_driver_registered_with_kubelet(node: LocalNode) -> None:
     """The kubelet logs the driver as connected a while after the node is ready (its plugin watcher
     registers the socket on its own schedule), so wait for that line."""

@@ -3,11 +3,12 @@
 - An exited instance of a container removed through CRI (`crictl rm`, as an operator or another
   kubelet GC setting does) while another instance of it runs: the running one keeps its directory
   and registers (both tracks).
-- vgpud's start leaves no plugin error in containerd's log (its start-up probe is the first session).
+- vgpud's start leaves no plugin error in containerd's log (its start-up probe is the first session);
+  on containerd 1.7 and 2.x.
 - Containers the NRI plugin never adjusted: vgpud stopped past the runtime's deadline while a vGPU
-  container is created, and vgpud killed while ten start. containerd 1.7.24 (NRI v0.6.1) ignores a
-  plugin's eviction requests, so afterwards every running vGPU container has its injection or is
-  reported (debug state, metric, one WARNING line each).
+  container is created (containerd 1.7 and 2.x), and vgpud killed while ten start. containerd 1.7.24
+  (NRI v0.6.1) and 2.4.2 (NRI v0.12.3) ignore a plugin's eviction requests, so afterwards every
+  running vGPU container has its injection or is reported (debug state, metric, one WARNING line each).
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from typing import Any
 import pytest
 
 from tests.e2e import workload as w
+from tests.e2e.conftest import NRI_TRACKS
 from tests.e2e.node import LocalNode
 from tests.kubeapi import kube_env
 from tests.support import require
@@ -83,6 +85,12 @@ def init_running(node: LocalNode, ns: str, name: str) -> bool:
     """The pod's init container runs: its claim is prepared and `main` is created once it exits."""
     statuses = w.get_pod(node, ns, name)["status"].get("initContainerStatuses", [])
     return bool(statuses) and "running" in statuses[0].get("state", {})
+
+
+def init_started(node: LocalNode, ns: str, name: str) -> bool:
+    """The pod's init container runs or ran: the kubelet has its claim's Prepare answer."""
+    statuses = w.get_pod(node, ns, name)["status"].get("initContainerStatuses", [])
+    return bool(statuses) and bool({"running", "terminated"} & set(statuses[0].get("state", {})))
 
 
 def check_every_vgpu_container(node: LocalNode, cids: list[str]) -> list[str]:
@@ -179,7 +187,7 @@ def test_removing_an_exited_instance_keeps_the_running_ones_directory(node: Loca
 # -- item 5 ------------------------------------------------------------------------------------------
 
 
-@NRI_ONLY
+@NRI_TRACKS
 def test_vgpud_start_leaves_no_plugin_error_in_containerd_log(node: LocalNode) -> None:
     registered = len(re.findall(r"NRI: registered as", log_text(node, "vgpud")))
     node.restart_vgpud()
@@ -195,7 +203,7 @@ def test_vgpud_start_leaves_no_plugin_error_in_containerd_log(node: LocalNode) -
 # -- item 7 ------------------------------------------------------------------------------------------
 
 
-@NRI_ONLY
+@NRI_TRACKS
 def test_vgpud_stopped_past_the_deadline_leaves_a_reported_container(node: LocalNode) -> None:
     """containerd drops the stalled plugin and creates the container unadjusted; vgpud finishes its
     hook later, then the Synchronize after its reconnect shows what the runtime really did."""
@@ -238,14 +246,22 @@ def test_vgpud_killed_while_ten_pods_start(node: LocalNode) -> None:
         claim = w.create_claim(node, ns, name, [w.vgpu_request("gpu", "256Mi", "1")])
         uids.append(claim["metadata"]["uid"])
         vgpu_pod(node, ns, name, name, init_sleep=6)
-    w.wait_for(lambda: set(uids) <= set(w.checkpoint_claims(node)), timeout=120, what="every claim prepared")
+    # every Prepare answered (the kubelet started the init container), not only checkpointed: a
+    # pod whose answer the kill cut off would wait for vgpud, which comes back only after all run
+    w.wait_for(
+        lambda: set(uids) <= set(w.checkpoint_claims(node)) and all(init_started(node, ns, n) for n in names),
+        timeout=120,
+        what="every claim prepared and its answer with the kubelet",
+    )
     node.stop_vgpud(signal.SIGKILL)
-    started = time.monotonic()
-    pods = [w.wait_running(node, ns, name, timeout=120) for name in names]
-    print(f"10 pods running {time.monotonic() - started:.1f} s after SIGKILL")
-    before = syncs(node)
-    node.start_vgpud()
-    node.wait_vgpud(time.monotonic() + 60)
+    try:
+        started = time.monotonic()
+        pods = [w.wait_running(node, ns, name, timeout=120) for name in names]
+        print(f"10 pods running {time.monotonic() - started:.1f} s after SIGKILL")
+        before = syncs(node)
+    finally:  # the node's later tests need vgpud back, whatever happened here
+        node.start_vgpud()
+        node.wait_vgpud(time.monotonic() + 60)
     synchronized_after(node, before)
     cids = [w.container_id(pod, "main") for pod in pods]
     reported = check_every_vgpu_container(node, cids)

@@ -1,6 +1,6 @@
-"""Restarts on a real node, both tracks: vgpud while pods run (NRI Synchronize rebuilds the cache; a
-new process in an old container still registers) and containerd (the NRI plugin reconnects; new pods
-are injected)."""
+"""Restarts on a real node, both tracks, on containerd 1.7 and 2.x: vgpud while pods run (NRI
+Synchronize rebuilds the cache; a new process in an old container still registers) and containerd (the
+NRI plugin reconnects; new pods are injected)."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ import time
 from pathlib import Path
 
 from tests.e2e import workload as w
+from tests.e2e.conftest import WITH_CD2
 from tests.e2e.node import LocalNode
 
 
@@ -35,6 +36,7 @@ def _log_matches(node: LocalNode, pattern: str) -> list[re.Match[str]]:
     return list(re.finditer(pattern, node.log("vgpud").read_text()))
 
 
+@WITH_CD2
 def test_restart_vgpud_while_pods_run(node: LocalNode) -> None:
     ns = w.namespace(node)
     claim = w.create_claim(
@@ -67,6 +69,7 @@ def test_restart_vgpud_while_pods_run(node: LocalNode) -> None:
     w.release_claim(node, ns, "gpu")
 
 
+@WITH_CD2
 def test_restart_containerd(node: LocalNode) -> None:
     registered_before = len(_log_matches(node, r"NRI: registered as"))
     node.stop_containerd()

@@ -35,6 +35,8 @@ RUNTIME_SERVICE = "nri.pkg.api.v1alpha1.Runtime"
 REGISTRATION_TIMEOUT = 5.0
 PROBE_TIMEOUT = 2.0
 READ_SIZE = 256 * 1024
+#: distinct method names counted in NriStats.requests; the rest count as "(other)"
+COUNTED_METHODS = 64
 
 
 class SessionEnded(Exception):
@@ -143,6 +145,11 @@ class NriSession:
 
     async def _dispatch(self, request: ttrpc.IncomingRequest) -> bytes:
         """The reply bytes for one request: the hook's response, or an error status."""
+        requests = self._hooks.stats.requests
+        method = (
+            request.method if request.method in requests or len(requests) < COUNTED_METHODS else "(other)"
+        )
+        requests[method] = requests.get(method, 0) + 1
         entry = self._hooks.methods.get(request.method) if request.service == PLUGIN_SERVICE else None
         if entry is None:
             return self._server.fail(

@@ -184,6 +184,8 @@ class NriHooks:
             connected=self._connected,
             runtime=session.runtime,
             nri_version=session.nri_version,
+            registration_timeout_ms=session.registration_timeout_ms,
+            request_timeout_ms=session.request_timeout_ms,
             synchronized=session.synchronized.is_set(),
             sessions=self._sessions,
             last_close=self._last_close,
@@ -196,12 +198,15 @@ class NriHooks:
         session = self._session
         session.runtime = f"{request.runtime_name} {request.runtime_version}".strip()
         session.nri_version = request.NRI_version
+        session.registration_timeout_ms = request.registration_timeout
+        session.request_timeout_ms = request.request_timeout
         mask = event_mask(WANTED_EVENTS) & known_events_mask(request.NRI_version)
         log.info(
-            "NRI: configured by %s (NRI %s), events 0x%x",
+            "NRI: configured by %s (NRI %s), events 0x%x, request timeout %s",
             session.runtime or "a runtime",
             request.NRI_version or "<= v0.11",
             mask,
+            f"{request.request_timeout} ms" if request.request_timeout else "not said",
         )
         return ConfigureResponse(events=mask)
 

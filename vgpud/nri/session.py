@@ -26,6 +26,9 @@ class NriStats:
     removed_dirs: int = 0
     #: sessions that ended (the runtime closed or dropped the connection, or vgpud stopped)
     connection_closes: int = 0
+    #: requests the runtime sent, by method: how it delivers lifecycle events (NRI v0.12 runtimes
+    #: call RemoveContainer, StopPodSandbox ...; older ones StateChange), unknown methods included
+    requests: dict[str, int] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -35,6 +38,10 @@ class NriSessionState:
     connected: bool
     runtime: str
     nri_version: str
+    #: the timeouts the runtime applies to this plugin, from Configure (0: a runtime before NRI v0.7
+    #: does not say; containerd 2.x says 5000 and 2000 unless configured otherwise)
+    registration_timeout_ms: int
+    request_timeout_ms: int
     synchronized: bool
     #: sessions begun since vgpud started (1 after the first connection)
     sessions: int
@@ -48,6 +55,8 @@ class NriSessionState:
 class SessionState:
     runtime: str = ""
     nri_version: str = ""
+    registration_timeout_ms: int = 0
+    request_timeout_ms: int = 0
     pods: list[SyncPod] = field(default_factory=list)
     #: the containers with a claim UID in their env, of the chunks received so far
     claimed: list[SyncContainer] = field(default_factory=list)

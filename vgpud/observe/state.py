@@ -8,10 +8,10 @@ Shape (every key always present; a section that does not apply to this node is n
     claim_modes: {current, mismatches: [{claim_uid, namespace, name, prepared, current, consequence}],
                   unrecorded: [claim UIDs whose entry has no mode: treated as the current mode]}
     components:  {name: {state, reason, for_seconds, counts_for_health}}
-    nri:         {session: {connected, runtime, nri_version, synchronized, sessions, last_close,
-                            last_sync_time},
+    nri:         {session: {connected, runtime, nri_version, registration_timeout_ms,
+                            request_timeout_ms, synchronized, sessions, last_close, last_sync_time},
                   stats: {injected, skipped, rejected_unprepared, sync_reported, sync_rebuilt,
-                          sync_invalid, removed_dirs, connection_closes},
+                          sync_invalid, removed_dirs, connection_closes, requests: {method: n}},
                   cache: {synced, entries, directories: {dir: {pod_uid, container, claim_uid,
                                                                pod_namespace, pod_name,
                                                                container_ids}}},

@@ -86,6 +86,24 @@ async def test_configure_subscribes_only_to_known_events(hooks: NriHooks) -> Non
     assert old.events & ~0x7FF == 0
 
 
+async def test_configure_keeps_the_runtimes_timeouts(hooks: NriHooks) -> None:
+    await hooks.configure(ConfigureRequest(runtime_name="containerd", runtime_version="1.7.24"))
+    state = hooks.session_state()
+    assert (state.registration_timeout_ms, state.request_timeout_ms) == (0, 0)  # NRI v0.6.1 says nothing
+    await hooks.configure(
+        ConfigureRequest(
+            runtime_name="containerd",
+            runtime_version="v2.4.2",
+            NRI_version="v0.12.3",
+            registration_timeout=5000,
+            request_timeout=2000,
+        )
+    )
+    state = hooks.session_state()
+    assert (state.registration_timeout_ms, state.request_timeout_ms) == (5000, 2000)
+    assert (state.runtime, state.nri_version) == ("containerd v2.4.2", "v0.12.3")
+
+
 def test_env_value_takes_the_last() -> None:
     assert env_value(["A=1", "B=2", "A=3"], "A") == "3"
     assert env_value(["AB=1"], "A") == ""

@@ -20,7 +20,7 @@ from vgpud._pb.nri.pkg.api.v1alpha1 import (
     RemoveContainerResponse,
     SynchronizeRequest,
 )
-from vgpud.nri.conn import Dialer, Identity, SessionEnded, probe, run_session
+from vgpud.nri.conn import COUNTED_METHODS, Dialer, Identity, SessionEnded, probe, run_session
 from vgpud.nri.hooks import NriHooks
 from vgpud.nri.ttrpc import Code, TtrpcError
 from vgpud.partition.layout import Layout
@@ -77,6 +77,13 @@ async def test_register_configure_synchronize_create_remove(short_tmp: Path) -> 
         with pytest.raises(TtrpcError) as info:
             await runtime.call("NoSuchMethod", Empty(), Empty)
         assert info.value.code == Code.UNIMPLEMENTED
+        assert hooks.stats.requests == {
+            "Configure": 1,
+            "Synchronize": 1,
+            "CreateContainer": 1,
+            "RemoveContainer": 1,
+            "NoSuchMethod": 1,
+        }
         nursery.cancel_scope.cancel()
 
 
@@ -103,6 +110,23 @@ async def test_a_hook_failure_is_an_error_status_and_the_session_goes_on(short_t
                 CreateContainerResponse,
             )
         assert plain.adjust is None
+        nursery.cancel_scope.cancel()
+
+
+async def test_request_counts_by_method_are_bounded(short_tmp: Path) -> None:
+    """A runtime that sends ever new method names cannot grow the counts without bound."""
+    hooks = make_hooks(short_tmp / "root")
+    async with fake_runtime(short_tmp / "nri.sock") as plugins, trio.open_nursery() as nursery:
+        nursery.start_soon(run_session, str(short_tmp / "nri.sock"), hooks, IDENTITY, lambda: None)
+        with trio.fail_after(10):
+            runtime = await plugins.receive()
+            await runtime.handshake()
+            for i in range(COUNTED_METHODS + 5):
+                with pytest.raises(TtrpcError):
+                    await runtime.call(f"Unknown{i}", Empty(), Empty)
+        assert len(hooks.stats.requests) == COUNTED_METHODS + 1
+        assert hooks.stats.requests["(other)"] == 2 + 5  # Configure and Synchronize came first
+        assert hooks.stats.requests["Configure"] == 1
         nursery.cancel_scope.cancel()
 
 
