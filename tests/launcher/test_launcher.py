@@ -44,7 +44,7 @@ def start_launcher(log: Path) -> tuple[subprocess.Popen[str], Path]:
     workdir = None
     deadline = time.monotonic() + READY_TIMEOUT_S
     for line in launcher.stdout:
-        found = re.match(r"local node \S+ \(NRI \w+\) in (\S+)", line)
+        found = re.match(r"local node \S+ \(containerd \S+, NRI \w+\) in (\S+)", line)
         if found:
             workdir = Path(found[1])
             break
