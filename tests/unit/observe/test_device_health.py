@@ -31,6 +31,9 @@ async def test_health_and_xids_show_in_metrics_and_state(
         node.gpu_shim.xid(0, 79)
         with trio.fail_after(60):
             await board.wait_changed(0)
+            # the XID marks the GPU before the first periodic check (a worker thread) has to end
+            while watcher.stats.checks < 1:  # noqa: ASYNC110 (a counter: no event to wait on)
+                await trio.sleep(0.01)
         text = node.metrics.exposition()[0].decode()
         state = await node.state.snapshot()
         nursery.cancel_scope.cancel()
