@@ -8,10 +8,12 @@ and the kubelet share host-wide state): `make test` runs this directory in a pyt
 from __future__ import annotations
 
 import os
+import queue
 import re
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -32,7 +34,10 @@ def _needs_a_node() -> None:
 
 
 def start_launcher(log: Path) -> tuple[subprocess.Popen[str], Path]:
-    """`python -m tests.e2e.node --nri off` until it says ready; (the launcher, its node's work dir)."""
+    """`python -m tests.e2e.node --nri off` until it says ready; (the launcher, its node's work dir).
+
+    Its output is read on a thread, so a launcher that hangs without printing fails the test at the
+    deadline (and is torn down with SIGTERM) instead of blocking the read."""
     launcher = subprocess.Popen(
         [sys.executable, "-m", "tests.e2e.node", "--nri", "off"],
         cwd=REPO,
@@ -40,17 +45,39 @@ def start_launcher(log: Path) -> tuple[subprocess.Popen[str], Path]:
         stderr=log.open("w"),
         text=True,
     )
-    assert launcher.stdout is not None
-    workdir = None
+    lines: queue.Queue[str | None] = queue.Queue()
+    threading.Thread(target=_forward_lines, args=(launcher, lines), daemon=True).start()
     deadline = time.monotonic() + READY_TIMEOUT_S
-    for line in launcher.stdout:
+    while True:
+        try:
+            line = lines.get(timeout=max(0.0, deadline - time.monotonic()))
+        except queue.Empty:
+            _tear_down(launcher)
+            took = f"{READY_TIMEOUT_S:.0f} s"
+            pytest.fail(f"the launcher did not get ready in {took}:\n{log.read_text()[-3000:]}")
+        if line is None:
+            pytest.fail(f"the launcher ended without a node:\n{log.read_text()[-3000:]}")
         found = re.match(r"local node \S+ \(containerd \S+, NRI \w+\) in (\S+)", line)
         if found:
-            workdir = Path(found[1])
-            break
-        assert time.monotonic() < deadline, "the launcher did not get ready"
-    assert workdir is not None, f"the launcher ended without a node:\n{log.read_text()[-3000:]}"
-    return launcher, workdir
+            return launcher, Path(found[1])
+
+
+def _forward_lines(launcher: subprocess.Popen[str], lines: queue.Queue[str | None]) -> None:
+    """Every line of the launcher's stdout into `lines`, then None at its end."""
+    assert launcher.stdout is not None
+    for line in launcher.stdout:
+        lines.put(line)
+    lines.put(None)
+
+
+def _tear_down(launcher: subprocess.Popen[str]) -> None:
+    """SIGTERM (the launcher stops its node), SIGKILL if it does not exit in time."""
+    launcher.terminate()
+    try:
+        launcher.wait(EXIT_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        launcher.kill()
+        launcher.wait()
 
 
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP], ids=["SIGTERM", "SIGHUP"])
