@@ -30,27 +30,50 @@ def _fill_in_cgroup(container: Container, host_proc: Path, line: str, **env: str
         container.probe = probe
 
 
-@pytest.mark.parametrize(("mode", "procs_var"), [("2", "VGPU_HOST_PROC"), ("102", "VGPU_PROC")])
+@pytest.mark.parametrize("mode", ["2", "102"])
 @pytest.mark.parametrize(("outsider_line", "expected"), [("0::/../other", "8"), ("0::/", "4")])
 def test_cgroup_v2_same_cgroup_reads_root(
-    container: Container, mode: str, procs_var: str, outsider_line: str, expected: str
+    container: Container, mode: str, outsider_line: str, expected: str
 ) -> None:
-    """Host PIDs are looked up in the host's /proc; with the open kernel module (102) NVML gives
-    our namespace's PIDs, looked up in our /proc."""
+    """NVML's host PIDs are looked up in the host's /proc, with the open kernel bit too (102 is what
+    vgpud injects on a v2 node): the cgroup rule comes first."""
     procs = container.root / "procs"
     outsider = container.start("take", str(512 * MIB), preload=False)
     try:
         assert read_result(outsider, ("rc",))["rc"] == "0"
         (procs / str(outsider.pid)).mkdir(parents=True)
         (procs / str(outsider.pid) / "cgroup").write_text(outsider_line + "\n")
-        env = {"MANAGER_COMPATIBILITY_MODE": mode, procs_var: str(procs), "CUDA_MEM_LIMIT_0": "1g"}
+        env = {"MANAGER_COMPATIBILITY_MODE": mode, "VGPU_HOST_PROC": str(procs), "CUDA_MEM_LIMIT_0": "1g"}
         assert _fill_in_cgroup(container, procs, "0::/", **env) == expected
     finally:
         outsider.communicate(timeout=30)
 
 
+@pytest.mark.parametrize("mode", ["101", "102"])
+@pytest.mark.parametrize(("outsider_preloaded", "expected"), [(False, "8"), (True, "4")])
+def test_cgroup_mode_with_open_kernel_bit_falls_back_to_namespaces(
+    container: Container, tmp_path: Path, mode: str, outsider_preloaded: bool, expected: str
+) -> None:
+    """No PID is found by cgroup in the host's /proc (here: empty), as when NVML gives our
+    namespace's PIDs (open kernel module): the open kernel rule counts the processes in our mount
+    and cgroup namespaces that map the driver. A preloaded outsider maps the fake libnvidia-ml (the
+    library loads NVML), an unpreloaded one does not."""
+    host_proc = tmp_path / "host_proc"
+    host_proc.mkdir()
+    outsider = container.start("take", str(512 * MIB), preload=outsider_preloaded)
+    try:
+        assert read_result(outsider, ("rc",))["rc"] == "0"
+        maps = Path(f"/proc/{outsider.pid}/maps").read_text()
+        assert ("nvidia" in maps) == outsider_preloaded
+        env = {"MANAGER_COMPATIBILITY_MODE": mode, "VGPU_HOST_PROC": str(host_proc), "CUDA_MEM_LIMIT_0": "1g"}
+        assert container.run("fill", "direct", str(128 * MIB), **env)["count"] == expected
+    finally:
+        outsider.communicate(timeout=30)
+
+
+@pytest.mark.parametrize("mode", ["1", "101"])
 @pytest.mark.parametrize(("outsider_path", "expected"), [("/pod/other", "8"), ("/pod/c1", "4")])
-def test_cgroup_v1_memory_path(container: Container, outsider_path: str, expected: str) -> None:
+def test_cgroup_v1_memory_path(container: Container, mode: str, outsider_path: str, expected: str) -> None:
     host_proc = container.root / "host_proc"
     proc = container.root / "proc"
     (proc / "self").mkdir(parents=True)
@@ -61,7 +84,7 @@ def test_cgroup_v1_memory_path(container: Container, outsider_path: str, expecte
         (host_proc / str(outsider.pid)).mkdir(parents=True)
         (host_proc / str(outsider.pid) / "cgroup").write_text(f"4:memory:{outsider_path}\n")
         env = {
-            "MANAGER_COMPATIBILITY_MODE": "1",
+            "MANAGER_COMPATIBILITY_MODE": mode,
             "VGPU_HOST_PROC": str(host_proc),
             "VGPU_PROC": str(proc),
             "CUDA_MEM_LIMIT_0": "1g",
