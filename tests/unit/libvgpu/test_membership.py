@@ -158,3 +158,28 @@ def test_client_mode_sees_pids_config_rewritten_between_decisions(
         if probe is not None:
             probe.communicate(timeout=30)
         outsider.communicate(timeout=30)
+
+
+def test_the_first_rule_that_matched_holds_for_the_rest_of_the_list(
+    container: Container, tmp_path: Path
+) -> None:
+    """Mode 102: the probe (first in NVML's list) is found by cgroup, so the list holds host PIDs and
+    the open kernel rule is not tried for the rest: a preloaded outsider in our namespaces that maps
+    the driver, but is in another cgroup, is not counted (4 steps of 256 MiB fit in 1 GiB, not 2)."""
+    host_proc = tmp_path / "host_proc"
+    env = {"MANAGER_COMPATIBILITY_MODE": "102", "VGPU_HOST_PROC": str(host_proc), "CUDA_MEM_LIMIT_0": "1g"}
+    probe = container.start("steps", str(256 * MIB), **env)
+    outsider = None
+    try:
+        read_result(probe, ("ready",))  # its context is the list's first entry
+        outsider = container.start("take", str(512 * MIB))
+        assert read_result(outsider, ("rc",))["rc"] == "0"
+        assert "nvidia" in Path(f"/proc/{outsider.pid}/maps").read_text()
+        for pid, line in ((probe.pid, "0::/"), (outsider.pid, "0::/../other")):
+            (host_proc / str(pid)).mkdir(parents=True)
+            (host_proc / str(pid) / "cgroup").write_text(line + "\n")
+        assert [_step(probe) for _ in range(5)] == ["0", "0", "0", "0", "2"]
+    finally:
+        probe.communicate(timeout=30)
+        if outsider is not None:
+            outsider.communicate(timeout=30)
