@@ -137,7 +137,8 @@ OPTIONS: tuple[Option, ...] = (
         choice(*CGROUP_DRIVERS),
         None,
         "the kubelet's cgroup driver, cgroupfs or systemd: a registering caller must then be in a pod "
-        "cgroup of that layout (used with DevicePluginClientMode)",
+        "cgroup of that layout (with DevicePluginClientMode); without it, the layout in which a "
+        "container's cgroup is looked up for its memory usage",
         "DRIVER",
         unset="either layout, as each caller's cgroup path shows it",
     ),

@@ -53,7 +53,7 @@ from vgpud.partition.layout import Layout
 from vgpud.partition.lazy import LazyAssigner
 from vgpud.ready import Ready
 from vgpud.recorder import Recorder
-from vgpud.registry.identity import default_cgroup_root
+from vgpud.registry.identity import container_pids, default_cgroup_root
 from vgpud.registry.server import RegistryServer
 from vgpud.supervisor import HealthAfter, HealthRegistry, HealthState, Restart, Supervisor
 
@@ -209,7 +209,13 @@ def build_observability(
     usage = None
     if settings.usage_interval > 0:
         memory = startup.inventory.process_memory if startup.inventory is not None else None
-        usage = UsageReader(parts, settings.usage_interval, process_memory=memory)
+        # cgroup mode: no pids.config; a container's PIDs are those of its cgroup
+        pids = (
+            None
+            if registry_enabled(settings)
+            else partial(container_pids, default_cgroup_root(), settings.systemd_cgroups)
+        )
+        usage = UsageReader(parts, settings.usage_interval, process_memory=memory, container_pids=pids)
     return Observability(
         parts=parts,
         metrics=NodeMetrics(parts, stream=stream, drift=drift, usage=usage),

@@ -31,7 +31,10 @@ class NodeSetupError(Exception):
 
 
 def cgroup_v2(cgroup_root: Path = Path("/sys/fs/cgroup")) -> bool:
-    """True on a unified (v2-only) hierarchy; hybrid and v1 hosts count as v1, as in the reference."""
+    """True on a unified (v2-only) hierarchy; hybrid and v1 hosts count as v1. The reference counts a
+    hybrid host as v2, but there containerd gives a container no cgroup namespace (runc does put it
+    in the unified hierarchy, as `0::/kubepods/.../<id>`), so the library's v2 rule, `0::/` through
+    its own namespace, would match none of its processes; the v1 `memory` path does."""
     return (cgroup_root / "cgroup.controllers").is_file()
 
 

@@ -98,12 +98,40 @@ static int file_lock(int type) {
     return 0;
 }
 
+/* FAKE_GPU_HOST_PROC: a procfs of the host's PID namespace (a container's view of the host /proc):
+ * pids are recorded and checked as the host sees them, as a real driver's kernel module records
+ * them, also from a process in a PID namespace of its own. NULL: this process's own pid view. */
+static const char *host_proc(void) {
+    const char *p = getenv("FAKE_GPU_HOST_PROC");
+    return p && p[0] ? p : NULL;
+}
+
+/* This process's pid as the state records it: getpid(), or its pid in FAKE_GPU_HOST_PROC (the
+ * `self` link there names the reader's pid in that procfs's namespace); remembered per getpid(),
+ * so a forked child looks its own up. Under the mutex. */
+static int self_pid(void) {
+    static int for_pid, recorded;
+    int pid = getpid();
+    const char *hp = host_proc();
+    if (hp == NULL) return pid;
+    if (for_pid != pid) {
+        char path[4096], link[32];
+        snprintf(path, sizeof path, "%s/self", hp);
+        ssize_t n = readlink(path, link, sizeof link - 1);
+        link[n > 0 ? n : 0] = '\0';
+        recorded = n > 0 ? atoi(link) : pid;
+        for_pid = pid;
+    }
+    return recorded;
+}
+
 static int pid_dead(int pid) {
-    if (kill(pid, 0) < 0) return errno == ESRCH;
-    char path[64], buf[512];
-    snprintf(path, sizeof path, "/proc/%d/stat", pid);
+    char path[4160], buf[512];
+    const char *hp = host_proc();
+    if (hp == NULL && kill(pid, 0) < 0) return errno == ESRCH;
+    snprintf(path, sizeof path, "%s/%d/stat", hp ? hp : "/proc", pid);
     FILE *f = fopen(path, "r");
-    if (!f) return 0;
+    if (!f) return hp != NULL; /* not in the host's procfs: gone */
     size_t n = fread(buf, 1, sizeof buf - 1, f);
     fclose(f);
     buf[n] = '\0';
@@ -115,7 +143,7 @@ static int pid_dead(int pid) {
  * the liveness test (kill, then /proc/<pid>/stat for a zombie) costs microseconds per slot, which
  * a process reading its own device's lists on each allocation would otherwise pay every time. */
 static void reap(void) {
-    int self = getpid();
+    int self = self_pid();
     for (int i = 0; i < FS_MAX_SLOTS; i++) {
         fs_slot *s = &state->slot[i];
         if (s->pid != 0 && s->pid != self && pid_dead(s->pid)) memset(s, 0, sizeof *s);
@@ -272,7 +300,7 @@ int fs_mem_alloc(unsigned int dev, uint64_t bytes) {
     int rc = -1;
     fs_slot *s;
     if (used <= state->dev[dev].total && bytes <= state->dev[dev].total - used &&
-        (s = find_slot(dev, getpid(), 1)) != NULL) {
+        (s = find_slot(dev, self_pid(), 1)) != NULL) {
         s->bytes += bytes;
         rc = 0;
     }
@@ -283,7 +311,7 @@ int fs_mem_alloc(unsigned int dev, uint64_t bytes) {
 void fs_mem_free(unsigned int dev, uint64_t bytes) {
     if (!valid_dev(dev)) return;
     lock();
-    fs_slot *s = find_slot(dev, getpid(), 0);
+    fs_slot *s = find_slot(dev, self_pid(), 0);
     if (s) {
         s->bytes = s->bytes > bytes ? s->bytes - bytes : 0;
         drop_if_idle(s);
@@ -304,7 +332,7 @@ uint64_t fs_mem_total(unsigned int dev) { return valid_dev(dev) ? state->dev[dev
 void fs_context(unsigned int dev, int present) {
     if (!valid_dev(dev)) return;
     lock();
-    fs_slot *s = find_slot(dev, getpid(), present);
+    fs_slot *s = find_slot(dev, self_pid(), present);
     if (s) {
         if (present) {
             const char *g = getenv("FAKE_GPU_GRAPHICS");
@@ -398,7 +426,7 @@ uint64_t fs_launch(unsigned int dev, uint64_t cost_ns) {
     if (cost_ns > 0) {
         d->busy_until = end;
         add_span(&d->busy, start, end);
-        fs_slot *s = find_slot(dev, getpid(), 1);
+        fs_slot *s = find_slot(dev, self_pid(), 1);
         if (s) {
             s->flags |= FS_FLAG_CONTEXT;
             add_span(&s->busy, start, end);

@@ -3,6 +3,9 @@
  *
  *   FAKE_GPU_STATE=/path   one mmap'd file shared by every process that loads either fake; created
  *                          on first use from the profile. Unset: a private, in-process state.
+ *   FAKE_GPU_HOST_PROC=/path  a procfs of the host's PID namespace (in a container: the host /proc
+ *                          mounted in): pids are recorded and reaped as the host numbers them, as a
+ *                          real driver's kernel module records them. Unset: getpid() and kill(2).
  *
  * Per device (NVML index): the device memory each host pid holds, which pids have a context, and
  * the kernel busy time each pid added (spans of wall time, serialized per device as if the kernels

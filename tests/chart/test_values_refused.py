@@ -64,7 +64,7 @@ REFUSED: list[tuple[str, dict[str, Any], str]] = [
         "node.gpu.nvmlLibrary is only used with node.gpu.backend=nvml",
     ),
     (
-        "cgroup driver without client mode",
+        "cgroup driver without client mode or NRI",
         {"node": {"cgroupDriver": "systemd"}},
         "node.cgroupDriver is only used",
     ),

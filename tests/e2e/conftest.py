@@ -40,6 +40,9 @@ from tests.support import require
 TRACKS = {"nri": True, "eager": False}
 #: the same tracks with vgpud on the fake NVML and the fake driver for containers
 FAKE_GPU_TRACKS = {"nri-fakegpu": True, "eager-fakegpu": False}
+#: the NRI track on the fake GPUs in cgroup mode (DevicePluginClientMode off): the library finds its
+#: container's processes by cgroup, nothing registers (tests/e2e/test_node_cgroup_mode.py)
+CGROUP_TRACKS = {"nri-cgroup": True}
 #: the NRI track with vgpud installed by the Helm chart
 CHART_TRACKS = {"chart": True}
 #: the default tracks on containerd 2.x
@@ -79,7 +82,7 @@ def node(request: pytest.FixtureRequest) -> Iterator[LocalNode]:
     containerd = CONTAINERD_2 if request.param in CD2_TRACKS else default_containerd()
     what = f"the local node (containerd {containerd}, runc, kubelet, images)"
     require(node_available(containerd), what, INSTALL_HINT)
-    fake_gpu = request.param in FAKE_GPU_TRACKS
+    fake_gpu = request.param in FAKE_GPU_TRACKS or request.param in CGROUP_TRACKS
     if fake_gpu:
         require(fake_gpu_available(), "the fake GPU driver and the dynamic-libc image", INSTALL_HINT)
     chart = request.param in CHART_TRACKS
@@ -87,8 +90,9 @@ def node(request: pytest.FixtureRequest) -> Iterator[LocalNode]:
         require(chart_available(), "helm and the vgpud image", CHART_INSTALL_HINT)
     started = time.monotonic()
     local = LocalNode(
-        nri={**TRACKS, **FAKE_GPU_TRACKS, **CHART_TRACKS, **CD2_TRACKS}[request.param],
+        nri={**TRACKS, **FAKE_GPU_TRACKS, **CHART_TRACKS, **CD2_TRACKS, **CGROUP_TRACKS}[request.param],
         containerd=containerd,
+        client_mode=request.param not in CGROUP_TRACKS,
         fake_gpu=fake_gpu,
         chart=chart,
         keep=bool(os.environ.get("VGPUD_KEEP_NODE")),

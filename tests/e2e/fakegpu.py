@@ -12,7 +12,9 @@ and vgpud's own CDI spec must stay what it generates. What the library adds (LD_
 
 The pod shares the host's PID namespace: the fake driver records `getpid()`, where a real driver's
 kernel module records the host PID; with hostPID both are the same, so NVML (in vgpud and in the
-library) reports the PIDs the registry writes into pids.config.
+library) reports the PIDs the registry writes into pids.config. In cgroup mode a pod can have its own
+PID namespace (`host_pid=False`, `own_pid_namespace`): the fakes then record the host PID through the
+host /proc vgpud mounts in.
 """
 
 from __future__ import annotations
@@ -37,6 +39,10 @@ PROFILE_PATH = "/etc/fake-gpu/profile.yaml"
 STATE_DIR = "/run/fake-gpu"
 PROBE = "/usr/local/bin/memprobe"
 RESULT_TIMEOUT_S = 60.0
+#: the fakes' setting for a procfs of the host's PID namespace (csrc/fakestate/state.h)
+FAKE_HOST_PROC_ENV = "FAKE_GPU_HOST_PROC"
+#: where vgpud mounts the host /proc in cgroup mode (no client registration)
+HOST_PROC_IN_CONTAINER = "/etc/vgpu-manager/.host_proc"
 
 
 def image(node: LocalNode) -> str:
@@ -75,13 +81,27 @@ def probe_container(node: LocalNode, name: str, request: str | None, *args: str)
     return spec
 
 
+def own_pid_namespace(spec: dict[str, Any]) -> dict[str, Any]:
+    """A probe container for a pod without hostPID: the fakes record the host PID through the host
+    /proc that cgroup mode mounts at .host_proc (FAKE_GPU_HOST_PROC), as the real kernel module does."""
+    spec["env"].append({"name": FAKE_HOST_PROC_ENV, "value": HOST_PROC_IN_CONTAINER})
+    return spec
+
+
 def create_probe_pod(
-    node: LocalNode, ns: str, name: str, containers: list[dict[str, Any]], claim: str
+    node: LocalNode,
+    ns: str,
+    name: str,
+    containers: list[dict[str, Any]],
+    claim: str,
+    *,
+    host_pid: bool = True,
 ) -> dict[str, Any]:
-    """A host-network, host-PID pod with the fake driver volumes, its pod claim "gpu" = `claim`."""
+    """A host-network pod with the fake driver volumes, its pod claim "gpu" = `claim`; host-PID unless
+    `host_pid` is False (then its containers need own_pid_namespace)."""
     spec: dict[str, Any] = {
         "hostNetwork": True,
-        "hostPID": True,
+        "hostPID": host_pid,
         "terminationGracePeriodSeconds": 1,
         "containers": containers,
         "volumes": driver_volumes(node),

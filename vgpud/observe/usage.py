@@ -7,7 +7,9 @@ the files are read in a worker thread (`vgpud.partition.libstate`), off every ho
 reader shows is what the library wrote: vgpu.config (limits), the vmem_node.config ledger (memory
 NVML does not report: managed, async, capture) and the shared bucket's SM utilization; plus, from
 the GPU inventory, NVML's device memory of the PIDs the container's pids.config registers (client
-mode), which with the ledger is the usage the library's memory limit counts.
+mode) or, in cgroup mode (no registration) with NRI, of the PIDs in the container's cgroup: with the
+ledger, the usage the library's memory limit counts. Eager partitions in cgroup mode have neither
+(a partition may serve several containers): their NVML memory is unknown.
 """
 
 from __future__ import annotations
@@ -37,6 +39,7 @@ class UsageTarget:
     #: lazy mode: whose directory it is ("" in eager mode: a partition may serve several containers)
     pod_uid: str = field(default="", compare=False)
     container: str = field(default="", compare=False)
+    container_id: str = field(default="", compare=False)
 
 
 @dataclass(frozen=True)
@@ -82,9 +85,9 @@ def usage_targets(parts: NodeParts) -> list[UsageTarget]:
     if parts.nri is not None:
         found = {
             entry.directory: UsageTarget(
-                entry.claim_uid, entry.directory.name, entry.directory, entry.pod_uid, entry.container
+                entry.claim_uid, entry.directory.name, entry.directory, entry.pod_uid, entry.container, cid
             )
-            for _, entry in parts.nri.cache.items()
+            for cid, entry in parts.nri.cache.items()
         }
         return sorted(found.values())
     targets = []
@@ -96,13 +99,19 @@ def usage_targets(parts: NodeParts) -> list[UsageTarget]:
 
 #: GPU index -> {host PID: bytes}: NVML's per-process device memory (`GpuInventory.process_memory`)
 ProcessMemory = Callable[[], dict[int, dict[int, int]]]
+#: (pod UID, container ID) -> the container's host PIDs: cgroup mode's stand-in for pids.config
+#: (`vgpud.registry.identity.container_pids`)
+ContainerPids = Callable[[str, str], frozenset[int]]
 
 
 def read_targets(
-    targets: Iterable[UsageTarget], process_memory: ProcessMemory | None = None
+    targets: Iterable[UsageTarget],
+    process_memory: ProcessMemory | None = None,
+    container_pids: ContainerPids | None = None,
 ) -> tuple[tuple[ContainerUsage, ...], str]:
     """Blocking: NVML's per-process memory once, then every target's files; and why the process
-    memory could not be read ("" when it was, or when there is none to read)."""
+    memory could not be read ("" when it was, or when there is none to read). With
+    `container_pids`, a lazy target's PIDs are its container's (cgroup mode), not pids.config's."""
     targets = list(targets)
     memory, error = None, ""
     if process_memory is not None and targets:
@@ -110,8 +119,14 @@ def read_targets(
             memory = process_memory()
         except GpuInventoryError as err:
             error = str(err)
+
+    def pids(target: UsageTarget) -> frozenset[int] | None:
+        if container_pids is None or not target.container_id:
+            return None
+        return container_pids(target.pod_uid, target.container_id)
+
     return tuple(
-        ContainerUsage(t, read_partition_usage(PartitionPaths(t.directory), memory)) for t in targets
+        ContainerUsage(t, read_partition_usage(PartitionPaths(t.directory), memory, pids(t))) for t in targets
     ), error
 
 
@@ -124,11 +139,13 @@ class UsageReader:
         interval: float = DEFAULT_INTERVAL,
         *,
         process_memory: ProcessMemory | None = None,
+        container_pids: ContainerPids | None = None,
     ) -> None:
         if interval <= 0:
             raise ValueError(f"usage interval must be > 0, got {interval}")
         self._parts = parts
         self._process_memory = process_memory
+        self._container_pids = container_pids
         self._status = UsageStatus(interval)
 
     def status(self) -> UsageStatus:
@@ -143,7 +160,9 @@ class UsageReader:
     async def read(self) -> UsageStatus:
         """One pass over every current directory; the new status."""
         targets = usage_targets(self._parts)
-        containers, error = await trio.to_thread.run_sync(read_targets, targets, self._process_memory)
+        containers, error = await trio.to_thread.run_sync(
+            read_targets, targets, self._process_memory, self._container_pids
+        )
         self._status = UsageStatus(
             self._status.interval,
             reads=self._status.reads + 1,

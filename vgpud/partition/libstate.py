@@ -202,12 +202,15 @@ def _read_ledger(path: Path, devices: list[int], errors: list[str]) -> dict[int,
 
 
 def read_partition_usage(
-    paths: PartitionPaths, process_memory: Mapping[int, Mapping[int, int]] | None = None
+    paths: PartitionPaths,
+    process_memory: Mapping[int, Mapping[int, int]] | None = None,
+    pids: frozenset[int] | None = None,
 ) -> PartitionUsage:
     """Parse vgpu.config (limits), vmem_node.config (ledger), sm_node.config (bucket) and pids.config
     of one partition directory. A missing file is normal (no library process ran yet); a bad one is
     an error line, and the other files are still read. `process_memory` (GPU index -> {host PID:
-    bytes}, from NVML) gives each device the memory of the PIDs pids.config registers."""
+    bytes}, from NVML) gives each device the memory of the PIDs pids.config registers, or of `pids`
+    when given (cgroup mode: the container's cgroup; pids.config is then not read)."""
     errors: list[str] = []
     config_path = Path(paths.config) / F.VGPU_CONFIG_FILE
     config = _attempt(
@@ -220,8 +223,9 @@ def read_partition_usage(
     bucket = _attempt(
         bucket_path, lambda: F.parse_sm_node(_read_struct(bucket_path, F.SM_STRUCT_SIZE)), errors
     )
-    pids_path = Path(paths.pids_file)
-    pids = _attempt(pids_path, lambda: _read_pids(pids_path), errors) or frozenset()
+    if pids is None:
+        pids_path = Path(paths.pids_file)
+        pids = _attempt(pids_path, lambda: _read_pids(pids_path), errors) or frozenset()
     nvml: dict[int, int] | None = None
     if process_memory is not None and pids:
         nvml = {i: sum(b for pid, b in used.items() if pid in pids) for i, used in process_memory.items()}

@@ -36,6 +36,7 @@ from vgpud.registry.cgroup import (
     container_id_of_status,
     container_status,
     is_running,
+    membership_of_path,
     parse_proc_cgroup,
     pod_cgroup_dirs,
     pod_terminated,
@@ -147,6 +148,33 @@ def container_cgroup(cgroup_root: Path, membership: Membership) -> Path:
         f"no cgroup of container {membership.container_id} of pod {membership.pod_uid} under "
         f"{cgroup_root} (is it the hierarchy that holds the kubelet's kubepods tree?)"
     )
+
+
+def find_container_cgroup(
+    cgroup_root: Path, pod_uid: str, container_id: str, systemd: bool | None
+) -> Path | None:
+    """The cgroup directory of container `container_id` of pod `pod_uid` (either layout when
+    `systemd` is None), by the runtime's naming of its directory; None while there is none."""
+    for layout in (False, True) if systemd is None else (systemd,):
+        for pod_dir in pod_cgroup_dirs(pod_uid, layout):
+            try:
+                names = os.listdir(cgroup_root / pod_dir)
+            except (FileNotFoundError, NotADirectoryError):
+                continue
+            for name in names:
+                found = membership_of_path(str(pod_dir / name), layout)
+                if found is not None and found.container_id == container_id:
+                    return cgroup_root / pod_dir / name
+    return None
+
+
+def container_pids(
+    cgroup_root: Path, systemd: bool | None, pod_uid: str, container_id: str
+) -> frozenset[int]:
+    """The host PIDs of a container named by its pod and ID (cgroup mode has no pids.config to say
+    them); empty while its cgroup is not there."""
+    directory = find_container_cgroup(cgroup_root, pod_uid, container_id, systemd)
+    return frozenset(cgroup_pids(directory)) if directory is not None else frozenset()
 
 
 def _read_procs(path: Path) -> list[int]:

@@ -39,11 +39,7 @@ static uint64_t mono_ns(void *ctx)
     return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
 }
 
-static int pid_is_ours(void *ctx, unsigned int pid)
-{
-    (void)ctx;
-    return vgpu_pid_is_ours(vgpu_cfg()->mode, pid);
-}
+static int pid_is_ours(void *ctx, unsigned int pid) { return vgpu_pid_is_ours(ctx, pid); }
 
 /* nvmlDeviceGetProcessUtilization(dev, now - 1 s) over the container's PIDs; NOT_FOUND (no sample
  * in that second) is an idle GPU, not an error. */
@@ -81,7 +77,8 @@ static int nvml_sample(void *ctx, int host, double *util, double *external)
         } else {
             for (unsigned int i = 0; i < count; i++)
                 s[i] = (struct core_proc_sample){buf[i].pid, buf[i].smUtil, buf[i].encUtil, buf[i].decUtil};
-            core_util_sum(s, count, pid_is_ours, NULL, util, external);
+            struct vgpu_membership membership = {vgpu_cfg()->mode, VGPU_RULE_NONE};
+            core_util_sum(s, count, pid_is_ours, &membership, util, external);
             free(s);
         }
     }

@@ -298,35 +298,45 @@ static int same_ns(const char *proc, unsigned int pid, const char *ns)
     return na > 0 && nb > 0 && na == nb && memcmp(la, lb, (size_t)na) == 0;
 }
 
-int vgpu_pid_is_ours(long mode, unsigned int pid)
+/* Whether the unified-hierarchy line of a /proc/<pid>/cgroup text reads "0::/": the only line on a
+ * v2 host, the last one (after the v1 controllers') on a hybrid host. */
+static int v2_is_root(const char *text)
+{
+    for (const char *line = text; line && *line;) {
+        const char *nl = strchr(line, '\n');
+        size_t len = nl ? (size_t)(nl - line) : strlen(line);
+        if (len == 4 && memcmp(line, "0::/", 4) == 0)
+            return 1;
+        line = nl ? nl + 1 : NULL;
+    }
+    return 0;
+}
+
+/* Cgroup rule: the process's cgroup, read through the host's /proc (NVML gives host PIDs), is ours.
+ * v2: seen through our cgroup namespace, a process of our own cgroup reads "0::/"; v1: the same
+ * `memory` path as our own. */
+static int in_our_cgroup(int v2, unsigned int pid)
 {
     char path[4096], text[8192];
-    if (vgpu_mode_is(mode, VGPU_MODE_CLIENT))
-        return pid_in_pids_config(pid);
-    int open_kernel = mode != 0 && vgpu_mode_is(mode, VGPU_MODE_OPEN_KERNEL);
-    int v2 = mode != 0 && vgpu_mode_is(mode, VGPU_MODE_CGROUPV2);
-    int v1 = mode != 0 && vgpu_mode_is(mode, VGPU_MODE_CGROUPV1);
-    if (!v2 && !v1 && !open_kernel)
-        return 1; /* host mode: every process on the device (before vgpu_path: a getenv per PID) */
-    /* With the open kernel module NVML reports PIDs of our own namespace, so they are looked up in
-     * our /proc; otherwise they are host PIDs, looked up in the host's /proc mounted for us. */
-    const char *procs = vgpu_path(open_kernel ? VGPU_PATH_PROC : VGPU_PATH_HOST_PROC);
-    if (v2 || v1) {
-        snprintf(path, sizeof(path), "%s/%u/cgroup", procs, pid);
-        if (read_file(path, text, sizeof(text)) <= 0)
-            return 0; /* gone, or not visible: not ours */
-        if (v2)
-            /* Seen through our cgroup namespace, a process of our own cgroup reads "0::/". */
-            return strncmp(text, "0::/\n", 5) == 0 || strcmp(text, "0::/") == 0;
-        char ours[4096], theirs[4096], self[8192];
-        snprintf(path, sizeof(path), "%s/self/cgroup", vgpu_path(VGPU_PATH_PROC));
-        if (read_file(path, self, sizeof(self)) <= 0 || v1_path(self, "memory", ours, sizeof(ours)) < 0 ||
-            v1_path(text, "memory", theirs, sizeof(theirs)) < 0)
-            return 0;
-        return strcmp(ours, theirs) == 0;
-    }
-    /* Open kernel module: /proc/<pid> is one of ours when it shares our mount and cgroup namespaces
-     * and maps the driver. */
+    snprintf(path, sizeof(path), "%s/%u/cgroup", vgpu_path(VGPU_PATH_HOST_PROC), pid);
+    if (read_file(path, text, sizeof(text)) <= 0)
+        return 0; /* gone, or not visible: not ours */
+    if (v2)
+        return v2_is_root(text);
+    char ours[4096], theirs[4096], self[8192];
+    snprintf(path, sizeof(path), "%s/self/cgroup", vgpu_path(VGPU_PATH_PROC));
+    if (read_file(path, self, sizeof(self)) <= 0 || v1_path(self, "memory", ours, sizeof(ours)) < 0 ||
+        v1_path(text, "memory", theirs, sizeof(theirs)) < 0)
+        return 0;
+    return strcmp(ours, theirs) == 0;
+}
+
+/* Open kernel module rule: NVML gives PIDs of our own namespace; /proc/<pid> is one of ours when it
+ * shares our mount and cgroup namespaces and maps the driver. */
+static int in_our_namespaces(unsigned int pid)
+{
+    char path[4096];
+    const char *procs = vgpu_path(VGPU_PATH_PROC);
     if (!same_ns(procs, pid, "mnt") || !same_ns(procs, pid, "cgroup"))
         return 0;
     snprintf(path, sizeof(path), "%s/%u/maps", procs, pid);
@@ -339,6 +349,30 @@ int vgpu_pid_is_ours(long mode, unsigned int pid)
         hit = strstr(line, "nvidia") != NULL;
     fclose(f);
     return hit;
+}
+
+int vgpu_pid_is_ours(struct vgpu_membership *m, unsigned int pid)
+{
+    long mode = m->mode;
+    if (vgpu_mode_is(mode, VGPU_MODE_CLIENT))
+        return pid_in_pids_config(pid);
+    int open_kernel = mode != 0 && vgpu_mode_is(mode, VGPU_MODE_OPEN_KERNEL);
+    int v2 = mode != 0 && vgpu_mode_is(mode, VGPU_MODE_CGROUPV2);
+    int v1 = mode != 0 && vgpu_mode_is(mode, VGPU_MODE_CGROUPV1);
+    if (!v2 && !v1 && !open_kernel)
+        return 1; /* host mode: every process on the device (before vgpu_path: a getenv per PID) */
+    /* One list holds either host PIDs (proprietary module) or our namespace's (open module): the
+     * first rule that matches a PID is kept for the rest of the list, as the reference does, so a
+     * host PID that happens to number one of our own processes is not counted twice over. */
+    if ((v2 || v1) && m->rule != VGPU_RULE_NAMESPACES && in_our_cgroup(v2, pid)) {
+        m->rule = VGPU_RULE_CGROUP;
+        return 1;
+    }
+    if (open_kernel && m->rule != VGPU_RULE_CGROUP && in_our_namespaces(pid)) {
+        m->rule = VGPU_RULE_NAMESPACES;
+        return 1;
+    }
+    return 0;
 }
 
 /* --- usage ----------------------------------------------------------------------------------- */
@@ -373,6 +407,7 @@ static int nvml_sum(nvmlDevice_t dev, long mode, unsigned long long *sum)
             goto fail;
         total += count;
     }
+    struct vgpu_membership membership = {mode, VGPU_RULE_NONE};
     /* Client mode: pids.config read once for the whole list. */
     if (vgpu_mode_is(mode, VGPU_MODE_CLIENT) && total > 0 && (pids = pids_acquire()) == NULL)
         goto fail;
@@ -383,7 +418,7 @@ static int nvml_sum(nvmlDevice_t dev, long mode, unsigned long long *sum)
             dup = all[j].pid == all[i].pid;
         if (dup || all[i].usedGpuMemory == NVML_VALUE_NOT_AVAILABLE)
             continue;
-        int ours = pids != NULL ? pid_listed(pids, all[i].pid) : vgpu_pid_is_ours(mode, all[i].pid);
+        int ours = pids != NULL ? pid_listed(pids, all[i].pid) : vgpu_pid_is_ours(&membership, all[i].pid);
         if (ours < 0)
             goto fail;
         if (ours)

@@ -27,7 +27,17 @@ VGPU_HIDDEN int vgpu_mem_decide(int host, unsigned long long req);
 VGPU_HIDDEN void vgpu_limited_view(unsigned long long limit, int oversold, unsigned long long physical,
                                    unsigned long long used, unsigned long long *total, unsigned long long *free_);
 
-/* Whether PID `pid` (as NVML reports it) belongs to this container under `mode`. -1: cannot tell. */
-VGPU_HIDDEN int vgpu_pid_is_ours(long mode, unsigned int pid);
+/* Which membership rule matched first in one NVML process list (cgroup modes with the open kernel
+ * bit: host PIDs by cgroup, else our namespace's PIDs by namespaces and maps). */
+enum vgpu_rule { VGPU_RULE_NONE, VGPU_RULE_CGROUP, VGPU_RULE_NAMESPACES };
+
+/* The membership test over one NVML process list: start each list at {mode, VGPU_RULE_NONE}. */
+struct vgpu_membership {
+    long mode;
+    enum vgpu_rule rule;
+};
+
+/* Whether PID `pid` (as NVML reports it) belongs to this container under m->mode. -1: cannot tell. */
+VGPU_HIDDEN int vgpu_pid_is_ours(struct vgpu_membership *m, unsigned int pid);
 
 #endif

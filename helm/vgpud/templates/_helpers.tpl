@@ -117,8 +117,8 @@ message that names them, as vgpud refuses them at start, so a bad release never 
 {{- if and (eq $v.node.gpu.backend "mock") $v.node.gpu.nvmlLibrary }}
 {{- fail "node.gpu.nvmlLibrary is only used with node.gpu.backend=nvml" }}
 {{- end }}
-{{- if and $v.node.cgroupDriver (not $v.featureGates.DevicePluginClientMode) }}
-{{- fail "node.cgroupDriver is only used with featureGates.DevicePluginClientMode=true" }}
+{{- if and $v.node.cgroupDriver (not (or $v.featureGates.DevicePluginClientMode $v.featureGates.NRISupport)) }}
+{{- fail "node.cgroupDriver is only used with featureGates.DevicePluginClientMode=true or featureGates.NRISupport=true" }}
 {{- end }}
 {{- if le (int $v.node.terminationGracePeriodSeconds) (int $v.node.shutdownTimeoutSeconds) }}
 {{- fail (printf "node.terminationGracePeriodSeconds (%v) must exceed node.shutdownTimeoutSeconds (%v): the kubelet would kill vgpud before it closed" $v.node.terminationGracePeriodSeconds $v.node.shutdownTimeoutSeconds) }}

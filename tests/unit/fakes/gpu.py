@@ -12,6 +12,7 @@ import json
 import os
 import subprocess
 import sys
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -275,15 +276,16 @@ ref, sz, u64, vp = ctypes.byref, ctypes.c_size_t, ctypes.c_ulonglong, ctypes.c_v
 """
 
 
-def start(script: str, env: dict[str, str]) -> Child:
-    """Run `script` (after PRELUDE) in a child Python with `env` over this environment."""
+def start(script: str, env: dict[str, str], prefix: Sequence[str] = ()) -> Child:
+    """Run `script` (after PRELUDE) in a child Python with `env` over this environment; `prefix` is
+    a command that execs the rest (e.g. `unshare --pid --fork`)."""
     repo = Path(__file__).resolve().parents[3]
     inherited = {
         k: v for k, v in os.environ.items() if k != "CUDA_VISIBLE_DEVICES" and not k.startswith("FAKE_")
     }
     full = {**inherited, "PYTHONPATH": str(repo), **env}
     proc = subprocess.Popen(
-        [sys.executable, "-c", PRELUDE + script],
+        [*prefix, sys.executable, "-c", PRELUDE + script],
         env=full,
         cwd=repo,
         stdin=subprocess.PIPE,
@@ -294,9 +296,9 @@ def start(script: str, env: dict[str, str]) -> Child:
     return Child(proc)
 
 
-def run(script: str, env: dict[str, str]) -> dict[str, Any]:
+def run(script: str, env: dict[str, str], prefix: Sequence[str] = ()) -> dict[str, Any]:
     """Run `script` to completion; returns its one JSON report."""
-    child = start(script, env)
+    child = start(script, env, prefix)
     report = child.read()
     child.finish()
     return report

@@ -30,27 +30,50 @@ def _fill_in_cgroup(container: Container, host_proc: Path, line: str, **env: str
         container.probe = probe
 
 
-@pytest.mark.parametrize(("mode", "procs_var"), [("2", "VGPU_HOST_PROC"), ("102", "VGPU_PROC")])
+@pytest.mark.parametrize("mode", ["2", "102"])
 @pytest.mark.parametrize(("outsider_line", "expected"), [("0::/../other", "8"), ("0::/", "4")])
 def test_cgroup_v2_same_cgroup_reads_root(
-    container: Container, mode: str, procs_var: str, outsider_line: str, expected: str
+    container: Container, mode: str, outsider_line: str, expected: str
 ) -> None:
-    """Host PIDs are looked up in the host's /proc; with the open kernel module (102) NVML gives
-    our namespace's PIDs, looked up in our /proc."""
+    """NVML's host PIDs are looked up in the host's /proc, with the open kernel bit too (102 is what
+    vgpud injects on a v2 node): the cgroup rule comes first."""
     procs = container.root / "procs"
     outsider = container.start("take", str(512 * MIB), preload=False)
     try:
         assert read_result(outsider, ("rc",))["rc"] == "0"
         (procs / str(outsider.pid)).mkdir(parents=True)
         (procs / str(outsider.pid) / "cgroup").write_text(outsider_line + "\n")
-        env = {"MANAGER_COMPATIBILITY_MODE": mode, procs_var: str(procs), "CUDA_MEM_LIMIT_0": "1g"}
+        env = {"MANAGER_COMPATIBILITY_MODE": mode, "VGPU_HOST_PROC": str(procs), "CUDA_MEM_LIMIT_0": "1g"}
         assert _fill_in_cgroup(container, procs, "0::/", **env) == expected
     finally:
         outsider.communicate(timeout=30)
 
 
+@pytest.mark.parametrize("mode", ["101", "102"])
+@pytest.mark.parametrize(("outsider_preloaded", "expected"), [(False, "8"), (True, "4")])
+def test_cgroup_mode_with_open_kernel_bit_falls_back_to_namespaces(
+    container: Container, tmp_path: Path, mode: str, outsider_preloaded: bool, expected: str
+) -> None:
+    """No PID is found by cgroup in the host's /proc (here: empty), as when NVML gives our
+    namespace's PIDs (open kernel module): the open kernel rule counts the processes in our mount
+    and cgroup namespaces that map the driver. A preloaded outsider maps the fake libnvidia-ml (the
+    library loads NVML), an unpreloaded one does not."""
+    host_proc = tmp_path / "host_proc"
+    host_proc.mkdir()
+    outsider = container.start("take", str(512 * MIB), preload=outsider_preloaded)
+    try:
+        assert read_result(outsider, ("rc",))["rc"] == "0"
+        maps = Path(f"/proc/{outsider.pid}/maps").read_text()
+        assert ("nvidia" in maps) == outsider_preloaded
+        env = {"MANAGER_COMPATIBILITY_MODE": mode, "VGPU_HOST_PROC": str(host_proc), "CUDA_MEM_LIMIT_0": "1g"}
+        assert container.run("fill", "direct", str(128 * MIB), **env)["count"] == expected
+    finally:
+        outsider.communicate(timeout=30)
+
+
+@pytest.mark.parametrize("mode", ["1", "101"])
 @pytest.mark.parametrize(("outsider_path", "expected"), [("/pod/other", "8"), ("/pod/c1", "4")])
-def test_cgroup_v1_memory_path(container: Container, outsider_path: str, expected: str) -> None:
+def test_cgroup_v1_memory_path(container: Container, mode: str, outsider_path: str, expected: str) -> None:
     host_proc = container.root / "host_proc"
     proc = container.root / "proc"
     (proc / "self").mkdir(parents=True)
@@ -61,7 +84,7 @@ def test_cgroup_v1_memory_path(container: Container, outsider_path: str, expecte
         (host_proc / str(outsider.pid)).mkdir(parents=True)
         (host_proc / str(outsider.pid) / "cgroup").write_text(f"4:memory:{outsider_path}\n")
         env = {
-            "MANAGER_COMPATIBILITY_MODE": "1",
+            "MANAGER_COMPATIBILITY_MODE": mode,
             "VGPU_HOST_PROC": str(host_proc),
             "VGPU_PROC": str(proc),
             "CUDA_MEM_LIMIT_0": "1g",
@@ -135,3 +158,28 @@ def test_client_mode_sees_pids_config_rewritten_between_decisions(
         if probe is not None:
             probe.communicate(timeout=30)
         outsider.communicate(timeout=30)
+
+
+def test_the_first_rule_that_matched_holds_for_the_rest_of_the_list(
+    container: Container, tmp_path: Path
+) -> None:
+    """Mode 102: the probe (first in NVML's list) is found by cgroup, so the list holds host PIDs and
+    the open kernel rule is not tried for the rest: a preloaded outsider in our namespaces that maps
+    the driver, but is in another cgroup, is not counted (4 steps of 256 MiB fit in 1 GiB, not 2)."""
+    host_proc = tmp_path / "host_proc"
+    env = {"MANAGER_COMPATIBILITY_MODE": "102", "VGPU_HOST_PROC": str(host_proc), "CUDA_MEM_LIMIT_0": "1g"}
+    probe = container.start("steps", str(256 * MIB), **env)
+    outsider = None
+    try:
+        read_result(probe, ("ready",))  # its context is the list's first entry
+        outsider = container.start("take", str(512 * MIB))
+        assert read_result(outsider, ("rc",))["rc"] == "0"
+        assert "nvidia" in Path(f"/proc/{outsider.pid}/maps").read_text()
+        for pid, line in ((probe.pid, "0::/"), (outsider.pid, "0::/../other")):
+            (host_proc / str(pid)).mkdir(parents=True)
+            (host_proc / str(pid) / "cgroup").write_text(line + "\n")
+        assert [_step(probe) for _ in range(5)] == ["0", "0", "0", "0", "2"]
+    finally:
+        probe.communicate(timeout=30)
+        if outsider is not None:
+            outsider.communicate(timeout=30)

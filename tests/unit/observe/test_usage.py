@@ -222,3 +222,49 @@ def test_the_registered_pids_nvml_memory_plus_the_ledger_is_the_usage(
         trio.run(scenario)
     finally:
         child.proc.communicate("", timeout=30)
+
+
+@pytest.mark.needs_build
+def test_cgroup_mode_counts_the_pids_of_the_containers_cgroup(
+    short_tmp: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Without registration (cgroup mode) the container's PIDs come from its cgroup, looked up by pod
+    UID and container ID (`container_pids`, here a table): pids.config is not read, even when there."""
+    profile = short_tmp / "profile.yaml"
+    profile.write_text(fakegpu.profile_text(memory_gib=8))
+    env = {"FAKE_NVML_PROFILE": str(profile), "FAKE_GPU_STATE": str(short_tmp / "gpu.state")}
+    child = fakegpu.start(
+        "cuda.init()\ncuda.use(0)\ncuda.alloc(3 * GIB)\nemit(pid=os.getpid(), uuid=cuda.uuid(0))\nhold()\n",
+        {**env, "FAKE_CUDA_LIB": str(built(fakegpu.CUDA_LIB))},
+    )
+    try:
+        report = child.read()
+        for key, val in env.items():
+            monkeypatch.setenv(key, val)
+        inventory = NvmlInventory(str(built(fakegpu.NVML_LIB)))
+        index = {gpu.uuid: gpu.index for gpu in inventory.gpus()}[report["uuid"]]
+        asked: list[tuple[str, str]] = []
+
+        def container_pids(pod_uid: str, container_id: str) -> frozenset[int]:
+            asked.append((pod_uid, container_id))
+            return frozenset({report["pid"]}) if container_id == "id-main" else frozenset()
+
+        async def scenario() -> None:
+            node = await _prepared(short_tmp, lazy=True)
+            await _container_dir(node, "main")
+            other = await _container_dir(node, "other")
+            write_pids_file(other / "config", [report["pid"]])  # not read in cgroup mode
+            reader = UsageReader(
+                node.parts, 1.0, process_memory=inventory.process_memory, container_pids=container_pids
+            )
+            status = await reader.read()
+            by_partition = {c.target.partition: c.usage for c in status.containers}
+            (device,) = by_partition[f"{o.POD1_UID}_main"].devices
+            assert (device.index, device.nvml_bytes) == (index, 3 * GIB)
+            assert by_partition[f"{o.POD1_UID}_main"].pids == {report["pid"]}
+            assert by_partition[f"{o.POD1_UID}_other"].devices == ()
+            assert sorted(asked) == [(o.POD1_UID, "id-main"), (o.POD1_UID, "id-other")]
+
+        trio.run(scenario)
+    finally:
+        child.proc.communicate("", timeout=30)

@@ -26,6 +26,7 @@ from vgpud.partition.assigner import Candidate, TargetNotFound
 from vgpud.registry.identity import (
     NotTheCaller,
     WrongPod,
+    container_pids,
     default_cgroup_root,
     identify,
     verify_caller,
@@ -158,3 +159,24 @@ def test_a_terminated_pod_is_not_found(cgroups: Cgroups) -> None:
     pod["status"]["phase"] = "Succeeded"
     with pytest.raises(TargetNotFound, match="terminated"):
         verify_caller(identify(PROC, caller), Candidate(POD_A, "main"), pod, cgroups.parent)
+
+
+@pytest.mark.parametrize("systemd", [False, True, None])
+def test_container_pids_by_pod_and_id_in_either_layout(cgroups: Cgroups, systemd: bool | None) -> None:
+    """Cgroup mode's usage (no pids.config): a container's PIDs from its pod UID and container ID.
+    The cgroupfs container dir is the ID, the systemd one `cri-containerd-<id>.scope`; a container of
+    another pod, or the pod's other container, is not mixed in."""
+    if systemd:
+        uid = POD_A.replace("-", "_")
+        pod_dir = f"kubepods.slice/kubepods-besteffort.slice/kubepods-besteffort-pod{uid}.slice"
+        main = cgroups.mkdir(f"{pod_dir}/cri-containerd-{MAIN}.scope")
+        side = cgroups.mkdir(f"{pod_dir}/cri-containerd-{SIDE}.scope")
+    else:
+        main, side = cgroups.container(POD_A, MAIN), cgroups.container(POD_A, SIDE)
+    ours = {cgroups.spawn(main), cgroups.spawn(main)}
+    cgroups.spawn(side)
+    cgroups.spawn(cgroups.container(POD_B, MAIN))  # another pod, the same container ID
+    assert container_pids(cgroups.parent, systemd, POD_A, MAIN) == ours
+    assert container_pids(cgroups.parent, systemd, POD_A, OTHER) == frozenset()  # no such container
+    if systemd is not None:  # the other layout's names are not this driver's containers
+        assert container_pids(cgroups.parent, not systemd, POD_A, MAIN) == frozenset()
