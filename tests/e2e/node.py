@@ -13,7 +13,8 @@ and vgpud as a host process with the mock GPU backend and the reference DaemonSe
 with it (tests/e2e/fakegpu.py mounts the fake driver into them), and imports the dynamic-libc image
 localhost/vgpud-cudaprobe. `LocalNode(chart=True)` installs vgpud with `helm install` of helm/vgpud
 instead of running it as a host process (tests/e2e/chart.py). `start()` returns once the node is Ready,
-vgpud's health service says SERVING and its ResourceSlice is published; `stop()` tears everything down
+vgpud's health service says SERVING, its ResourceSlice is published and the kubelet has registered its
+DRA plugin; `restart_kubelet()` stops the kubelet and starts it again; `stop()` tears everything down
 by PID in reverse order and leaves no process, mount or cgroup behind. The node's IP is an address of
 its own on `lo` (tests/e2e/nodeip.py), so host-network pods bind nowhere but this host. The binaries
 come from hack/install-kube.sh (kube.env), hack/install-node.sh (node.env) and, for containerd 2.x,
@@ -370,6 +371,7 @@ class LocalNode:
                 self.start_vgpud()
             self.wait_vgpud(deadline)
             self.wait_slices(deadline)
+            self.wait_plugin_registered(deadline)
         except BaseException:
             self.stop()
             raise
@@ -663,11 +665,16 @@ state = "{w}/c/state"
         self._start_kubelet()
         deadline = time.monotonic() + timeout_s
         self._wait_node_ready(deadline, since=started)
-        while self.plugin_registrations() <= registered:
+        self.wait_plugin_registered(deadline, more_than=registered)
+
+    def wait_plugin_registered(self, deadline: float, more_than: int = 0) -> None:
+        """Until the kubelet has told vgpud more than `more_than` times that its plugin is registered
+        (before that the kubelet fails a claim's pod with "DRA driver ... is not registered")."""
+        while self.plugin_registrations() <= more_than:
             self._check_alive("kubelet")
             if time.monotonic() > deadline:
                 tail = log_tail(self.log("kubelet"))
-                raise RuntimeError(f"the kubelet did not register vgpud's plugin again in time:\n{tail}")
+                raise RuntimeError(f"the kubelet did not register vgpud's DRA plugin in time:\n{tail}")
             time.sleep(0.2)
 
     def plugin_registrations(self) -> int:
