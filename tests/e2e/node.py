@@ -654,9 +654,9 @@ state = "{w}/c/state"
         _stop(self.procs.pop("kubelet", None), sig)
 
     def restart_kubelet(self, sig: int = signal.SIGTERM, timeout_s: float = 90) -> None:
-        """Stop the kubelet with `sig` (SIGKILL: a crash) and start it again with the same config; return
-        once the Node is Ready on a status the new kubelet posted and it has registered vgpud's DRA plugin
-        again (vgpud logs each NotifyRegistrationStatus of a kubelet: `plugin_registrations`)."""
+        """Stop the kubelet with `sig` (SIGKILL: a crash; a stopped one is just started) and start it again
+        with the same config; return once the Node is Ready on a status the new kubelet posted and it has
+        registered vgpud's DRA plugin again (vgpud logs each NotifyRegistrationStatus of a kubelet)."""
         registered = self.plugin_registrations()
         self.stop_kubelet(sig)
         # Node heartbeats have whole seconds: start in a second the old kubelet posted none in

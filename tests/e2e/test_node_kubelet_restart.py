@@ -1,4 +1,5 @@
-"""Kubelet restarts on a real node, both tracks: while vGPU pods run, and while one is being created.
+"""Kubelet restarts on a real node, both tracks: while vGPU pods run (on containerd 1.7 and 2.x), and
+while one is being created.
 
 What the kubelet (1.36) does on a restart with a DRA plugin: it deletes every ResourceSlice of its
 node at start (vgpud puts its slice back), re-registers the plugin found in its plugins_registry
@@ -12,12 +13,15 @@ from __future__ import annotations
 
 import signal
 import time
+from typing import Any
 
 import pytest
 
 from tests.e2e import kubeletdra as k
 from tests.e2e import workload as w
-from tests.e2e.node import LocalNode
+from tests.e2e.conftest import WITH_CD2
+from tests.e2e.node import DRIVER, LocalNode
+from vgpud.dra.cdi import CDI_CLASS, cdi_vendor
 from vgpud.dra.prepare import REPLAYED
 
 
@@ -30,7 +34,8 @@ def _assert_one_each(node: LocalNode, uid: str, subdirs: int) -> k.ClaimFiles:
     return files
 
 
-def _injected(node: LocalNode, pod: dict, name: str, memory: str) -> None:
+def _injected(node: LocalNode, pod: dict[str, Any], name: str, memory: str) -> None:
+    """The container got its limit (and, on NRI, its identity), and a new process in it registers."""
     cid = w.container_id(pod, name)
     env = w.container_env(node, cid)
     index = "0" if "CUDA_MEM_LIMIT_0" in env else "1"
@@ -43,6 +48,7 @@ def _injected(node: LocalNode, pod: dict, name: str, memory: str) -> None:
     assert reg.shell_host_pid in reg.pids, reg.output
 
 
+@WITH_CD2
 def test_kubelet_restart_while_pods_run(node: LocalNode) -> None:
     ns = w.namespace(node)
     claim = w.create_claim(
@@ -54,7 +60,7 @@ def test_kubelet_restart_while_pods_run(node: LocalNode) -> None:
     pod = w.wait_running(node, ns, "p")
     before = _assert_one_each(node, uid, subdirs=2)
     cdi_ids = k.kubelet_cdi_ids(node, uid)
-    assert cdi_ids and all(i.startswith("k8s.manager.nvidia.com/claim=") for i in cdi_ids), cdi_ids
+    assert cdi_ids and all(i.startswith(f"{cdi_vendor(DRIVER)}/{CDI_CLASS}=") for i in cdi_ids), cdi_ids
     prepares = len(k.prepare_calls(node, uid))
     slice_uid = node.wait_slices(time.monotonic() + 30)[0]["metadata"]["uid"]
 
@@ -90,9 +96,9 @@ def test_kubelet_restart_while_pods_run(node: LocalNode) -> None:
 
 
 #: where the kubelet is killed while the pod is being created: as soon as vgpud has prepared the claim
-#: (before or while the kubelet creates the sandbox: the kubelet prepares again after its restart), or
-#: with the sandbox running and the container not created (its image is missing until the kubelet is
-#: down: nothing is prepared again)
+#: (the new kubelet prepares it again if the old one had not created the sandbox yet; here it had not,
+#: so far), or with the sandbox running and the container not created (its image is missing until the
+#: kubelet is down: nothing is prepared again)
 KILL_POINTS = ("prepared", "sandbox")
 
 
