@@ -51,7 +51,7 @@ class HookCall:
     container: str = ""
     claim_uid: str = ""
     outcome: Outcome = Outcome.OK
-    detail: str = ""  # error message or why skipped/rejected
+    detail: str = ""  # error message, why skipped/rejected, or how an ok call was answered
     latency_seconds: float = 0.0
 
     def __post_init__(self) -> None:

@@ -13,7 +13,8 @@ and vgpud as a host process with the mock GPU backend and the reference DaemonSe
 with it (tests/e2e/fakegpu.py mounts the fake driver into them), and imports the dynamic-libc image
 localhost/vgpud-cudaprobe. `LocalNode(chart=True)` installs vgpud with `helm install` of helm/vgpud
 instead of running it as a host process (tests/e2e/chart.py). `start()` returns once the node is Ready,
-vgpud's health service says SERVING and its ResourceSlice is published; `stop()` tears everything down
+vgpud's health service says SERVING, its ResourceSlice is published and the kubelet has registered its
+DRA plugin; `restart_kubelet()` stops the kubelet and starts it again; `stop()` tears everything down
 by PID in reverse order and leaves no process, mount or cgroup behind. The node's IP is an address of
 its own on `lo` (tests/e2e/nodeip.py), so host-network pods bind nowhere but this host. The binaries
 come from hack/install-kube.sh (kube.env), hack/install-node.sh (node.env) and, for containerd 2.x,
@@ -41,6 +42,7 @@ import urllib.parse
 import urllib.request
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -69,6 +71,8 @@ READY_TIMEOUT_S = 120.0
 #: its last fatal XID (the default, 5 minutes, is too long for a test)
 HEALTH_RECOVERY_S = 15
 STOP_TIMEOUT_S = 15.0
+#: what vgpud logs when a kubelet's NotifyRegistrationStatus says its DRA plugin is registered
+PLUGIN_REGISTERED = f"kubelet registered DRA plugin {DRIVER} "
 SERVING = 1
 #: the fake GPUs (csrc/fakecuda, csrc/fakenvml): the variables both fakes read
 FAKE_PROFILE_ENV = "FAKE_NVML_PROFILE"
@@ -98,6 +102,13 @@ def _env_file(name: str) -> dict[str, str]:
         return {}
     pairs = (line.split("=", 1) for line in text.splitlines() if "=" in line)
     return {key.strip(): value.strip() for key, value in pairs}
+
+
+def _epoch(timestamp: str) -> float:
+    """An API timestamp ("2026-01-02T03:04:05Z") as epoch seconds; 0 when there is none."""
+    if not timestamp:
+        return 0.0
+    return datetime.fromisoformat(timestamp.replace("Z", "+00:00")).timestamp()
 
 
 def node_env(containerd: str = CONTAINERD_1) -> dict[str, str]:
@@ -360,6 +371,7 @@ class LocalNode:
                 self.start_vgpud()
             self.wait_vgpud(deadline)
             self.wait_slices(deadline)
+            self.wait_plugin_registered(deadline)
         except BaseException:
             self.stop()
             raise
@@ -623,7 +635,8 @@ state = "{w}/c/state"
     def _start_kubelet(self) -> None:
         assert self.api is not None
         config = self.workdir / "kubelet.yaml"
-        config.write_text(yaml.safe_dump(self.kubelet_config()))
+        if not config.exists():  # a restart keeps the first start's config (its port too)
+            config.write_text(yaml.safe_dump(self.kubelet_config()))
         argv = [
             str(binary("kubelet")),
             f"--config={config}",
@@ -637,8 +650,43 @@ state = "{w}/c/state"
         env = {**os.environ, "PATH": f"{self.env['NODE_PATH']}:{os.environ.get('PATH', '/usr/bin:/bin')}"}
         self.procs["kubelet"] = _spawn(argv, self.log("kubelet"), env)
 
-    def _wait_node_ready(self, deadline: float) -> None:
-        """Ready, and the not-ready taint lifted by the node lifecycle controller (pods wait for both)."""
+    def stop_kubelet(self, sig: int = signal.SIGTERM) -> None:
+        _stop(self.procs.pop("kubelet", None), sig)
+
+    def restart_kubelet(self, sig: int = signal.SIGTERM, timeout_s: float = 90) -> None:
+        """Stop the kubelet with `sig` (SIGKILL: a crash; a stopped one is just started) and start it again
+        with the same config; return once the Node is Ready on a status the new kubelet posted and it has
+        registered vgpud's DRA plugin again (vgpud logs each NotifyRegistrationStatus of a kubelet)."""
+        registered = self.plugin_registrations()
+        self.stop_kubelet(sig)
+        # Node heartbeats have whole seconds: start in a second the old kubelet posted none in
+        time.sleep(1 - time.time() % 1)
+        started = int(time.time())
+        self._start_kubelet()
+        deadline = time.monotonic() + timeout_s
+        self._wait_node_ready(deadline, since=started)
+        self.wait_plugin_registered(deadline, more_than=registered)
+
+    def wait_plugin_registered(self, deadline: float, more_than: int = 0) -> None:
+        """Until the kubelet has told vgpud more than `more_than` times that its plugin is registered
+        (before that the kubelet fails a claim's pod with "DRA driver ... is not registered")."""
+        while self.plugin_registrations() <= more_than:
+            self._check_alive("kubelet")
+            if time.monotonic() > deadline:
+                tail = log_tail(self.log("kubelet"))
+                raise RuntimeError(f"the kubelet did not register vgpud's DRA plugin in time:\n{tail}")
+            time.sleep(0.2)
+
+    def plugin_registrations(self) -> int:
+        """How many times a kubelet told vgpud its DRA plugin is registered (vgpud's log)."""
+        try:
+            return self.vgpud_log().read_text(errors="replace").count(PLUGIN_REGISTERED)
+        except FileNotFoundError:
+            return 0
+
+    def _wait_node_ready(self, deadline: float, since: float = 0) -> None:
+        """Ready, and the not-ready taint lifted by the node lifecycle controller (pods wait for both);
+        with `since` (epoch seconds), on a Ready condition heartbeat from then or later."""
         last = "no Node object yet"
         while time.monotonic() < deadline:
             self._check_alive("kubelet")
@@ -651,7 +699,8 @@ state = "{w}/c/state"
                 conditions = {c["type"]: c for c in node.get("status", {}).get("conditions", [])}
                 ready = conditions.get("Ready", {})
                 taints = [t["key"] for t in node["spec"].get("taints", [])]
-                if ready.get("status") == "True" and not taints:
+                fresh = _epoch(ready.get("lastHeartbeatTime", "")) >= since
+                if ready.get("status") == "True" and not taints and fresh:
                     return
                 last = f"Ready={ready.get('status')}: {ready.get('message')}; taints {taints}"
             time.sleep(0.5)

@@ -50,6 +50,9 @@ EXPECTED = (PrepareError, PartitionError, PidsFileError, OSError, KubeError, Val
 #: worker threads writing one call's files at once (their system calls release the GIL; more than two
 #: gained nothing on a 2-core node), and the claims each hop carries
 WRITE_THREADS, WRITE_CHUNK = 2, 8
+#: the detail of a Prepare answered from the checkpoint (a kubelet asks again after its restart, for
+#: each new pod sandbox that uses a claim it prepared before)
+REPLAYED = "already prepared: the recorded devices"
 
 
 async def prepare(ctx: DraContext, claims: Sequence[ClaimRef]) -> dict[str, PrepareOutcome]:
@@ -83,8 +86,10 @@ async def _prepare_locked(
     for ref, claim, pods in fetched:
         entry = checkpoint.claims.get(ref.uid)
         if entry is not None and entry.state is PrepareState.COMPLETED:
-            with ctx.timed("Prepare", ref):
+            with ctx.timed("Prepare", ref) as call:
+                call.detail = REPLAYED
                 outcomes[ref.uid] = PrepareOutcome(devices=entry.prepared_devices)
+            log.info("claim %s/%s (%s) %s", ref.namespace, ref.name, ref.uid, REPLAYED)
             continue
         try:
             _check_devices(ctx, claim, prepared)

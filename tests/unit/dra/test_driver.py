@@ -12,7 +12,7 @@ from tests.draharness import BOOT, GPUS, NODE, REF, Harness, single_container_cl
 from vgpud.dra.cdi import spec_path
 from vgpud.dra.checkpoint import CheckpointStore, ClaimEntry, PrepareState
 from vgpud.dra.claimindex import ClaimRef
-from vgpud.dra.prepare import WRITE_CHUNK
+from vgpud.dra.prepare import REPLAYED, WRITE_CHUNK
 from vgpud.partition import libfiles as F
 
 
@@ -92,6 +92,23 @@ async def test_repeated_prepare_returns_the_same_devices_without_redoing_work(h:
     second = await h.new_driver().prepare([REF])  # also across a restart
     assert second == first
     assert marker.exists(), "a completed claim must not be prepared again"
+
+
+async def test_a_replayed_prepare_is_recorded_and_logged_as_one(
+    h: Harness, caplog: pytest.LogCaptureFixture
+) -> None:
+    claim, pod = single_container_claim()
+    h.kube.add_claim(claim)
+    h.kube.add_pod(pod)
+    await h.driver.prepare([REF])
+    caplog.set_level("INFO", logger="vgpud.dra")
+    caplog.clear()
+    await h.driver.prepare([REF])  # what a restarted kubelet asks for a new pod sandbox using the claim
+    calls = h.recorder.recent(component="dra", call="Prepare")
+    assert [(str(c.outcome), c.detail) for c in calls] == [("ok", ""), ("ok", REPLAYED)]
+    assert [r.getMessage() for r in caplog.records] == [
+        f"claim default/{REF.name} ({o.CLAIM_UID}) {REPLAYED}"
+    ]
 
 
 async def test_unprepare_removes_dir_spec_and_entry(h: Harness) -> None:
