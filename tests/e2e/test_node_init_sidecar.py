@@ -178,37 +178,58 @@ def test_init_sidecar_and_app_containers(node: LocalNode) -> None:
     w.release_claim(node, ns, "gpu")
 
 
+def sidecar_removals(node: LocalNode, pod_uid: str) -> list[dict[str, Any]]:
+    return [c for c in nri_calls(node, "RemoveContainer", pod_uid) if c["container"] == SIDECAR]
+
+
+def kill_and_wait_restart(node: LocalNode, ns: str, cid: str, restarts: int) -> str:
+    """SIGKILL the sidecar's process; the kubelet starts a new instance (restartPolicy Always)."""
+    os.kill(w.task_pid(node, cid), signal.SIGKILL)
+    new = w.wait_for(
+        lambda: (now := running_id(node, ns, "p", SIDECAR)) != cid and now,
+        timeout=90,
+        what="the kubelet to restart the sidecar",
+    )
+    assert status(node, ns, "p", SIDECAR)["restartCount"] == restarts
+    return new
+
+
 def test_a_restarted_sidecar_keeps_its_directory(node: LocalNode) -> None:
+    """The kubelet keeps the newest exited instance of a container and removes older ones when it dies
+    again (its pod container deletor), before its crash-loop back-off (10 s) lets the next one start
+    (NRI track: that removal is a RemoveContainer); a container GC that keeps none (`crictl rm` here)
+    removes the exited instance while the new one runs."""
     ns = w.namespace(node)
     claim = create(node, ns, "p", with_init=False)
     uid = claim["metadata"]["uid"]
-    pod = w.wait_running(node, ns, "p")
-    pod_uid = pod["metadata"]["uid"]
+    pod_uid = w.wait_running(node, ns, "p")["metadata"]["uid"]
     first = running_id(node, ns, "p", SIDECAR)
     assert first is not None
     directory = expected_dirs(node, pod_uid)[SIDECAR]
     check_container(node, uid, first, SIDECAR, directory)
 
-    os.kill(w.task_pid(node, first), signal.SIGKILL)
-    second = w.wait_for(
-        lambda: (cid := running_id(node, ns, "p", SIDECAR)) != first and cid,
-        timeout=90,
-        what="the kubelet to restart the sidecar",
-    )
-    assert status(node, ns, "p", SIDECAR)["restartCount"] == 1
+    second = kill_and_wait_restart(node, ns, first, 1)
     check_container(node, uid, second, SIDECAR, directory)
-
-    # the exited instance removed as the kubelet's container GC does: the running one keeps its directory
-    crictl(node, "rm", first)
-    if node.nri:
-        w.wait_for(
-            lambda: [c for c in nri_calls(node, "RemoveContainer", pod_uid) if c["container"] == SIDECAR],
-            what="vgpud to see the removal",
+    exited, running = first, second
+    if node.nri:  # the eager track makes and removes directories at Prepare and Unprepare only
+        running = kill_and_wait_restart(node, ns, second, 2)
+        check_container(node, uid, running, SIDECAR, directory)
+        # the kubelet removed the first instance when the second died, and vgpud kept the directory
+        (removal,) = w.wait_for(lambda: sidecar_removals(node, pod_uid), what="the first instance removed")
+        assert removal["detail"].startswith("directory kept: used by ") and second in removal["detail"], (
+            removal
         )
         (entry,) = [e for p, e in cached_directories(node, pod_uid).items() if p.endswith(directory)]
-        assert entry["container_ids"] == [second]
+        assert sorted(entry["container_ids"]) == sorted([second, running])
+        exited = second
+
+    crictl(node, "rm", exited)  # the exited instance goes while the new one runs
+    if node.nri:
+        w.wait_for(lambda: len(sidecar_removals(node, pod_uid)) == 2, what="vgpud to see the removal")
+        (entry,) = [e for p, e in cached_directories(node, pod_uid).items() if p.endswith(directory)]
+        assert entry["container_ids"] == [running]
     assert directory in w.claim_subdirs(node, uid)
-    check_container(node, uid, second, SIDECAR, directory)
+    check_container(node, uid, running, SIDECAR, directory)
 
     w.delete_pod(node, ns, "p")
     gone(node, uid)
