@@ -25,7 +25,7 @@ from tests.e2e import workload as w
 from tests.e2e.node import DEVICE_CLASS, DRIVER, LocalNode
 from tests.e2e.test_node_containers import CONFIG_MOUNT, crictl, debug_state
 from vgpud.observe.client import Endpoint, get_json
-from vgpud.webhook.rules import Policy, check_pod
+from vgpud.webhook.rules import Policy, check_pod, claim_vgpu_requests
 
 SIDECAR, INIT, APP = "side", "setup", "main"
 #: request -> (memory, cores, the CUDA_MEM_LIMIT_<i> value the container gets)
@@ -62,6 +62,7 @@ def create(node: LocalNode, ns: str, name: str, *, with_init: bool = True) -> di
     claim = w.create_claim(node, ns, "gpu", requests)
     pod = node.request("POST", f"/api/v1/namespaces/{ns}/pods", pod_body(name, with_init=with_init))
     policy = Policy(driver=DRIVER, vgpu_classes=frozenset({DEVICE_CLASS}))
+    assert claim_vgpu_requests(claim, policy) == set(REQUESTS)  # the rules see a vGPU claim
     violations = check_pod(pod, {"gpu": claim}, {}, [], policy)
     assert violations == [], [str(v) for v in violations]
     return claim
