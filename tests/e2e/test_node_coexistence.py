@@ -2,14 +2,16 @@
 2.x (NRI v0.12): the side plugin (tests/e2e/sideplugin.py, NRI's Go stub at index 10) and vgpud
 (index 00) both adjust one vGPU container.
 
-- Both adjustments land, vgpud's exactly; the runtime calls the plugins in index order and applies each
-  reply to the request before the next plugin sees it: the side plugin's request already carries
-  vgpud's env and mounts, and vgpud's call ended before the side plugin's began.
+- Both adjustments land, vgpud's exactly; the runtime calls the plugins in index order (its log lists
+  the order at each registration) and applies each reply to the request before the next plugin sees
+  it: the side plugin's request already carries vgpud's env and mounts, and vgpud's call ended before
+  the side plugin's began.
 - vgpud restarted: the side plugin keeps its connection (no new Synchronize) and adjusts new
   containers; vgpud registers again (after the side plugin, still called first) and adjusts.
 - The side plugin restarted: vgpud keeps its session; a new pod gets both adjustments.
 - Both set the same env var: the runtime refuses the container (the CRI call fails with NRI's conflict
-  error, the kubelet reports CreateContainerError), and deleting the pod cleans up as usual.
+  error, the kubelet reports CreateContainerError and retries); vgpud, called first, had answered and
+  made the container's directory; the runtime's undo (RemoveContainer to the plugins) removes it.
 """
 
 from __future__ import annotations
@@ -51,6 +53,10 @@ VGPUD_MOUNTS = {
     "/tmp/.sm_node": "sm_node",
 }
 REGISTERED = r"NRI: registered as 00-manager\.nvidia\.com"
+VGPUD_NRI_NAME = "00-manager.nvidia.com"
+#: containerd (1.7 and 2.x) logs the whole order at info level whenever a plugin registers
+_ORDER_HEADER = 'msg="plugin invocation order"'
+_ORDER_ENTRY = re.compile(r'msg="  #\d+: \\"([^"\\]+)\\" \((?:external|builtin):[^)\[]*(?:\[(\d+)\])?\)"')
 
 
 @pytest.fixture(scope="module")
@@ -130,12 +136,38 @@ def check_both(node: LocalNode, side: SidePlugin, pod: dict[str, Any], claim_uid
     assert call["time"] <= seen["time"], (call, seen)
 
 
-def vgpud_calls(node: LocalNode, pod_uid: str, container: str) -> list[dict[str, Any]]:
-    """vgpud's recorded CreateContainer calls for this container (debug endpoint)."""
-    calls = get_json(
-        Endpoint(unix_path=node.debug_socket), f"/debug/calls?n=1000&hook=CreateContainer&pod={pod_uid}"
-    )
+def vgpud_calls(
+    node: LocalNode, pod_uid: str, container: str, hook: str = "CreateContainer"
+) -> list[dict[str, Any]]:
+    """vgpud's recorded calls (of one hook, "" for all) for this container, oldest first (debug endpoint)."""
+    calls = get_json(Endpoint(unix_path=node.debug_socket), f"/debug/calls?n=1000&hook={hook}&pod={pod_uid}")
     return [c for c in calls["calls"] if c["container"] == container]
+
+
+def invocation_order(node: LocalNode) -> list[tuple[str, int | None]]:
+    """The runtime's last logged plugin invocation order: (indexed name, PID of an external plugin)."""
+    lines = node.log("containerd").read_text(errors="replace").splitlines()
+    starts = [i for i, line in enumerate(lines) if _ORDER_HEADER in line]
+    order: list[tuple[str, int | None]] = []
+    for line in lines[starts[-1] + 1 :] if starts else []:
+        match = _ORDER_ENTRY.search(line)
+        if match is None:
+            break
+        order.append((match[1], int(match[2]) if match[2] else None))
+    return order
+
+
+def wait_order(node: LocalNode, side: SidePlugin) -> list[str]:
+    """The runtime's logged order once it lists the running vgpud and side plugin processes, in that
+    order (2.x lists its built-in validator too)."""
+    assert side.proc is not None
+    want = [(VGPUD_NRI_NAME, node.procs["vgpud"].pid), (side.full_name, side.proc.pid)]
+
+    def listed() -> list[str] | None:
+        order = invocation_order(node)
+        return [name for name, _ in order] if [e for e in order if e[1] is not None] == want else None
+
+    return w.wait_for(listed, what=f"the runtime's logged plugin invocation order {want}")
 
 
 def registrations(node: LocalNode) -> int:
@@ -150,6 +182,7 @@ def finish(node: LocalNode, ns: str, pods: list[str], claim_uid: str) -> None:
 
 
 def test_both_plugins_adjust_one_vgpu_container_in_index_order(node: LocalNode, side: SidePlugin) -> None:
+    print(f"invocation order: {wait_order(node, side)}")
     ns = w.namespace(node, "co")
     uid = claim(node, ns)
     annotated_pod(node, ns, "p", plain=True)
@@ -174,6 +207,7 @@ def test_vgpud_restart_leaves_the_side_plugin_registered(node: LocalNode, side: 
     w.wait_for(lambda: registrations(node) > registered, timeout=60, what="vgpud to register again")
     print(f"vgpud registered again {time.monotonic() - began:.2f} s after its SIGTERM")
     node.wait_vgpud(time.monotonic() + 60)
+    wait_order(node, side)  # vgpud registered after the side plugin, and is still first: by index
 
     ns = w.namespace(node, "co")
     uid = claim(node, ns)
@@ -182,7 +216,6 @@ def test_vgpud_restart_leaves_the_side_plugin_registered(node: LocalNode, side: 
     assert side.running()
     # one connection all along: a side plugin that had been dropped would have synchronized again
     assert len(side.entries("Synchronize")) == synced
-    # vgpud registered after the side plugin and is still called first (the order is by index)
     check_both(node, side, pod, uid)
     finish(node, ns, ["p"], uid)
 
@@ -200,6 +233,7 @@ def test_side_plugin_restart_leaves_vgpud_undisturbed(node: LocalNode, side: Sid
     print(f"side plugin synchronized {took:.2f} s after its start")
     (sync,) = side.entries("Synchronize")[-1:]
     assert sync["containers"] >= 1  # it found the running pod's container
+    wait_order(node, side)
 
     annotated_pod(node, ns, "after")
     pod = w.wait_running(node, ns, "after")
@@ -227,4 +261,15 @@ def test_both_setting_one_env_var_fails_the_container(node: LocalNode, side: Sid
     want = rf'plugins "{side.full_name}" and "00-manager.nvidia.com" both tried to set [Ee]nv VGPU_POD_NAME'
     assert re.search(want, waiting.get("message", "")), waiting
     print(f"conflict: {waiting['message']}")
+    # vgpud, called first, answered and made the container's directory; the runtime undid the refused
+    # creation with a RemoveContainer to the plugins, and vgpud removed the directory again
+    pod_uid = w.get_pod(node, ns, "p")["metadata"]["uid"]
+    directory = node.claim_dir(uid) / f"{pod_uid}_main"
+
+    def undone() -> list[tuple[str, str]]:
+        calls = [(c["call"], c["outcome"]) for c in vgpud_calls(node, pod_uid, "main", hook="")]
+        return calls if calls[-1:] == [("RemoveContainer", "ok")] and not directory.exists() else []
+
+    calls = w.wait_for(undone, what="the refused container's directory removed")
+    assert calls[:2] == [("CreateContainer", "ok"), ("RemoveContainer", "ok")], calls
     finish(node, ns, ["p"], uid)
