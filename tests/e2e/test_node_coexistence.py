@@ -52,8 +52,9 @@ VGPUD_MOUNTS = {
     "/tmp/.vmem_node": "vmem_node",
     "/tmp/.sm_node": "sm_node",
 }
-REGISTERED = r"NRI: registered as 00-manager\.nvidia\.com"
 VGPUD_NRI_NAME = "00-manager.nvidia.com"
+#: vgpud's log line for each registration with the runtime
+REGISTERED = rf"NRI: registered as {re.escape(VGPUD_NRI_NAME)}"
 #: containerd (1.7 and 2.x) logs the whole order at info level whenever a plugin registers
 _ORDER_HEADER = 'msg="plugin invocation order"'
 _ORDER_ENTRY = re.compile(r'msg="  #\d+: \\"([^"\\]+)\\" \((?:external|builtin):[^)\[]*(?:\[(\d+)\])?\)"')
@@ -181,12 +182,14 @@ def finish(node: LocalNode, ns: str, pods: list[str], claim_uid: str) -> None:
     w.release_claim(node, ns, "gpu")
 
 
-def test_both_plugins_adjust_one_vgpu_container_in_index_order(node: LocalNode, side: SidePlugin) -> None:
+def test_both_adjust_in_index_order_and_a_side_plugin_restart_leaves_vgpud_undisturbed(
+    node: LocalNode, side: SidePlugin
+) -> None:
     print(f"invocation order: {wait_order(node, side)}")
     ns = w.namespace(node, "co")
     uid = claim(node, ns)
-    annotated_pod(node, ns, "p", plain=True)
-    pod = w.wait_running(node, ns, "p")
+    annotated_pod(node, ns, "before", plain=True)
+    pod = w.wait_running(node, ns, "before")
     check_both(node, side, pod, uid)
     # the claim-less container: the side plugin's adjustment alone; nothing of vgpud's in its request
     plain = w.container_id(pod, "plain")
@@ -195,7 +198,22 @@ def test_both_plugins_adjust_one_vgpu_container_in_index_order(node: LocalNode, 
     assert nofile(node, plain) == (NOFILE, NOFILE)
     (seen,) = side.created(pod["metadata"]["uid"], "plain")
     assert not set(VGPUD_ENV_KEYS) & set(seen["env_keys"]) and not set(VGPUD_MOUNTS) & set(seen["mounts"])
-    finish(node, ns, ["p"], uid)
+
+    # the side plugin restarted: vgpud keeps its session, a new pod gets both adjustments
+    registered = registrations(node)
+    session = get_json(Endpoint(unix_path=node.debug_socket), "/debug/state?calls=0")["nri"]["session"]
+    side.stop()
+    took = side.start()
+    print(f"side plugin synchronized {took:.2f} s after its start")
+    (sync,) = side.entries("Synchronize")[-1:]
+    assert sync["containers"] >= 2  # it found the running pod's containers
+    wait_order(node, side)
+    annotated_pod(node, ns, "after")
+    check_both(node, side, w.wait_running(node, ns, "after"), uid)
+    assert registrations(node) == registered
+    state = get_json(Endpoint(unix_path=node.debug_socket), "/debug/state?calls=0")["nri"]
+    assert state["session"] == session
+    finish(node, ns, ["before", "after"], uid)
 
 
 def test_vgpud_restart_leaves_the_side_plugin_registered(node: LocalNode, side: SidePlugin) -> None:
@@ -220,30 +238,6 @@ def test_vgpud_restart_leaves_the_side_plugin_registered(node: LocalNode, side: 
     finish(node, ns, ["p"], uid)
 
 
-def test_side_plugin_restart_leaves_vgpud_undisturbed(node: LocalNode, side: SidePlugin) -> None:
-    ns = w.namespace(node, "co")
-    uid = claim(node, ns)
-    annotated_pod(node, ns, "before")
-    w.wait_running(node, ns, "before")
-    registered = registrations(node)
-    session = get_json(Endpoint(unix_path=node.debug_socket), "/debug/state?calls=0")["nri"]["session"]
-
-    side.stop()
-    took = side.start()
-    print(f"side plugin synchronized {took:.2f} s after its start")
-    (sync,) = side.entries("Synchronize")[-1:]
-    assert sync["containers"] >= 1  # it found the running pod's container
-    wait_order(node, side)
-
-    annotated_pod(node, ns, "after")
-    pod = w.wait_running(node, ns, "after")
-    check_both(node, side, pod, uid)
-    assert registrations(node) == registered
-    state = get_json(Endpoint(unix_path=node.debug_socket), "/debug/state?calls=0")["nri"]
-    assert state["session"] == session
-    finish(node, ns, ["before", "after"], uid)
-
-
 def test_both_setting_one_env_var_fails_the_container(node: LocalNode, side: SidePlugin) -> None:
     ns = w.namespace(node, "co")
     uid = claim(node, ns)
@@ -258,7 +252,7 @@ def test_both_setting_one_env_var_fails_the_container(node: LocalNode, side: Sid
 
     waiting = w.wait_for(refused, timeout=60, what="CreateContainerError")
     # NRI's conflict error, the later plugin first: "env" at v0.6.1, "Env" (the field's name) at v0.12
-    want = rf'plugins "{side.full_name}" and "00-manager.nvidia.com" both tried to set [Ee]nv VGPU_POD_NAME'
+    want = rf'plugins "{side.full_name}" and "{VGPUD_NRI_NAME}" both tried to set [Ee]nv VGPU_POD_NAME'
     assert re.search(want, waiting.get("message", "")), waiting
     print(f"conflict: {waiting['message']}")
     # vgpud, called first, answered and made the container's directory; the runtime undid the refused
