@@ -104,12 +104,15 @@ def _locked(path: Path) -> Iterator[None]:
 
 
 def build(what: str, variant: str = "v0.12", *, log: TextIO | None = None) -> Path:
-    """The binary `what` ("harness" or "goplugin") at `variant`, built unless cached. Returns its path."""
-    if what not in {"harness", "goplugin"}:
+    """The binary `what` at `variant`, built unless cached. Returns its path.
+
+    `what`: "harness", "goplugin" (the contract's Go stand-in) or "sideplugin" (a second plugin for
+    the node e2e, tests/e2e/sideplugin.py); the two plugins are built at the newest NRI only."""
+    if what not in {"harness", "goplugin", "sideplugin"}:
         raise ValueError(what)
     var = VARIANTS[variant]
-    if what == "goplugin" and var.modfile is not None:
-        raise ValueError("the Go stand-in plugin is built at the newest NRI only")
+    if what != "harness" and var.modfile is not None:
+        raise ValueError(f"the Go {what} is built at the newest NRI only")
     key = source_hash(what, var)
     root = cache_root()
     out_dir = root / f"{what}-{var.name}-{key}"

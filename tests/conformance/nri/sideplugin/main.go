@@ -1,0 +1,187 @@
+//go:build !nri061
+
+// Command sideplugin is a second NRI plugin for the node e2e (tests/e2e/test_node_coexistence.py):
+// another vendor's plugin registered beside vgpud on the same runtime. It adjusts containers from
+// pod annotations, in the manner of containerd/nri's sample plugins (ulimit-adjuster,
+// device-injector), which are not published as Go modules and so cannot be built here:
+//
+//	side-adjuster.vgpud.test/nofile: "N"          RLIMIT_NOFILE soft = hard = N, every container
+//	side-adjuster.vgpud.test/env: "K=V[,K=V...]"  these environment variables, every container
+//
+// A pod without either annotation is left alone. A bad annotation fails the container's creation
+// with a message that names it.
+//
+// With --report PATH it appends one JSON line per Synchronize and per CreateContainer, the latter
+// with what the runtime sent it (the env keys and mount destinations of the container as it stood
+// when this plugin was called: NRI applies each plugin's adjustment to the request before it calls
+// the plugin with the next index) and the wall-clock time it was called.
+//
+// It is built from go.mod (the newest NRI) only and subscribes to CreateContainer alone, an event
+// every runtime since NRI v0.3 knows, so it registers with containerd 1.7 (NRI v0.6.1) too. When the
+// runtime closes the connection it exits with status 1, as the sample plugins do.
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"log"
+	"os"
+	"os/signal"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/containerd/nri/pkg/api"
+	"github.com/containerd/nri/pkg/stub"
+)
+
+const (
+	annotationPrefix = "side-adjuster.vgpud.test/"
+	annotationNofile = annotationPrefix + "nofile"
+	annotationEnv    = annotationPrefix + "env"
+)
+
+type plugin struct {
+	report string
+	mu     sync.Mutex
+}
+
+func main() {
+	var socket, idx, name, report string
+	flag.StringVar(&socket, "socket", "", "the runtime's NRI socket (required)")
+	flag.StringVar(&idx, "idx", "10", "NRI plugin index")
+	flag.StringVar(&name, "name", "side-adjuster", "NRI plugin name")
+	flag.StringVar(&report, "report", "", "append one JSON line per Synchronize and CreateContainer")
+	flag.Parse()
+	log.SetPrefix("sideplugin: ")
+	log.SetFlags(log.Lmicroseconds)
+	if socket == "" {
+		log.Fatal("--socket is required")
+	}
+	p := &plugin{report: report}
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
+	defer stop()
+	s, err := stub.New(p, stub.WithSocketPath(socket), stub.WithPluginName(name), stub.WithPluginIdx(idx))
+	if err != nil {
+		log.Fatalf("stub: %v", err)
+	}
+	err = s.Run(ctx)
+	if ctx.Err() != nil {
+		log.Printf("stopped")
+		return
+	}
+	log.Fatalf("the runtime closed the connection: %v", err)
+}
+
+// Synchronize reports the runtime's view once registered (the e2e waits for this line).
+func (p *plugin) Synchronize(_ context.Context, pods []*api.PodSandbox, ctrs []*api.Container) ([]*api.ContainerUpdate, error) {
+	log.Printf("synchronized: %d pods, %d containers", len(pods), len(ctrs))
+	p.write(map[string]any{"event": "Synchronize", "time": now(), "pods": len(pods), "containers": len(ctrs)})
+	return nil, nil
+}
+
+// CreateContainer applies the pod's annotations and reports what it saw and did.
+func (p *plugin) CreateContainer(_ context.Context, pod *api.PodSandbox, ctr *api.Container) (*api.ContainerAdjustment, []*api.ContainerUpdate, error) {
+	called := now()
+	adjust, applied, err := adjustment(pod.GetAnnotations())
+	entry := map[string]any{
+		"event":     "CreateContainer",
+		"time":      called,
+		"pod_uid":   pod.GetUid(),
+		"pod":       pod.GetNamespace() + "/" + pod.GetName(),
+		"container": ctr.GetName(),
+		"env_keys":  envKeys(ctr.GetEnv()),
+		"mounts":    mountDestinations(ctr.GetMounts()),
+		"adjusted":  applied,
+	}
+	if err != nil {
+		entry["error"] = err.Error()
+	}
+	p.write(entry)
+	if err != nil {
+		return nil, nil, err
+	}
+	return adjust, nil, nil
+}
+
+// adjustment is what the annotations ask for (nil when they ask for nothing) and a summary of it.
+func adjustment(annotations map[string]string) (*api.ContainerAdjustment, map[string]any, error) {
+	applied := map[string]any{}
+	adjust := &api.ContainerAdjustment{}
+	if value, ok := annotations[annotationNofile]; ok {
+		n, err := strconv.ParseUint(value, 10, 64)
+		if err != nil || n == 0 {
+			return nil, nil, fmt.Errorf("annotation %s=%q: want a positive integer", annotationNofile, value)
+		}
+		adjust.AddRlimit("RLIMIT_NOFILE", n, n)
+		applied["nofile"] = n
+	}
+	if value, ok := annotations[annotationEnv]; ok {
+		env := map[string]string{}
+		for _, pair := range strings.Split(value, ",") {
+			key, val, found := strings.Cut(pair, "=")
+			if !found || key == "" {
+				return nil, nil, fmt.Errorf("annotation %s=%q: want K=V[,K=V...]", annotationEnv, value)
+			}
+			adjust.AddEnv(key, val)
+			env[key] = val
+		}
+		applied["env"] = env
+	}
+	if len(applied) == 0 {
+		return nil, applied, nil
+	}
+	return adjust, applied, nil
+}
+
+func envKeys(env []string) []string {
+	keys := make([]string, 0, len(env))
+	for _, e := range env {
+		key, _, _ := strings.Cut(e, "=")
+		keys = append(keys, key)
+	}
+	slices.Sort(keys)
+	return keys
+}
+
+func mountDestinations(mounts []*api.Mount) []string {
+	out := make([]string, 0, len(mounts))
+	for _, m := range mounts {
+		out = append(out, m.GetDestination())
+	}
+	return out
+}
+
+func now() float64 {
+	return float64(time.Now().UnixNano()) / 1e9
+}
+
+func (p *plugin) write(entry map[string]any) {
+	if p.report == "" {
+		return
+	}
+	line, err := json.Marshal(entry)
+	if err == nil {
+		p.mu.Lock()
+		defer p.mu.Unlock()
+		err = appendLine(p.report, line)
+	}
+	if err != nil {
+		log.Printf("report: %v", err)
+	}
+}
+
+func appendLine(path string, line []byte) error {
+	f, err := os.OpenFile(path, os.O_WRONLY|os.O_APPEND|os.O_CREATE, 0o644)
+	if err != nil {
+		return err
+	}
+	_, werr := f.Write(append(line, '\n'))
+	return errors.Join(werr, f.Close())
+}
