@@ -769,10 +769,14 @@ state = "{w}/c/state"
         _stop(self.procs.pop("vgpud", None), sig)
 
     def restart_vgpud(self, sig: int = signal.SIGTERM, timeout_s: float = 60) -> None:
-        """Stop vgpud with `sig` (SIGKILL: a crash) and start it again with the same flags."""
+        """Stop vgpud with `sig` (SIGKILL: a crash) and start it again with the same flags; return once
+        it is SERVING and the kubelet has registered its new DRA plugin socket."""
+        registered = self.plugin_registrations()
         self.stop_vgpud(sig)
         self.start_vgpud()
-        self.wait_vgpud(time.monotonic() + timeout_s)
+        deadline = time.monotonic() + timeout_s
+        self.wait_vgpud(deadline)
+        self.wait_plugin_registered(deadline, more_than=registered)
 
     def metrics(self) -> str:
         """vgpud's Prometheus text (empty when it serves none)."""
