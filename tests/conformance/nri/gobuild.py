@@ -1,9 +1,10 @@
 """Build and run the Go NRI conformance harness (see README.md here); shared by the pytest module
-tests/conformance/test_nri_go.py and bench/nri_latency.py.
+tests/conformance/test_nri_go.py and bench/nri_latency.py. Also builds the Go plugins of the node e2e
+(tests/e2e/sideplugin.py, tests/e2e/ulimit_adjuster.py): ours and containerd/nri's own sample.
 
 Builds are cached under `${VGPUD_CACHE:-~/.cache/vgpud}/nri-harness/<what>-<variant>-<hash>/`, keyed by
-a hash of every Go source and module file here plus `go version`, so an edit rebuilds and nothing else
-does. Go's own caches (GOMODCACHE, GOCACHE) stay where `go env` says; a cold build downloads the
+a hash of the binary's Go sources and module files plus `go version`, so an edit rebuilds and nothing
+else does. Go's own caches (GOMODCACHE, GOCACHE) stay where `go env` says; a cold build downloads the
 modules through the Go module proxy.
 """
 
@@ -49,6 +50,13 @@ VARIANTS = {
 }
 
 
+#: containerd/nri's own sample plugins built here: name -> Go package. They come from the module in
+#: samples/, which requires nri v0.4.0: the newest release whose root module holds a sample plugin
+#: (README.md here says why)
+SAMPLES = {"ulimit-adjuster": "github.com/containerd/nri/plugins/ulimit-adjuster"}
+SAMPLES_DIR = HERE / "samples"
+
+
 class BuildError(RuntimeError):
     pass
 
@@ -80,12 +88,11 @@ def _go_env() -> dict[str, str]:
     return env
 
 
-def source_hash(what: str, variant: Variant) -> str:
+def _key(label: str, files: list[Path]) -> str:
+    """A hash of what a build depends on: `label`, `go version` and these files (names and contents)."""
     digest = hashlib.sha256()
-    digest.update(f"{what}\0{variant}\0".encode())
+    digest.update(label.encode())
     digest.update(subprocess.run(["go", "version"], capture_output=True, check=False).stdout)
-    files = sorted((HERE / what).glob("*.go"))
-    files += [HERE / name for name in ("go.mod", "go.sum", "nri061.mod", "nri061.sum")]
     for path in files:
         digest.update(str(path.relative_to(HERE)).encode() + b"\0")
         digest.update(path.read_bytes() + b"\0")
@@ -113,36 +120,55 @@ def build(what: str, variant: str = "v0.12", *, log: TextIO | None = None) -> Pa
     var = VARIANTS[variant]
     if what != "harness" and var.modfile is not None:
         raise ValueError(f"the Go {what} is built at the newest NRI only")
-    key = source_hash(what, var)
+    files = sorted((HERE / what).glob("*.go"))
+    files += [HERE / name for name in ("go.mod", "go.sum", "nri061.mod", "nri061.sum")]
+    flags = ["-tags", ",".join(var.tags)]
+    if var.modfile:
+        flags += ["-modfile", var.modfile]
+    key = _key(f"{what}\0{var}\0", files)
+    return _build(what, var.name, key, module=HERE, flags=flags, package=f"./{what}", log=log)
+
+
+def build_sample(name: str, *, log: TextIO | None = None) -> Path:
+    """containerd/nri's own sample plugin `name` (a key of SAMPLES) at the NRI release samples/go.mod
+    requires, built from the Go modules unless cached. Returns its path."""
+    if name not in SAMPLES:
+        raise ValueError(f"{name!r}: not one of the NRI samples built here ({', '.join(SAMPLES)})")
+    key = _key(f"{name}\0{SAMPLES[name]}\0", [SAMPLES_DIR / "go.mod", SAMPLES_DIR / "go.sum"])
+    return _build(name, "sample", key, module=SAMPLES_DIR, flags=[], package=SAMPLES[name], log=log)
+
+
+def _build(
+    what: str, label: str, key: str, *, module: Path, flags: list[str], package: str, log: TextIO | None
+) -> Path:
+    """`go build` of `package` in the module at `module` into `<what>-<label>-<key>/` in the cache,
+    unless there."""
     root = cache_root()
-    out_dir = root / f"{what}-{var.name}-{key}"
+    out_dir = root / f"{what}-{label}-{key}"
     binary = out_dir / what
     if binary.exists():
         return binary
     with _locked(root / ".lock"):
         if binary.exists():
             return binary
-        cmd = ["go", "build", "-buildvcs=false", "-mod=readonly", "-tags", ",".join(var.tags)]
-        if var.modfile:
-            cmd += ["-modfile", var.modfile]
-        tmp = root / f".{what}-{var.name}-{key}.{os.getpid()}"
-        cmd += ["-o", str(tmp), f"./{what}"]
+        tmp = root / f".{what}-{label}-{key}.{os.getpid()}"
+        cmd = ["go", "build", "-buildvcs=false", "-mod=readonly", *flags, "-o", str(tmp), package]
         began = time.monotonic()
         if log:
-            print(f"building the NRI {what} ({var.name}): {' '.join(cmd)}", file=log, flush=True)
+            print(f"building the NRI {what} ({label}): {' '.join(cmd)}", file=log, flush=True)
         proc = subprocess.run(
-            cmd, cwd=HERE, env=_go_env(), capture_output=True, text=True, timeout=1800, check=False
+            cmd, cwd=module, env=_go_env(), capture_output=True, text=True, timeout=1800, check=False
         )
         if proc.returncode != 0:
             tmp.unlink(missing_ok=True)
             raise BuildError(
-                f"`{' '.join(cmd)}` in {HERE} failed ({proc.returncode}):\n{proc.stdout}{proc.stderr}"
+                f"`{' '.join(cmd)}` in {module} failed ({proc.returncode}):\n{proc.stdout}{proc.stderr}"
             )
         out_dir.mkdir(parents=True, exist_ok=True)
         os.replace(tmp, binary)
         if log:
             print(f"built {binary} in {time.monotonic() - began:.1f} s", file=log, flush=True)
-        for old in root.glob(f"{what}-{var.name}-*"):
+        for old in root.glob(f"{what}-{label}-*"):
             if old != out_dir:
                 shutil.rmtree(old, ignore_errors=True)
     return binary

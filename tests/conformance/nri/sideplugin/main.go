@@ -1,24 +1,21 @@
 //go:build !nri061
 
-// Command sideplugin is a second NRI plugin for the node e2e (tests/e2e/test_node_coexistence.py):
-// another vendor's plugin registered beside vgpud on the same runtime. It adjusts containers from
-// pod annotations, in the manner of containerd/nri's sample plugins (ulimit-adjuster,
-// device-injector), which are not published as Go modules and so cannot be built here:
+// Command sideplugin is an NRI plugin for the node e2e (tests/e2e/test_node_coexistence.py,
+// tests/e2e/nriplugins.py), registered beside vgpud and containerd/nri's sample ulimit-adjuster on the
+// same runtime. It does what the sample cannot show: it reports what the runtime sent it, and it sets
+// environment variables, so that it can collide with vgpud's:
 //
-//	side-adjuster.vgpud.test/nofile: "N"          RLIMIT_NOFILE soft = hard = N, every container
-//	side-adjuster.vgpud.test/env: "K=V[,K=V...]"  these environment variables, every container
+//	side-adjuster.vgpud.test/env: "K=V[,K=V...]"  these variables, every container of the pod
 //
-// A pod without either annotation is left alone. A bad annotation fails the container's creation
-// with a message that names it.
-//
-// With --report PATH it appends one JSON line per Synchronize and per CreateContainer, the latter
-// with what the runtime sent it (the env keys and mount destinations of the container as it stood
-// when this plugin was called: NRI applies each plugin's adjustment to the request before it calls
-// the plugin with the next index) and the wall-clock time it was called.
+// A pod without the annotation is left alone; a bad one fails the container's creation with a message
+// that names it. With --report PATH it appends one JSON line per CreateContainer with the env keys,
+// mount destinations and rlimits of the container as it stood when this plugin was called (NRI applies
+// each plugin's adjustment to the request before it calls the plugin with the next index) and the
+// wall-clock time it was called.
 //
 // It is built from go.mod (the newest NRI) only and subscribes to CreateContainer alone, an event
 // every runtime since NRI v0.3 knows, so it registers with containerd 1.7 (NRI v0.6.1) too. When the
-// runtime closes the connection it exits with status 1, as the sample plugins do.
+// runtime closes the connection it exits with status 1; on SIGTERM with status 0.
 package main
 
 import (
@@ -31,7 +28,6 @@ import (
 	"os"
 	"os/signal"
 	"slices"
-	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -41,11 +37,7 @@ import (
 	"github.com/containerd/nri/pkg/stub"
 )
 
-const (
-	annotationPrefix = "side-adjuster.vgpud.test/"
-	annotationNofile = annotationPrefix + "nofile"
-	annotationEnv    = annotationPrefix + "env"
-)
+const annotationEnv = "side-adjuster.vgpud.test/env"
 
 type plugin struct {
 	report string
@@ -55,9 +47,9 @@ type plugin struct {
 func main() {
 	var socket, idx, name, report string
 	flag.StringVar(&socket, "socket", "", "the runtime's NRI socket (required)")
-	flag.StringVar(&idx, "idx", "10", "NRI plugin index")
+	flag.StringVar(&idx, "idx", "20", "NRI plugin index")
 	flag.StringVar(&name, "name", "side-adjuster", "NRI plugin name")
-	flag.StringVar(&report, "report", "", "append one JSON line per Synchronize and CreateContainer")
+	flag.StringVar(&report, "report", "", "append one JSON line per CreateContainer")
 	flag.Parse()
 	log.SetPrefix("sideplugin: ")
 	log.SetFlags(log.Lmicroseconds)
@@ -79,14 +71,7 @@ func main() {
 	log.Fatalf("the runtime closed the connection: %v", err)
 }
 
-// Synchronize reports the runtime's view once registered (the e2e waits for this line).
-func (p *plugin) Synchronize(_ context.Context, pods []*api.PodSandbox, ctrs []*api.Container) ([]*api.ContainerUpdate, error) {
-	log.Printf("synchronized: %d pods, %d containers", len(pods), len(ctrs))
-	p.write(map[string]any{"event": "Synchronize", "time": now(), "pods": len(pods), "containers": len(ctrs)})
-	return nil, nil
-}
-
-// CreateContainer applies the pod's annotations and reports what it saw and did.
+// CreateContainer applies the pod's annotation and reports what it saw and did.
 func (p *plugin) CreateContainer(_ context.Context, pod *api.PodSandbox, ctr *api.Container) (*api.ContainerAdjustment, []*api.ContainerUpdate, error) {
 	called := now()
 	adjust, applied, err := adjustment(pod.GetAnnotations())
@@ -98,6 +83,7 @@ func (p *plugin) CreateContainer(_ context.Context, pod *api.PodSandbox, ctr *ap
 		"container": ctr.GetName(),
 		"env_keys":  envKeys(ctr.GetEnv()),
 		"mounts":    mountDestinations(ctr.GetMounts()),
+		"rlimits":   rlimits(ctr.GetRlimits()),
 		"adjusted":  applied,
 	}
 	if err != nil {
@@ -110,34 +96,23 @@ func (p *plugin) CreateContainer(_ context.Context, pod *api.PodSandbox, ctr *ap
 	return adjust, nil, nil
 }
 
-// adjustment is what the annotations ask for (nil when they ask for nothing) and a summary of it.
-func adjustment(annotations map[string]string) (*api.ContainerAdjustment, map[string]any, error) {
-	applied := map[string]any{}
+// adjustment is what the annotation asks for (nil when it asks for nothing) and a summary of it.
+func adjustment(annotations map[string]string) (*api.ContainerAdjustment, map[string]string, error) {
+	value, ok := annotations[annotationEnv]
+	if !ok {
+		return nil, nil, nil
+	}
 	adjust := &api.ContainerAdjustment{}
-	if value, ok := annotations[annotationNofile]; ok {
-		n, err := strconv.ParseUint(value, 10, 64)
-		if err != nil || n == 0 {
-			return nil, nil, fmt.Errorf("annotation %s=%q: want a positive integer", annotationNofile, value)
+	env := map[string]string{}
+	for _, pair := range strings.Split(value, ",") {
+		key, val, found := strings.Cut(pair, "=")
+		if !found || key == "" {
+			return nil, nil, fmt.Errorf("annotation %s=%q: want K=V[,K=V...]", annotationEnv, value)
 		}
-		adjust.AddRlimit("RLIMIT_NOFILE", n, n)
-		applied["nofile"] = n
+		adjust.AddEnv(key, val)
+		env[key] = val
 	}
-	if value, ok := annotations[annotationEnv]; ok {
-		env := map[string]string{}
-		for _, pair := range strings.Split(value, ",") {
-			key, val, found := strings.Cut(pair, "=")
-			if !found || key == "" {
-				return nil, nil, fmt.Errorf("annotation %s=%q: want K=V[,K=V...]", annotationEnv, value)
-			}
-			adjust.AddEnv(key, val)
-			env[key] = val
-		}
-		applied["env"] = env
-	}
-	if len(applied) == 0 {
-		return nil, applied, nil
-	}
-	return adjust, applied, nil
+	return adjust, env, nil
 }
 
 func envKeys(env []string) []string {
@@ -154,6 +129,15 @@ func mountDestinations(mounts []*api.Mount) []string {
 	out := make([]string, 0, len(mounts))
 	for _, m := range mounts {
 		out = append(out, m.GetDestination())
+	}
+	return out
+}
+
+// rlimits as {type, soft, hard}, in the order the runtime sent them.
+func rlimits(limits []*api.POSIXRlimit) []map[string]any {
+	out := make([]map[string]any, 0, len(limits))
+	for _, l := range limits {
+		out = append(out, map[string]any{"type": l.GetType(), "soft": l.GetSoft(), "hard": l.GetHard()})
 	}
 	return out
 }
