@@ -4,8 +4,10 @@ files written by the Python builder and by the C structs."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import shutil
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -163,12 +165,12 @@ async def test_no_directories_no_samples(short_tmp: Path) -> None:
     assert families(node)[family(names.CONTAINER_MEMORY_LIMIT)] == []
 
 
-@pytest.mark.needs_build
-def test_the_registered_pids_nvml_memory_plus_the_ledger_is_the_usage(
+@contextlib.contextmanager
+def _process_holding_3_gib(
     short_tmp: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """NVML (the fake, sharing its state with a process of the fake libcuda that holds 3 GiB) gives
-    the memory of the PIDs pids.config registers; with the ledger's 1 GiB it is the usage."""
+) -> Iterator[tuple[int, NvmlInventory, int]]:
+    """A process of the fake libcuda holding 3 GiB on a fake 8 GiB GPU, and vgpud's NVML inventory over
+    the same state (its env set): (the process's PID, the inventory, the GPU's index)."""
     profile = short_tmp / "profile.yaml"
     profile.write_text(fakegpu.profile_text(memory_gib=8))
     env = {"FAKE_NVML_PROFILE": str(profile), "FAKE_GPU_STATE": str(short_tmp / "gpu.state")}
@@ -182,14 +184,26 @@ def test_the_registered_pids_nvml_memory_plus_the_ledger_is_the_usage(
             monkeypatch.setenv(key, val)
         inventory = NvmlInventory(str(built(fakegpu.NVML_LIB)))
         index = {gpu.uuid: gpu.index for gpu in inventory.gpus()}[report["uuid"]]
-        assert inventory.process_memory()[index] == {report["pid"]: 3 * GIB}
+        yield report["pid"], inventory, index
+    finally:
+        child.proc.communicate("", timeout=30)
+
+
+@pytest.mark.needs_build
+def test_the_registered_pids_nvml_memory_plus_the_ledger_is_the_usage(
+    short_tmp: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """NVML (the fake, sharing its state with a process of the fake libcuda that holds 3 GiB) gives
+    the memory of the PIDs pids.config registers; with the ledger's 1 GiB it is the usage."""
+    with _process_holding_3_gib(short_tmp, monkeypatch) as (pid, inventory, index):
+        assert inventory.process_memory()[index] == {pid: 3 * GIB}
 
         async def scenario() -> None:
             node = await _prepared(short_tmp, lazy=True)
             main = await _container_dir(node, "main")
             await _container_dir(node, "other")
-            write_pids_file(main / "config", [report["pid"], 4_000_000])
-            ledger = {index: [F.LedgerEntry(report["pid"], GIB)]}
+            write_pids_file(main / "config", [pid, 4_000_000])
+            ledger = {index: [F.LedgerEntry(pid, GIB)]}
             (main / "vmem_node" / F.VMEM_NODE_FILE).write_bytes(F.build_vmem_node(ledger))
             reader = UsageReader(node.parts, 1.0, process_memory=inventory.process_memory)
             metrics = NodeMetrics(node.parts, stream=node.stream, usage=reader)
@@ -220,8 +234,6 @@ def test_the_registered_pids_nvml_memory_plus_the_ledger_is_the_usage(
             assert device.nvml_bytes is None and device.ledger_bytes == GIB
 
         trio.run(scenario)
-    finally:
-        child.proc.communicate("", timeout=30)
 
 
 @pytest.mark.needs_build
@@ -230,30 +242,18 @@ def test_cgroup_mode_counts_the_pids_of_the_containers_cgroup(
 ) -> None:
     """Without registration (cgroup mode) the container's PIDs come from its cgroup, looked up by pod
     UID and container ID (`container_pids`, here a table): pids.config is not read, even when there."""
-    profile = short_tmp / "profile.yaml"
-    profile.write_text(fakegpu.profile_text(memory_gib=8))
-    env = {"FAKE_NVML_PROFILE": str(profile), "FAKE_GPU_STATE": str(short_tmp / "gpu.state")}
-    child = fakegpu.start(
-        "cuda.init()\ncuda.use(0)\ncuda.alloc(3 * GIB)\nemit(pid=os.getpid(), uuid=cuda.uuid(0))\nhold()\n",
-        {**env, "FAKE_CUDA_LIB": str(built(fakegpu.CUDA_LIB))},
-    )
-    try:
-        report = child.read()
-        for key, val in env.items():
-            monkeypatch.setenv(key, val)
-        inventory = NvmlInventory(str(built(fakegpu.NVML_LIB)))
-        index = {gpu.uuid: gpu.index for gpu in inventory.gpus()}[report["uuid"]]
+    with _process_holding_3_gib(short_tmp, monkeypatch) as (pid, inventory, index):
         asked: list[tuple[str, str]] = []
 
         def container_pids(pod_uid: str, container_id: str) -> frozenset[int]:
             asked.append((pod_uid, container_id))
-            return frozenset({report["pid"]}) if container_id == "id-main" else frozenset()
+            return frozenset({pid}) if container_id == "id-main" else frozenset()
 
         async def scenario() -> None:
             node = await _prepared(short_tmp, lazy=True)
             await _container_dir(node, "main")
             other = await _container_dir(node, "other")
-            write_pids_file(other / "config", [report["pid"]])  # not read in cgroup mode
+            write_pids_file(other / "config", [pid])  # not read in cgroup mode
             reader = UsageReader(
                 node.parts, 1.0, process_memory=inventory.process_memory, container_pids=container_pids
             )
@@ -261,10 +261,8 @@ def test_cgroup_mode_counts_the_pids_of_the_containers_cgroup(
             by_partition = {c.target.partition: c.usage for c in status.containers}
             (device,) = by_partition[f"{o.POD1_UID}_main"].devices
             assert (device.index, device.nvml_bytes) == (index, 3 * GIB)
-            assert by_partition[f"{o.POD1_UID}_main"].pids == {report["pid"]}
+            assert by_partition[f"{o.POD1_UID}_main"].pids == {pid}
             assert by_partition[f"{o.POD1_UID}_other"].devices == ()
             assert sorted(asked) == [(o.POD1_UID, "id-main"), (o.POD1_UID, "id-other")]
 
         trio.run(scenario)
-    finally:
-        child.proc.communicate("", timeout=30)
