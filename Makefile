@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 export PIP_CACHE_DIR := $(CURDIR)/.cache/pip
 
-.PHONY: setup build image kube chart-crds node-deps node test unit lint protos check-protos demo bench clean
+.PHONY: setup build image kube chart-crds node-deps node test unit lint protos check-protos demo bench fuzz clean
 
 setup:  ## venv with vgpud and its dev dependencies (idempotent, cached)
 	@./hack/setup-venv.sh
@@ -66,6 +66,10 @@ bench: build kube node-deps  ## every bench (bench/*.py; the local-node ones und
 	$(PY) bench/summary.py $(BENCH_RESULTS) --ran $(BENCHES) $(NODE_BENCHES) \
 		--expect nri_latency prepare stream webhook $(NODE_BENCHES) || failed="$$failed summary"; \
 	[ -z "$$failed" ] || { echo "bench: failed:$$failed" >&2; exit 1; }
+
+fuzz: setup  ## every fuzz target at volume (tests/fuzz; FUZZ_TARGET, FUZZ_N, FUZZ_SEED, FUZZ_INPUT to replay a crash)
+	@FUZZ_TARGET=$(FUZZ_TARGET) FUZZ_N=$(FUZZ_N) FUZZ_SEED=$(FUZZ_SEED) FUZZ_INPUT=$(FUZZ_INPUT) FUZZ_RAW=$(FUZZ_RAW) \
+		$(PY) -m tests.fuzz
 
 clean:
 	rm -rf build .pytest_cache .ruff_cache

@@ -1,0 +1,1 @@
+"""Fuzz targets for vgpud's untrusted-input surfaces; `make fuzz` runs them at volume."""

@@ -1,0 +1,173 @@
+"""Fuzz target: the webhook's AdmissionReview path in process: `review.parse_review` on the body, then
+`Admitter.decide` on what it reads (against a fake API of claims and pods), then the response document.
+
+Contract per input: `BadReview` or a request; `decide` answers with a Decision and never reaches its
+catch-all (a "vgpud webhook failed" denial is an exception inside the rules: a crash), and never a 500
+(the fake API does not fail); the response encodes to JSON that echoes the request's uid.
+
+Inputs are reviews the API server would send (pods with named and template claims, vGPU claims, claim
+status updates, other resources), with their JSON trees mutated (a value of another type, a key
+removed, a list grown, deep nesting, huge numbers) or their bytes mutated, and random bytes.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import random
+from typing import Any
+
+from tests import objects as o
+from tests.fuzz.driver import ContractBroken, Target, kind_of, mutate, random_bytes, text
+from tests.unit.webhook.builders import (
+    POLICY,
+    FakeLookup,
+    allocated,
+    claim_review,
+    review,
+    spec_claim,
+    template,
+)
+from vgpud.recorder import Recorder
+from vgpud.webhook.admit import Admitter
+from vgpud.webhook.review import BadReview, encode, parse_review, review_response
+
+POOL_SIZE = 32
+GPU = spec_claim("gpu-claim", o.exactly("r0"), uid=o.CLAIM_UID)
+TEMPLATE = template("gpu-template", o.exactly("r0"))
+DEEP_HEAD = b'{"apiVersion":"admission.k8s.io/v1","kind":"AdmissionReview","request":'
+OTHER_POD = o.pod("other", o.POD2_UID, containers=[o.container("a", o.ref("gpu"))])
+
+
+def lookup() -> FakeLookup:
+    return FakeLookup({"gpu-claim": GPU}, {"gpu-template": TEMPLATE}, [OTHER_POD])
+
+
+def seed_reviews() -> list[dict[str, Any]]:
+    """One review of each kind the webhook decides on, and one it lets through unread."""
+    pod = o.pod("p", o.POD1_UID, containers=[o.container("a", o.ref("gpu")), o.container("b")])
+    violating = o.pod(
+        "v", o.POD1_UID, containers=[o.container("a", o.ref("gpu")), o.container("b", o.ref("gpu"))]
+    )
+    templated = o.pod(
+        "t",
+        o.POD1_UID,
+        containers=[o.container("a", o.ref("gpu"))],
+        templates={"gpu": None},
+        init=[o.container("i")],
+    )
+    results = [o.result("r0")]
+    status_old = allocated(GPU, results=results, reserved_for=o.reserved(OTHER_POD))
+    status_new = allocated(GPU, results=results, reserved_for=o.reserved(OTHER_POD, pod))
+    return [
+        review(pod),
+        review(violating),
+        review(templated),
+        claim_review(GPU),
+        claim_review(GPU, operation="UPDATE", old=GPU),
+        claim_review(status_new, operation="UPDATE", old=status_old, sub_resource="status"),
+        review({"metadata": {"name": "d"}}, resource="deployments", group="apps", kind="Deployment"),
+    ]
+
+
+def _value(rng: random.Random, depth: int = 0) -> Any:
+    """A random JSON value, of any type, now and then large or deeply nested."""
+    roll = rng.randrange(12)
+    if roll == 0:
+        return None
+    if roll == 1:
+        return rng.random() < 0.5
+    if roll == 2:
+        return rng.choice((0, -1, 1, 2**31, 2**63, -(2**64), 10**30))
+    if roll == 3:
+        return rng.choice((0.5, -1e308, 1e-300))
+    if roll in (4, 5, 6):
+        return rng.choice(("", "CREATE", "pods", "status", "resource.k8s.io", "gpu", "r0", text(rng)))
+    if roll == 7 and depth < 4:
+        return [_value(rng, depth + 1) for _ in range(rng.randint(0, 3))]
+    if roll == 8 and depth < 4:
+        return {
+            rng.choice(("name", "request", "spec", text(rng, 4))): _value(rng, depth + 1) for _ in range(2)
+        }
+    if roll == 9:
+        nested: Any = []
+        for _ in range(rng.randint(50, 400)):  # json.dumps itself stops near 1000
+            nested = [nested]
+        return nested
+    return text(rng, 40)
+
+
+def _nodes(doc: Any, path: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
+    out = [path]
+    if isinstance(doc, dict):
+        for key, value in doc.items():
+            out += _nodes(value, (*path, key))
+    elif isinstance(doc, list):
+        for index, value in enumerate(doc):
+            out += _nodes(value, (*path, index))
+    return out
+
+
+def mutate_tree(rng: random.Random, doc: Any) -> Any:
+    """1-3 edits at random places of a JSON tree: a new value, a removal, a duplicate."""
+    doc = copy.deepcopy(doc)
+    for _ in range(rng.randint(1, 3)):
+        path = rng.choice(_nodes(doc))
+        if not path:
+            if rng.random() < 0.1:
+                return _value(rng)
+            continue
+        parent = doc
+        for step in path[:-1]:
+            parent = parent[step]
+        last = path[-1]
+        op = rng.randrange(4)
+        if op == 0 and isinstance(parent, dict):
+            del parent[last]
+        elif op == 1 and isinstance(parent, list):
+            parent.append(copy.deepcopy(parent[last]))
+        elif op == 2 and isinstance(parent, dict):
+            parent[text(rng, 6) or "x"] = _value(rng)
+        else:
+            parent[last] = _value(rng)
+    return doc
+
+
+def target(seed: int) -> Target:
+    rng = random.Random(seed)
+    seeds = seed_reviews()
+    pool = tuple(json.dumps(mutate_tree(rng, rng.choice(seeds))).encode() for _ in range(POOL_SIZE))
+    valid = tuple(json.dumps(doc).encode() for doc in seeds)
+    state: dict[str, Admitter] = {}
+
+    def generate(rng: random.Random) -> bytes:
+        roll = rng.random()
+        if roll < 0.1:
+            return rng.choice(valid)
+        if roll < 0.75:
+            return json.dumps(mutate_tree(rng, rng.choice(seeds))).encode()
+        if roll < 0.94:
+            return mutate(rng, rng.choice(valid + pool), pool=pool)
+        if roll < 0.95:  # nesting deeper than the parser recurses
+            depth = rng.choice((900, 5000, 100_000))
+            return DEEP_HEAD + rng.choice((b"[", b'{"a":')) * depth + b"}"
+        return random_bytes(rng, 128)
+
+    async def acheck(data: bytes) -> str:
+        admitter = state.get("admitter")
+        if admitter is None:  # built inside Trio (its CPU lane holds a Trio limiter)
+            admitter = state["admitter"] = Admitter(lookup(), POLICY, recorder=Recorder())
+        admitter._lookup.calls.clear()  # type: ignore[attr-defined]
+        try:
+            request = parse_review(data)
+        except BadReview as err:
+            return kind_of(err, err.reason)
+        decision = await admitter.decide(request)
+        if decision.message.startswith("vgpud webhook failed") or decision.code == 500:
+            raise ContractBroken(f"decide failed inside: {decision.message}")
+        answer = json.loads(encode(review_response(request.uid, decision)))
+        if answer["response"]["uid"] != request.uid or answer["response"]["allowed"] != decision.allowed:
+            raise ContractBroken(f"the response does not echo the request: {answer}")
+        return f"{request.resource_path} {request.operation}: {decision.code}"
+
+    return Target("webhook", generate, acheck=acheck)
