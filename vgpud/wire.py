@@ -7,7 +7,7 @@ Input from a peer (kubelet, containerd) must instead be refused whole with one c
 bytes are walked once here, against the message class's own betterproto2 metadata, and only bytes
 that pass are handed to `parse`.
 
-Rules: the wire format as protobuf's own (upb) decoder enforces it, plus three stricter ones (*):
+Rules: the wire format as protobuf's own (upb) decoder enforces it, plus stricter ones (*):
 
 * a tag is a varint of at most 5 bytes with a field number in 1..2^29-1 (* upb lets 0 through in a
   message that declares no fields); wire types 0, 1, 2 and 5 only (* protobuf skips well-formed
@@ -18,6 +18,10 @@ Rules: the wire format as protobuf's own (upb) decoder enforces it, plus three s
   unknown fields, betterproto2 stores a value of the wrong Python type; repeated scalars may also
   arrive packed, and a packed run holds whole elements;
 * `string` fields, map keys and values included, are valid UTF-8 (proto3);
+* (*) a singular message field arrives at most once: protobuf merges a second occurrence into the
+  first, betterproto2 keeps only the last, so the two decoders vgpud uses (`vgpud.nri.fastcodec` reads
+  CreateContainer with upb) would read different requests from the same bytes; no Go or C++ encoder
+  writes one twice;
 * message fields and map entries are checked recursively, at most `MAX_DEPTH` levels below the top;
 * unknown fields are allowed, checked structurally only (forward compatibility).
 
@@ -79,6 +83,7 @@ class _Field:
     wire_type: int
     repeated: bool  # map entries count as repeated: the path shows their index
     packed: bool  # a repeated scalar: wire type 2 (packed) is accepted too
+    once: bool  # a singular message field: a second occurrence is refused
     utf8: bool
     message: type[betterproto2.Message] | None  # nested message or map entry class
 
@@ -115,6 +120,7 @@ def _layout(message_type: type[betterproto2.Message]) -> dict[int, _Field]:
             wire_type=_WIRE_TYPE_OF[field.proto_type],
             repeated=bool(field.repeated) or field.proto_type == betterproto2.TYPE_MAP,
             packed=bool(field.repeated) and field.proto_type in betterproto2.PACKED_TYPES,
+            once=message is not None and field.proto_type != betterproto2.TYPE_MAP and not field.repeated,
             utf8=field.proto_type == betterproto2.TYPE_STRING,
             message=message,
         )
@@ -139,6 +145,7 @@ def _check(data: bytes, pos: int, end: int, message_type: type[betterproto2.Mess
     """Walk the fields in data[pos:end] as `message_type`."""
     layout = _layout(message_type)
     seen: dict[int, int] = {}  # occurrences of each repeated field so far, for error paths
+    once: set[int] = set()  # singular message fields met so far
     while pos < end:
         tag_at = pos
         if data[pos] < 0x80:
@@ -151,6 +158,15 @@ def _check(data: bytes, pos: int, end: int, message_type: type[betterproto2.Mess
         if not 1 <= number <= _MAX_FIELD_NUMBER:
             raise _Fault(f"field number {number} out of range 1..{_MAX_FIELD_NUMBER}", tag_at)
         field = layout.get(number)
+        if field is not None and field.once:
+            if number in once:
+                fault = _Fault(
+                    "message field sent twice (protobuf would merge them; betterproto2 keeps the last)",
+                    tag_at,
+                )
+                fault.segments.append(f".{field.name}")
+                raise fault
+            once.add(number)
         try:
             pos = _check_value(data, pos, end, wire_type, field, depth=depth)
         except _Fault as fault:

@@ -1,12 +1,13 @@
 """vgpud.wire: strict checking of protobuf bytes, against real generated messages and standard protobuf.
 
 Standard protobuf (upb, built from the same protos by `tests.stdproto`) is the oracle: `check_message`
-must reject exactly what protobuf's `FromString` rejects, except for the three stricter rules
-`vgpud.wire` documents, which protobuf lets through (`STRICTER` pins each one down):
+must reject exactly what protobuf's `FromString` rejects, except for the stricter rules `vgpud.wire`
+documents, which protobuf lets through (`STRICTER` pins each one down):
 
 * field number 0, which upb refuses except in a message that declares no fields at all;
 * well-formed groups (wire types 3/4) in an unknown field;
-* a known field in a wire type that does not fit its declared type (protobuf keeps it as unknown).
+* a known field in a wire type that does not fit its declared type (protobuf keeps it as unknown);
+* a singular message field sent twice (protobuf merges the two, betterproto2 keeps the last).
 """
 
 from __future__ import annotations
@@ -85,7 +86,10 @@ def _protobuf_accepts(message_type: type[betterproto2.Message], data: bytes) -> 
 
 def _stricter_than_protobuf(reason: str) -> bool:
     """The documented rules protobuf does not enforce (see the module docstring)."""
-    return reason.startswith(("field number 0 ", "group wire type")) or " needs wire type " in reason
+    return (
+        reason.startswith(("field number 0 ", "group wire type", "message field sent twice"))
+        or " needs wire type " in reason
+    )
 
 
 # --- building wire bytes by hand
@@ -325,6 +329,14 @@ MALFORMED = [
     ),
     pytest.param(
         nri.CreateContainerRequest,
+        _ld(1, _ld(1, b"sandbox")) + _ld(2, _ld(1, b"a")) + _ld(2, _ld(2, b"b")),
+        "CreateContainerRequest.container",
+        "message field sent twice",
+        16,
+        id="singular-message-twice",
+    ),
+    pytest.param(
+        nri.CreateContainerRequest,
         _ld(2, _ld(8, b"A=1") + _ld(8, b"\xff")),
         "CreateContainerRequest.container.env[1]",
         "invalid UTF-8",
@@ -435,6 +447,7 @@ STRICTER = [
     ),
     pytest.param(v1.NodePrepareResourcesRequest, _ld(1, _t(2, 0) + b"\x01"), id="string-field-as-varint"),
     pytest.param(ttrpc.Request, _ld(4, b"\x01"), id="singular-int64-as-packed"),
+    pytest.param(nri.CreateContainerRequest, _ld(2, _ld(1, b"a")) + _ld(2, b""), id="singular-message-twice"),
 ]
 
 
@@ -453,6 +466,35 @@ def test_samples_pass_and_round_trip(sample: betterproto2.Message) -> None:
     data = bytes(sample)
     assert parse_strict(data, type(sample)) == sample
     assert _protobuf_accepts(type(sample), data)
+
+
+def _protobuf_reads(message_type: type[betterproto2.Message], data: bytes) -> dict[str, Any]:
+    """What standard protobuf reads from `data`, unknown fields dropped, as betterproto2's dict form."""
+    message = message_class(_FULL_NAMES[message_type]).FromString(data)
+    message.DiscardUnknownFields()
+    return message_type.parse(message.SerializeToString()).to_dict()
+
+
+@pytest.mark.parametrize(
+    ("data", "upb", "betterproto2"),
+    [
+        pytest.param(  # found by tests/fuzz: make fuzz FUZZ_TARGET=nri FUZZ_SEED=1
+            _ld(2, _ld(1, b"ctr")) + _ld(2, _ld(2, b"sandbox")),
+            {"container": {"id": "ctr", "podSandboxId": "sandbox"}},
+            {"container": {"podSandboxId": "sandbox"}},
+            id="singular-message-twice",
+        ),
+    ],
+)
+def test_bytes_the_two_nri_decoders_read_differently_are_refused(
+    data: bytes, upb: dict[str, Any], betterproto2: dict[str, Any]
+) -> None:
+    """vgpud reads CreateContainer with upb (vgpud.nri.fastcodec) and the other calls with betterproto2:
+    bytes they read as two different messages must not reach either."""
+    assert _protobuf_reads(nri.CreateContainerRequest, data) == upb
+    assert nri.CreateContainerRequest.parse(data).to_dict() == betterproto2
+    with pytest.raises(MalformedMessage):
+        check_message(data, nri.CreateContainerRequest)
 
 
 def test_the_lenient_cases_from_the_brief_are_refused() -> None:
