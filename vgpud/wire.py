@@ -22,6 +22,8 @@ Rules: the wire format as protobuf's own (upb) decoder enforces it, plus stricte
   first, betterproto2 keeps only the last, so the two decoders vgpud uses (`vgpud.nri.fastcodec` reads
   CreateContainer with upb) would read different requests from the same bytes; no Go or C++ encoder
   writes one twice;
+* (*) a map entry holds its key (1) and value (2) only: upb files an entry with any other field under
+  the enclosing message's unknown fields, betterproto2 keeps it as an entry;
 * message fields and map entries are checked recursively, at most `MAX_DEPTH` levels below the top;
 * unknown fields are allowed, checked structurally only (forward compatibility).
 
@@ -141,8 +143,16 @@ def _varint(data: bytes, pos: int, end: int, what: str) -> tuple[int, int]:
     raise _Fault(f"{what} varint longer than {_MAX_VARINT_BYTES} bytes", pos)
 
 
-def _check(data: bytes, pos: int, end: int, message_type: type[betterproto2.Message], depth: int) -> None:
-    """Walk the fields in data[pos:end] as `message_type`."""
+def _check(
+    data: bytes,
+    pos: int,
+    end: int,
+    message_type: type[betterproto2.Message],
+    depth: int,
+    *,
+    entry: bool = False,
+) -> None:
+    """Walk the fields in data[pos:end] as `message_type` (`entry`: a map entry, key and value only)."""
     layout = _layout(message_type)
     seen: dict[int, int] = {}  # occurrences of each repeated field so far, for error paths
     once: set[int] = set()  # singular message fields met so far
@@ -158,6 +168,8 @@ def _check(data: bytes, pos: int, end: int, message_type: type[betterproto2.Mess
         if not 1 <= number <= _MAX_FIELD_NUMBER:
             raise _Fault(f"field number {number} out of range 1..{_MAX_FIELD_NUMBER}", tag_at)
         field = layout.get(number)
+        if field is None and entry:
+            raise _Fault(f"field {number} in a map entry, which holds key (1) and value (2) only", tag_at)
         if field is not None and field.once:
             if number in once:
                 fault = _Fault(
@@ -209,7 +221,7 @@ def _check_value(data: bytes, pos: int, end: int, wire_type: int, field: _Field 
     elif field.message is not None:
         if depth >= MAX_DEPTH:
             raise _Fault(f"messages nested deeper than {MAX_DEPTH}", start)
-        _check(data, start, stop, field.message, depth + 1)
+        _check(data, start, stop, field.message, depth + 1, entry=field.proto_type == betterproto2.TYPE_MAP)
     elif field.utf8:
         try:
             data[start:stop].decode("utf-8")

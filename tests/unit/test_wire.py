@@ -7,7 +7,8 @@ documents, which protobuf lets through (`STRICTER` pins each one down):
 * field number 0, which upb refuses except in a message that declares no fields at all;
 * well-formed groups (wire types 3/4) in an unknown field;
 * a known field in a wire type that does not fit its declared type (protobuf keeps it as unknown);
-* a singular message field sent twice (protobuf merges the two, betterproto2 keeps the last).
+* a singular message field sent twice (protobuf merges the two, betterproto2 keeps the last);
+* a map entry with a field besides key and value (upb files the entry under unknown fields).
 """
 
 from __future__ import annotations
@@ -89,6 +90,7 @@ def _stricter_than_protobuf(reason: str) -> bool:
     return (
         reason.startswith(("field number 0 ", "group wire type", "message field sent twice"))
         or " needs wire type " in reason
+        or " in a map entry, " in reason
     )
 
 
@@ -337,6 +339,14 @@ MALFORMED = [
     ),
     pytest.param(
         nri.CreateContainerRequest,
+        _ld(2, _ld(5, _ld(1, b"k") + _ld(2, b"v")) + _ld(5, _ld(1, b"k") + _t(15, 0) + b"\x2d")),
+        "CreateContainerRequest.container.labels[1]",
+        "field 15 in a map entry, which holds key (1) and value (2) only",
+        15,
+        id="map-entry-extra-field",
+    ),
+    pytest.param(
+        nri.CreateContainerRequest,
         _ld(2, _ld(8, b"A=1") + _ld(8, b"\xff")),
         "CreateContainerRequest.container.env[1]",
         "invalid UTF-8",
@@ -448,6 +458,9 @@ STRICTER = [
     pytest.param(v1.NodePrepareResourcesRequest, _ld(1, _t(2, 0) + b"\x01"), id="string-field-as-varint"),
     pytest.param(ttrpc.Request, _ld(4, b"\x01"), id="singular-int64-as-packed"),
     pytest.param(nri.CreateContainerRequest, _ld(2, _ld(1, b"a")) + _ld(2, b""), id="singular-message-twice"),
+    pytest.param(
+        v1.NodePrepareResourcesResponse, _ld(1, _ld(1, b"k") + _t(3, 0) + b"\x01"), id="map-entry-extra-field"
+    ),
 ]
 
 
@@ -483,6 +496,12 @@ def _protobuf_reads(message_type: type[betterproto2.Message], data: bytes) -> di
             {"container": {"id": "ctr", "podSandboxId": "sandbox"}},
             {"container": {"podSandboxId": "sandbox"}},
             id="singular-message-twice",
+        ),
+        pytest.param(  # found by tests/fuzz: make fuzz FUZZ_TARGET=nri FUZZ_SEED=1
+            _ld(2, _ld(5, _ld(1, b"k") + _ld(2, b"v")) + _ld(5, _ld(1, b"x") + _t(4, 5) + bytes(4))),
+            {"container": {"labels": {"k": "v"}}},
+            {"container": {"labels": {"k": "v", "x": ""}}},
+            id="map-entry-extra-field",
         ),
     ],
 )
