@@ -2,7 +2,8 @@
 
 Contract per input: `MalformedMessage` or a message, nothing else; an accepted message re-encodes to
 bytes that parse back to the same message (round-trip); and for NRI types, whatever the strict check
-accepts, protobuf's own upb decoder accepts too (the strict rules are upb's plus stricter ones).
+accepts, protobuf's own upb decoder accepts too (the strict rules are upb's plus stricter ones) and
+reads as the same message (vgpud reads CreateContainer with upb, the other calls with betterproto2).
 The first input byte picks the message type, the rest is its encoding.
 """
 
@@ -52,6 +53,21 @@ _NRI = {
 POOL_SIZE = 64
 
 
+def _same_in_upb(cls: type[betterproto2.Message], body: bytes, message: betterproto2.Message) -> None:
+    """upb accepts what the strict check accepts, and reads the message betterproto2 read (unknown
+    fields aside): vgpud decodes CreateContainer with upb and the other NRI calls with betterproto2."""
+    upb = getattr(nri_api_pb2, cls.__name__)
+    try:
+        direct = upb.FromString(body)
+    except DecodeError as err:
+        raise ContractBroken(f"{cls.__name__}: the strict check accepts what upb refuses: {err}") from None
+    through = upb.FromString(bytes(message))
+    direct.DiscardUnknownFields()
+    through.DiscardUnknownFields()
+    if direct != through:
+        raise ContractBroken(f"{cls.__name__}: upb and betterproto2 read these bytes differently")
+
+
 def target(seed: int) -> Target:
     pools = {cls: encodings(random.Random(seed), cls, POOL_SIZE) for cls in TYPES}
     spliced = tuple(b for pool in pools.values() for b in pool[:8])
@@ -80,13 +96,7 @@ def target(seed: int) -> Target:
         if again != message:
             raise ContractBroken(f"{cls.__name__}: re-encoding does not round-trip: {message!r} -> {again!r}")
         if cls in _NRI:
-            upb = getattr(nri_api_pb2, cls.__name__)
-            try:
-                upb.FromString(body)
-            except DecodeError as err:
-                raise ContractBroken(
-                    f"{cls.__name__}: the strict check accepts what upb refuses: {err}"
-                ) from None
+            _same_in_upb(cls, body, message)
         return f"ok {cls.__name__}"
 
     return Target("protobuf", generate, check)
