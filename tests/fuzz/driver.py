@@ -30,6 +30,8 @@ import trio
 INTERESTING = (0x00, 0x01, 0x02, 0x07, 0x08, 0x0A, 0x10, 0x12, 0x7F, 0x80, 0x81, 0xC0, 0xFE, 0xFF)
 _NUMBER = re.compile(r"\d+")
 _QUOTED = re.compile(r"'[^']*'|\"[^\"]*\"")
+#: how every documented-error outcome starts (the others are accepted inputs)
+ERROR = "error "
 #: crashes kept in full per target (the count covers every one)
 KEPT_CRASHES = 5
 
@@ -76,11 +78,15 @@ class Tally:
             at = f" at {where[0].filename}:{where[0].lineno}" if where else ""
             self.crashes.append(Crash(index, data, f"{type(err).__name__}: {err}{at}"))
 
+    def error_kinds(self) -> int:
+        return sum(kind.startswith(ERROR) for kind in self.kinds)
+
     def summary(self) -> str:
         rate = self.inputs / self.seconds if self.seconds else 0.0
         return (
             f"{self.target}: {self.inputs} inputs in {self.seconds:.1f} s ({rate:,.0f}/s), "
-            f"{len(self.kinds)} distinct outcomes, {self.crash_count} crashes"
+            f"{len(self.kinds)} distinct outcomes ({self.error_kinds()} error kinds), "
+            f"{self.crash_count} crashes"
         )
 
 
@@ -178,10 +184,10 @@ def replay(target: Target, data: bytes) -> Tally:
 
 
 def kind_of(err: BaseException, detail: str = "") -> str:
-    """An outcome name: the error type and its detail with numbers and quoted values blanked out, so
-    error paths are told apart without every offset or value becoming a kind of its own."""
+    """An error outcome's name: `ERROR` + the error type and its detail with numbers and quoted values
+    blanked out, so error paths are told apart without every offset or value becoming a kind."""
     detail = _QUOTED.sub("'…'", _NUMBER.sub("N", detail))[:100]
-    return f"{type(err).__name__}: {detail}" if detail else type(err).__name__
+    return f"{ERROR}{type(err).__name__}: {detail}" if detail else f"{ERROR}{type(err).__name__}"
 
 
 # --------------------------------------------------------------------------------------------------

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import random
 
-from tests.fuzz.driver import ContractBroken, Target, kind_of, mutate, random_bytes
+from tests.fuzz.driver import ERROR, ContractBroken, Target, kind_of, mutate, random_bytes
 from tests.fuzz.messages import encodings, random_message
 from vgpud._pb import ttrpc as pb
 from vgpud._pb.nri.pkg.api.v1alpha1 import CreateContainerRequest
@@ -102,7 +102,8 @@ def _server(chunks: list[bytes]) -> str:
                 kinds.append(_check_error_reply(item))
     if conn.in_flight:
         raise ContractBroken(f"answered requests still in flight: {sorted(conn.in_flight)}")
-    return "server " + (",".join(sorted(set(kinds))) or "no frame")
+    named = ",".join(sorted(set(kinds))) or "no frame"
+    return f"{ERROR}server {named}" if set(kinds) - {"request"} else f"server {named}"
 
 
 def _client(chunks: list[bytes]) -> str:
@@ -118,7 +119,8 @@ def _client(chunks: list[bytes]) -> str:
             kinds.add("payload" if reply.error is None else reply.error.code.name)
     if len(set(replied)) != len(replied) or not set(replied) <= set(calls):
         raise ContractBroken(f"replies {replied} for calls {calls}")
-    return "client " + (",".join(sorted(kinds)) or "no reply")
+    named = ",".join(sorted(kinds)) or "no reply"
+    return f"{ERROR}client {named}" if kinds - {"payload"} else f"client {named}"
 
 
 def _mux(chunks: list[bytes]) -> str:

@@ -23,7 +23,7 @@ import h11
 import trio
 
 from tests.fuzz import target_webhook
-from tests.fuzz.driver import ContractBroken, Hang, Tally, kind_of, mutate
+from tests.fuzz.driver import ERROR, ContractBroken, Hang, Tally, kind_of, mutate
 from vgpud.recorder import Recorder
 from vgpud.webhook.admit import Admitter
 from vgpud.webhook.metrics import WebhookMetrics
@@ -184,7 +184,7 @@ class _Session:
                     status = await client.raw(data)
                     if status is not None and status not in RAW_STATUSES:
                         raise ContractBroken(f"a mangled request got {status}")
-                    kind = f"raw {status}"
+                    kind = f"raw {status}" if status in (None, 200) else f"{ERROR}raw {status}"
                 else:
                     kind = expect(data, *await client.post(data))
             if len(self.failed.records) > logged:

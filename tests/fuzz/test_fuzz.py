@@ -3,6 +3,7 @@ a crash, a hang and a broken contract are each caught and reported with the inpu
 
 from __future__ import annotations
 
+import json
 import random
 
 import pytest
@@ -10,6 +11,7 @@ import pytest
 from tests.fuzz import target_webhook_https
 from tests.fuzz.__main__ import IN_PROCESS
 from tests.fuzz.driver import ContractBroken, Target, replay, run
+from tests.fuzz.target_webhook import seed_reviews
 
 SEED = 20261201
 SHORT_N = 2000
@@ -31,15 +33,16 @@ def test_short_run_finds_no_crash(name: str) -> None:
     assert tally.crash_count == 0, "\n".join(c.describe(name, SEED) for c in tally.crashes)
     assert len(tally.kinds) >= MIN_KINDS[name], tally.kinds
     for prefix in MUST_SEE[name]:
-        assert any(kind.startswith(prefix) for kind in tally.kinds), (prefix, sorted(tally.kinds))
+        assert any(prefix in kind for kind in tally.kinds), (prefix, sorted(tally.kinds))
+    assert 0 < tally.error_kinds() < len(tally.kinds)
 
 
 def test_short_run_over_https_finds_no_crash() -> None:
     tally = target_webhook_https.run(HTTPS_N, SEED)
     assert tally.crash_count == 0, "\n".join(c.describe(tally.target, SEED) for c in tally.crashes)
     assert sum(tally.kinds.values()) == HTTPS_N + 1
-    assert any(kind.startswith("raw ") for kind in tally.kinds), sorted(tally.kinds)
-    assert any(kind.startswith("BadReview") for kind in tally.kinds)
+    assert any("raw " in kind for kind in tally.kinds), sorted(tally.kinds)
+    assert any("BadReview" in kind for kind in tally.kinds)
     assert tally.kinds["pods CREATE: 403"] > 0
 
 
@@ -95,10 +98,4 @@ def test_https_answers_are_checked_against_parse_review() -> None:
     with pytest.raises(ContractBroken, match="expected 400"):
         target_webhook_https.expect(bad, 200, b"{}")
     with pytest.raises(ContractBroken, match="expected 200"):
-        target_webhook_https.expect(target_webhook_https.json.dumps(_review()).encode(), 400, b"no")
-
-
-def _review() -> dict[str, object]:
-    from tests.fuzz.target_webhook import seed_reviews
-
-    return seed_reviews()[0]
+        target_webhook_https.expect(json.dumps(seed_reviews()[0]).encode(), 400, b"no")
