@@ -24,6 +24,9 @@ Rules: the wire format as protobuf's own (upb) decoder enforces it, plus stricte
   writes one twice;
 * (*) a map entry holds its key (1) and value (2) only: upb files an entry with any other field under
   the enclosing message's unknown fields, betterproto2 keeps it as an entry;
+* (*) a map entry whose value is a message has that value: protobuf reads a missing one as an empty
+  message, betterproto2 as None, which `bytes()` and the code reading the map then trip over (Go and
+  C++ always write it);
 * message fields and map entries are checked recursively, at most `MAX_DEPTH` levels below the top;
 * unknown fields are allowed, checked structurally only (forward compatibility).
 
@@ -57,6 +60,7 @@ _WIRE_TYPE_OF = {
     **dict.fromkeys(betterproto2.WIRE_FIXED_32_TYPES, _FIXED32),
     **dict.fromkeys(betterproto2.WIRE_LEN_DELIM_TYPES, _LEN),
 }
+_MAP_VALUE = 2  # a map entry's value field
 _LONG_VARINT = re.compile(rb"[\x80-\xff]{%d}" % _MAX_VARINT_BYTES)
 
 
@@ -156,6 +160,7 @@ def _check(
     layout = _layout(message_type)
     seen: dict[int, int] = {}  # occurrences of each repeated field so far, for error paths
     once: set[int] = set()  # singular message fields met so far
+    begin = pos
     while pos < end:
         tag_at = pos
         if data[pos] < 0x80:
@@ -191,6 +196,11 @@ def _check(
             raise
         if field is not None and field.repeated:
             seen[number] = seen.get(number, 0) + 1
+    value = layout.get(_MAP_VALUE) if entry else None
+    if value is not None and value.once and _MAP_VALUE not in once:
+        raise _Fault(
+            "map entry without its message value (protobuf reads an empty one, betterproto2 None)", begin
+        )
 
 
 def _check_value(data: bytes, pos: int, end: int, wire_type: int, field: _Field | None, *, depth: int) -> int:

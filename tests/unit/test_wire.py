@@ -8,7 +8,8 @@ documents, which protobuf lets through (`STRICTER` pins each one down):
 * well-formed groups (wire types 3/4) in an unknown field;
 * a known field in a wire type that does not fit its declared type (protobuf keeps it as unknown);
 * a singular message field sent twice (protobuf merges the two, betterproto2 keeps the last);
-* a map entry with a field besides key and value (upb files the entry under unknown fields).
+* a map entry with a field besides key and value (upb files the entry under unknown fields);
+* a map entry without its message value (protobuf reads an empty message, betterproto2 None).
 """
 
 from __future__ import annotations
@@ -91,6 +92,7 @@ def _stricter_than_protobuf(reason: str) -> bool:
         reason.startswith(("field number 0 ", "group wire type", "message field sent twice"))
         or " needs wire type " in reason
         or " in a map entry, " in reason
+        or reason.startswith("map entry without its message value")
     )
 
 
@@ -330,6 +332,14 @@ MALFORMED = [
         id="map-value-optional-string-truncated",
     ),
     pytest.param(
+        v1.NodePrepareResourcesResponse,
+        _ld(1, _ld(1, b"k") + _ld(2, b"")) + _ld(1, _ld(1, b"k")),
+        "NodePrepareResourcesResponse.claims[1]",
+        "map entry without its message value",
+        9,
+        id="map-entry-without-message-value",
+    ),
+    pytest.param(
         nri.CreateContainerRequest,
         _ld(1, _ld(1, b"sandbox")) + _ld(2, _ld(1, b"a")) + _ld(2, _ld(2, b"b")),
         "CreateContainerRequest.container",
@@ -439,7 +449,7 @@ ODD_BUT_VALID = [
     pytest.param(ttrpc.Request, _t(4, 0) + b"\xff" * 9 + b"\x7f", id="10-byte-varint-over-64-bits"),
     pytest.param(nri.Empty, _v((1 << 29) - 1 << 3) + b"\x00", id="largest-field-number"),
     pytest.param(nri.Empty, _t(1, 2) + b"\x80\x80\x80\x80\x00", id="5-byte-length"),
-    pytest.param(v1.NodePrepareResourcesResponse, _ld(1, b""), id="map-entry-without-key-or-value"),
+    pytest.param(nri.CreateContainerRequest, _ld(2, _ld(5, b"")), id="map-entry-without-key-or-value"),
     pytest.param(Scalars, _nested(MAX_DEPTH), id="depth-at-the-limit"),
 ]
 
@@ -458,6 +468,7 @@ STRICTER = [
     pytest.param(v1.NodePrepareResourcesRequest, _ld(1, _t(2, 0) + b"\x01"), id="string-field-as-varint"),
     pytest.param(ttrpc.Request, _ld(4, b"\x01"), id="singular-int64-as-packed"),
     pytest.param(nri.CreateContainerRequest, _ld(2, _ld(1, b"a")) + _ld(2, b""), id="singular-message-twice"),
+    pytest.param(v1.NodePrepareResourcesResponse, _ld(1, b""), id="map-entry-without-message-value"),
     pytest.param(
         v1.NodePrepareResourcesResponse, _ld(1, _ld(1, b"k") + _t(3, 0) + b"\x01"), id="map-entry-extra-field"
     ),
@@ -514,6 +525,23 @@ def test_bytes_the_two_nri_decoders_read_differently_are_refused(
     assert nri.CreateContainerRequest.parse(data).to_dict() == betterproto2
     with pytest.raises(MalformedMessage):
         check_message(data, nri.CreateContainerRequest)
+
+
+def test_a_map_entry_without_its_message_value_is_refused() -> None:
+    """Found by tests/fuzz (make fuzz FUZZ_TARGET=protobuf FUZZ_SEED=1): betterproto2 reads the missing
+    value of `net_devices` (map<string, LinuxNetDevice>) as None, and the message it returns cannot be
+    encoded again; protobuf reads an empty LinuxNetDevice."""
+    data = _ld(10, _ld(1, b"eth0"))  # LinuxContainer.net_devices = {"eth0": <no value>}
+    upb = message_class("nri.pkg.api.v1alpha1.LinuxContainer").FromString(data)
+    assert list(upb.net_devices) == ["eth0"] and upb.net_devices["eth0"].ByteSize() == 0
+    lenient = nri.LinuxContainer.parse(data)
+    assert lenient.net_devices == {"eth0": None}
+    with pytest.raises(TypeError):
+        bytes(lenient)
+    with pytest.raises(
+        MalformedMessage, match=r"LinuxContainer\.net_devices\[0\]: map entry without its message"
+    ):
+        check_message(data, nri.LinuxContainer)
 
 
 def test_the_lenient_cases_from_the_brief_are_refused() -> None:
