@@ -33,6 +33,8 @@ from vgpud.webhook.admit import Admitter
 from vgpud.webhook.review import BadReview, encode, parse_review, review_response
 
 POOL_SIZE = 32
+#: edits go no deeper than this (a pod's container claim references sit at depth 7)
+MAX_EDIT_DEPTH = 12
 GPU = spec_claim("gpu-claim", o.exactly("r0"), uid=o.CLAIM_UID)
 TEMPLATE = template("gpu-template", o.exactly("r0"))
 DEEP_HEAD = b'{"apiVersion":"admission.k8s.io/v1","kind":"AdmissionReview","request":'
@@ -91,14 +93,17 @@ def _value(rng: random.Random, depth: int = 0) -> Any:
         }
     if roll == 9:
         nested: Any = []
-        for _ in range(rng.randint(50, 400)):  # json.dumps itself stops near 1000
+        for _ in range(rng.randint(50, 300)):  # deepcopy and json.dumps recurse: DEEP_HEAD goes deeper
             nested = [nested]
         return nested
     return text(rng, 40)
 
 
 def _nodes(doc: Any, path: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
+    """The paths of a tree's nodes down to `MAX_EDIT_DEPTH` (never inside a deep nest inserted before)."""
     out = [path]
+    if len(path) >= MAX_EDIT_DEPTH:
+        return out
     if isinstance(doc, dict):
         for key, value in doc.items():
             out += _nodes(value, (*path, key))
