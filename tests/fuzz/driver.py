@@ -1,8 +1,9 @@
 """The fuzz driver every target shares: seeded inputs in, the contract checked per input, a tally out.
 
 A target is a generator of inputs (structured mutations of valid messages, and plain random bytes)
-and a `check` that feeds one input to the real code. `check` returns the kind of documented error the
-input met ("ok" for none; a name such as "MalformedMessage: length varint ...") and raises
+and a `check` that feeds one input to the real code. `check` returns the input's outcome: what was
+accepted ("ok Request", "query"), or the documented error it met, named by `kind_of` ("error
+MalformedMessage: length N runs past the end ..."); it raises
 `ContractBroken` when the code answered outside its contract (a wrong round-trip, an answer of the
 wrong shape). Any other exception out of `check` is a crash, and so is an input that takes longer
 than `per_input_s` (a SIGALRM ends it: a hang is a crash too, not a stuck run).
