@@ -50,13 +50,15 @@ class Crash:
     index: int
     data: bytes
     error: str  # the exception's type and message, with the innermost traceback line
+    env: str = ""  # more settings the replay of this one input needs (FUZZ_RAW=1)
 
     def describe(self, target: str, seed: int) -> str:
+        alone = f"FUZZ_INPUT={self.data.hex()[:64]}{'...' if len(self.data) > 32 else ''} {self.env}".strip()
         return (
             f"CRASH in {target} (seed {seed}, input #{self.index}): {self.error}\n"
             f"  input ({len(self.data)} bytes, hex): {self.data.hex()}\n"
-            f"  replay: make fuzz FUZZ_TARGET={target} FUZZ_SEED={seed}  "
-            f"(or FUZZ_INPUT={self.data.hex()[:64]}{'...' if len(self.data) > 32 else ''})"
+            f"  replay: make fuzz FUZZ_TARGET={target} FUZZ_SEED={seed}"
+            + (f"  (or this input alone: {alone})" if self.data else "")
         )
 
 
@@ -72,12 +74,12 @@ class Tally:
     crash_count: int = 0
     crashes: list[Crash] = field(default_factory=list)
 
-    def crashed(self, index: int, data: bytes, err: BaseException) -> None:
+    def crashed(self, index: int, data: bytes, err: BaseException, env: str = "") -> None:
         self.crash_count += 1
         if len(self.crashes) < KEPT_CRASHES:
             where = traceback.extract_tb(err.__traceback__)[-1:] if err.__traceback__ else []
             at = f" at {where[0].filename}:{where[0].lineno}" if where else ""
-            self.crashes.append(Crash(index, data, f"{type(err).__name__}: {err}{at}"))
+            self.crashes.append(Crash(index, data, f"{type(err).__name__}: {err}{at}", env))
 
     def error_kinds(self) -> int:
         return sum(kind.startswith(ERROR) for kind in self.kinds)

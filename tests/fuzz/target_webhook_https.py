@@ -35,8 +35,9 @@ NAME = "webhook_https"
 CONCURRENCY = 4
 PER_INPUT_S = 10.0
 RAW_SHARE = 0.01
-#: short request timeouts: a mangled request that stops mid-way costs its client this long
-LIMITS = Limits(max_body=1 << 20, request_timeout=0.3, linger=0.1, handshake_timeout=5.0)
+#: short timeouts: a mangled request that stops mid-way (or is cut to nothing, an idle connection)
+#: costs its client this long
+LIMITS = Limits(max_body=1 << 20, request_timeout=0.3, linger=0.1, handshake_timeout=5.0, idle_timeout=1.0)
 #: statuses a mangled request may get
 RAW_STATUSES = frozenset({200, 400, 404, 405, 408, 431})
 
@@ -192,10 +193,12 @@ class _Session:
             if time.perf_counter() - started > PER_INPUT_S:
                 raise Hang(f"the answer took {time.perf_counter() - started:.1f} s")
         except trio.TooSlowError:
-            self.tally.crashed(index, data, Hang(f"no answer within {PER_INPUT_S:g} s"))
+            self.tally.crashed(
+                index, data, Hang(f"no answer within {PER_INPUT_S:g} s"), "FUZZ_RAW=1" if raw else ""
+            )
             await client.close()
         except Exception as err:
-            self.tally.crashed(index, data, err)
+            self.tally.crashed(index, data, err, "FUZZ_RAW=1" if raw else "")
             await client.close()
         else:
             self.tally.kinds[kind] += 1
