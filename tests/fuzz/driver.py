@@ -237,6 +237,25 @@ def random_bytes(rng: random.Random, most: int = 64) -> bytes:
     return rng.randbytes(rng.randint(0, most))
 
 
+def surface_inputs(pools: tuple[tuple[bytes, ...], ...], most: int = 64) -> Callable[[random.Random], bytes]:
+    """A generator for a target with several surfaces: one head byte (the surface in its low bits, a
+    free parameter such as a read size above them), then a pool entry as it is (10%), mutated (80%), or
+    random bytes of at most `most` (10%)."""
+    bits = (len(pools) - 1).bit_length()
+
+    def generate(rng: random.Random) -> bytes:
+        surface = rng.randrange(len(pools))
+        head = bytes([surface | rng.randrange(256 >> bits) << bits])
+        roll = rng.random()
+        if roll < 0.1:
+            return head + rng.choice(pools[surface])
+        if roll < 0.9:
+            return head + mutate(rng, rng.choice(pools[surface]), pool=pools[surface])
+        return head + random_bytes(rng, most)
+
+    return generate
+
+
 def text(rng: random.Random, most: int = 12) -> str:
     """A short string, now and then with characters that need several UTF-8 bytes."""
     alphabet = "abcxyz019-_./=:" if rng.random() < 0.8 else "aé€😀\x00\u2028"

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import random
 
-from tests.fuzz.driver import ERROR, ContractBroken, Target, kind_of, mutate, random_bytes
+from tests.fuzz.driver import ERROR, ContractBroken, Target, kind_of, surface_inputs
 from tests.fuzz.messages import encodings, random_message
 from vgpud._pb import ttrpc as pb
 from vgpud._pb.nri.pkg.api.v1alpha1 import CreateContainerRequest
@@ -172,16 +172,6 @@ def target(seed: int) -> Target:
         encodings(rng, CreateContainerRequest, POOL_SIZE),
     )
 
-    def generate(rng: random.Random) -> bytes:
-        surface = rng.randrange(4)
-        head = bytes([surface | rng.randrange(64) << 2])
-        roll = rng.random()
-        if roll < 0.1:
-            return head + rng.choice(pools[surface])
-        if roll < 0.9:
-            return head + mutate(rng, rng.choice(pools[surface]), pool=pools[surface])
-        return head + random_bytes(rng, 96)
-
     def check(data: bytes) -> str:
         if not data:
             return "empty"
@@ -201,4 +191,4 @@ def target(seed: int) -> Target:
             return _client(chunks)
         return _mux(chunks)
 
-    return Target("nri", generate, check)
+    return Target("nri", surface_inputs(pools, 96), check)

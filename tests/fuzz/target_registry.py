@@ -23,7 +23,7 @@ from grpclib.const import Status
 from grpclib.exceptions import GRPCError
 from grpclib.protocol import Buffer
 
-from tests.fuzz.driver import ContractBroken, Target, kind_of, mutate, random_bytes, text
+from tests.fuzz.driver import ContractBroken, Target, kind_of, surface_inputs, text
 from tests.fuzz.messages import random_message
 from vgpud._pb.registry import ContainerDeviceRequest
 from vgpud.registry.cgroup import CgroupParseError, is_pod_uid, parse_proc_cgroup
@@ -138,16 +138,6 @@ def target(seed: int) -> Target:
     rng = random.Random(seed)
     pools = (tuple(_request(rng) for _ in range(POOL_SIZE)), tuple(_cgroup(rng) for _ in range(POOL_SIZE)))
 
-    def generate(rng: random.Random) -> bytes:
-        surface = rng.randrange(2)
-        head = bytes([surface | rng.randrange(128) << 1])
-        roll = rng.random()
-        if roll < 0.1:
-            return head + rng.choice(pools[surface])
-        if roll < 0.9:
-            return head + mutate(rng, rng.choice(pools[surface]), pool=pools[surface])
-        return head + random_bytes(rng)
-
     def check(data: bytes) -> str:
         if not data:
             return "empty"
@@ -157,4 +147,4 @@ def target(seed: int) -> Target:
             return _check_request([body[i : i + step] for i in range(0, len(body), step)])
         return _check_cgroup(body, _DRIVERS[step % 3])
 
-    return Target("registry", generate, check)
+    return Target("registry", surface_inputs(pools), check)
