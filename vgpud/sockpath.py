@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import os
+import socket
 import stat
 from dataclasses import dataclass
 from pathlib import Path
@@ -37,6 +38,23 @@ def remove_stale_socket(path: Path) -> None:
     if check_socket_path(path):
         path.unlink(missing_ok=True)
         log.info("removed stale socket %s", path)
+
+
+def private_unix_listener(path: Path, backlog: int = 128) -> socket.socket:
+    """A listening, non-blocking unix socket at `path`, mode 0600 before anyone can connect (root-only
+    when vgpud runs as root); a stale socket file is replaced, anything else at `path` is refused."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    remove_stale_socket(path)
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        sock.bind(str(path))
+        os.chmod(path, 0o600)  # before listen(): until then every connect is refused
+        sock.listen(backlog)
+    except OSError:
+        sock.close()
+        raise
+    sock.setblocking(False)
+    return sock
 
 
 @dataclass(frozen=True)

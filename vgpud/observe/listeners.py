@@ -1,13 +1,10 @@
-"""The observability servers' listening sockets: TCP, and a root-only unix socket."""
+"""The observability servers' TCP listening sockets (the root-only unix one is
+`vgpud.sockpath.private_unix_listener`)."""
 
 from __future__ import annotations
 
-import os
 import socket
 from collections.abc import Callable
-from pathlib import Path
-
-from vgpud.sockpath import remove_stale_socket
 
 
 def tcp_listener(host: str, port: int) -> socket.socket:
@@ -16,20 +13,6 @@ def tcp_listener(host: str, port: int) -> socket.socket:
     def bind() -> None:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         sock.bind((host, port))
-
-    return _listening(sock, bind)
-
-
-def unix_listener(path: Path) -> socket.socket:
-    """A listening unix socket at `path`, mode 0600 before anyone can connect; a stale socket file is
-    replaced, anything else at `path` is an error (never deleted: vgpud.sockpath)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    remove_stale_socket(path)
-    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-
-    def bind() -> None:
-        sock.bind(str(path))
-        os.chmod(path, 0o600)  # before listen(): until then every connect is refused
 
     return _listening(sock, bind)
 

@@ -28,9 +28,9 @@ import trio
 from vgpud.compat import hypercorn
 from vgpud.observe.app import ObserveApp
 from vgpud.observe.hub import StreamHub
-from vgpud.observe.listeners import describe_listener, tcp_listener, unix_listener
+from vgpud.observe.listeners import describe_listener, tcp_listener
 from vgpud.observe.metrics import NodeMetrics
-from vgpud.sockpath import SocketIdentity, unlink_if_ours
+from vgpud.sockpath import SocketIdentity, private_unix_listener, unlink_if_ours
 
 log = logging.getLogger("vgpud.observe.http")
 
@@ -172,7 +172,7 @@ async def run_debug_server(
     listeners = []
     try:
         if unix_path is not None:
-            listeners.append(unix_listener(unix_path))
+            listeners.append(private_unix_listener(unix_path))
         if address is not None:
             listeners.append(tcp_listener(*address))
     except OSError:

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import errno
 import logging
-import struct
 from pathlib import Path
 from typing import Any
 
@@ -34,7 +33,7 @@ from grpclib.const import Status
 from grpclib.exceptions import GRPCError
 
 from vgpud._pb.registry import ContainerDeviceRequest, ContainerDeviceResponse, VDeviceRegistryBase
-from vgpud.compat.grpclib import TruncatedData, recv_data
+from vgpud.grpcserve import read_unary
 from vgpud.kube.informer import Informer
 from vgpud.nri.cache import NriCache
 from vgpud.partition.assigner import PartitionAssigner
@@ -55,47 +54,12 @@ from vgpud.registry.resolve import (
     WriteFailed,
     parse_query,
 )
-from vgpud.wire import MalformedMessage, parse_strict
 
 log = logging.getLogger("vgpud.registry")
 
 MAX_MESSAGE = 16 * 1024
 #: register UUIDs remembered as used (the debug state lists those issued and never used)
 CONSUMED_REMEMBERED = 4096
-_PREFIX = struct.Struct(">?I")  # gRPC message framing: compressed flag, length
-
-
-async def read_request(stream: Any, limit: int = MAX_MESSAGE) -> ContainerDeviceRequest:
-    """The unary request, refused from its length prefix when over `limit` (RESOURCE_EXHAUSTED).
-
-    grpclib has no receive limit: `Stream.recv_message` reads (and acknowledges) as many bytes as
-    the prefix claims. So the frame is read here (vgpud.compat.grpclib.recv_data) and decoded
-    strictly (INVALID_ARGUMENT for malformed or truncated bytes: a stream that ends inside the prefix,
-    or before the bytes the prefix announces, none at all included).
-    """
-    try:
-        prefix = await recv_data(stream, _PREFIX.size)
-    except TruncatedData:
-        raise GRPCError(Status.INVALID_ARGUMENT, "truncated message prefix") from None
-    if len(prefix) < _PREFIX.size:
-        raise GRPCError(Status.INVALID_ARGUMENT, "no request message")
-    compressed, length = _PREFIX.unpack(prefix)
-    if compressed:
-        raise GRPCError(Status.UNIMPLEMENTED, "compressed messages are not supported")
-    if length > limit:
-        raise GRPCError(
-            Status.RESOURCE_EXHAUSTED, f"request message of {length} bytes exceeds the limit of {limit}"
-        )
-    try:
-        message = await recv_data(stream, length)
-    except TruncatedData:
-        message = b""
-    if len(message) < length:  # the stream ended inside the message, or right after its prefix
-        raise GRPCError(Status.INVALID_ARGUMENT, "truncated request message")
-    try:
-        return parse_strict(message, ContainerDeviceRequest)
-    except MalformedMessage as err:
-        raise GRPCError(Status.INVALID_ARGUMENT, f"malformed ContainerDeviceRequest: {err}") from None
 
 
 class RegistryService(VDeviceRegistryBase):
@@ -132,7 +96,7 @@ class RegistryService(VDeviceRegistryBase):
     async def _handle(self, stream: Any) -> None:
         pid = peer_pid(stream)
         try:
-            request = await read_request(stream, self.max_message)
+            request = await read_unary(stream, ContainerDeviceRequest, self.max_message)
         except GRPCError as err:
             await trio_asyncio.trio_as_aio(self._unreadable)(pid, err)
             raise

@@ -23,8 +23,8 @@ from prometheus_client.parser import text_string_to_metric_families
 from tests.support import require
 from tests.unit.observe.node import Node, make_node, serving
 from vgpud.observe import serve
-from vgpud.observe.listeners import unix_listener
 from vgpud.recorder import HookCall, Recorder
+from vgpud.sockpath import private_unix_listener
 
 TIMEOUT = 20
 
@@ -175,7 +175,7 @@ def test_a_stale_socket_is_replaced_and_anything_else_kept(short_tmp: Path) -> N
     stale = socket.socket(socket.AF_UNIX)
     stale.bind(str(path))
     stale.close()  # the file stays, as after a crash
-    listener = unix_listener(path)
+    listener = private_unix_listener(path)
     try:
         assert stat.S_IMODE(path.stat().st_mode) == 0o600
     finally:
@@ -183,7 +183,7 @@ def test_a_stale_socket_is_replaced_and_anything_else_kept(short_tmp: Path) -> N
     path.unlink()
     path.write_text("not a socket")
     with pytest.raises(FileExistsError, match="not a socket"):
-        unix_listener(path)
+        private_unix_listener(path)
     assert path.read_text() == "not a socket"
 
 
