@@ -28,6 +28,8 @@ PURE = {
     "vgpud.nri.mux",
     "vgpud.gpu.healthrules",
     "vgpud.quantity",
+    "vgpud.registry.cgroup",
+    "vgpud.hotplug.rules",
 }
 #: what else a pure module may import (prefix match): generated messages, the protobuf runtime,
 #: grpclib's codec interface

@@ -1,0 +1,158 @@
+"""The hot-plug decisions: every refusal's status and what its message names, idempotency."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+from grpclib.const import Status
+
+from tests.unit.hotplug.world import CLAIM, CLAIMS, KEY, OTHER_SLAVE, RUNNING, SLAVE, TARGET
+from vgpud.hotplug.rules import (
+    MAX_ATTACHMENTS,
+    MAX_FIELD,
+    AttachKey,
+    AttachPlan,
+    Decision,
+    Refusal,
+    SlaveClaim,
+    parse_key,
+    plan_attach,
+    plan_detach,
+)
+
+
+def check(info: pytest.ExceptionInfo[Refusal], status: Status, *names: str) -> None:
+    assert info.value.status is status, info.value
+    for name in names:
+        assert name in info.value.message, (name, info.value.message)
+
+
+def test_a_valid_key() -> None:
+    assert parse_key(TARGET, "app", SLAVE) == KEY
+    assert parse_key("0" * 32, "app", SLAVE).target_pod_uid == "0" * 32  # a static pod's UID
+
+
+@pytest.mark.parametrize(
+    ("fields", "names"),
+    [
+        (("", "app", SLAVE), ("target_pod_uid is empty",)),
+        ((TARGET, "", SLAVE), ("container_name is empty",)),
+        ((TARGET, "app", ""), ("slave_pod_uid is empty",)),
+        (("x" * (MAX_FIELD + 1), "app", SLAVE), ("target_pod_uid", f"at most {MAX_FIELD}")),
+        ((TARGET, "a" * 1000, SLAVE), ("container_name", "1000 characters")),
+        (("not-a-uid", "app", SLAVE), ("target_pod_uid", "not a pod UID")),
+        ((TARGET, "app", SLAVE.upper()), ("slave_pod_uid", "not a pod UID")),
+        ((TARGET, "app", SLAVE + "\n"), ("slave_pod_uid", "not a pod UID")),
+        ((TARGET, "App_1", SLAVE), ("container_name", "not a DNS label")),
+        ((TARGET, "../x", SLAVE), ("container_name", "not a DNS label")),
+        ((TARGET, "app", TARGET), ("same pod", TARGET)),
+    ],
+)
+def test_bad_input_is_invalid_argument(fields: tuple[str, str, str], names: tuple[str, ...]) -> None:
+    with pytest.raises(Refusal) as info:
+        parse_key(*fields)
+    check(info, Status.INVALID_ARGUMENT, *names)
+
+
+def attach(**changes: object) -> AttachPlan:
+    args: dict[str, object] = {
+        "target": RUNNING,
+        "synced": True,
+        "slave_claims": CLAIMS,
+        "attachments": {},
+        "now": 100.0,
+    }
+    args.update(changes)
+    return plan_attach(KEY, **args)  # type: ignore[arg-type]
+
+
+def test_a_new_attachment() -> None:
+    plan = attach()
+    assert plan.decision is Decision.ATTACH and plan.previous is None
+    a = plan.attachment
+    assert (a.key, a.container_id, a.target_pod_namespace, a.target_pod_name) == (
+        KEY,
+        "c" * 64,
+        "team",
+        "trainer",
+    )
+    assert a.claims == CLAIMS and a.attached_at == 100.0
+
+
+def test_attaching_twice_is_one_attachment() -> None:
+    first = attach().attachment
+    again = attach(attachments={KEY: first}, now=200.0)
+    assert again.decision is Decision.ALREADY
+    assert again.attachment is first  # the existing record, its time included
+
+
+def test_a_restarted_container_is_attached_again() -> None:
+    first = attach().attachment
+    restarted = replace(RUNNING, container_id="d" * 64)
+    plan = attach(target=restarted, attachments={KEY: first})
+    assert plan.decision is Decision.REATTACH
+    assert plan.previous is first and plan.attachment.container_id == "d" * 64
+
+
+def test_changed_claims_are_attached_again() -> None:
+    first = attach().attachment
+    more = (*CLAIMS, SlaveClaim("team", "second", "cccccccc-0000-0000-0000-000000000002", ("gpu-1-vgpu",)))
+    assert attach(slave_claims=more, attachments={KEY: first}).decision is Decision.REATTACH
+
+
+def test_unknown_target_before_and_after_the_first_synchronize() -> None:
+    with pytest.raises(Refusal) as info:
+        attach(target=None, synced=False)
+    check(info, Status.UNAVAILABLE, "container app of pod " + TARGET, "retry")
+    with pytest.raises(Refusal) as info:
+        attach(target=None)
+    check(info, Status.NOT_FOUND, "container app of pod " + TARGET, "NRI")
+
+
+def test_a_target_that_is_not_running() -> None:
+    with pytest.raises(Refusal) as info:
+        attach(target=replace(RUNNING, running=False))
+    check(info, Status.FAILED_PRECONDITION, TARGET, "team/trainer", "c" * 64, "not running")
+
+
+def test_a_slave_without_a_prepared_claim() -> None:
+    with pytest.raises(Refusal) as info:
+        attach(slave_claims=())
+    check(info, Status.FAILED_PRECONDITION, f"slave pod {SLAVE}", "no vGPU claim prepared on this node")
+
+
+def test_a_claim_the_target_pod_holds_itself() -> None:
+    shared = (replace(CLAIMS[0], reserved_for=frozenset({SLAVE, TARGET})),)
+    with pytest.raises(Refusal) as info:
+        attach(slave_claims=shared)
+    check(info, Status.FAILED_PRECONDITION, f"claim team/slave-gpu ({CLAIM})", TARGET, "hold the devices")
+
+
+def test_a_slave_attached_elsewhere_must_be_detached_first() -> None:
+    elsewhere = replace(attach().attachment, key=AttachKey(TARGET, "sidecar", SLAVE))
+    with pytest.raises(Refusal) as info:
+        attach(attachments={elsewhere.key: elsewhere})
+    check(info, Status.FAILED_PRECONDITION, "container sidecar of pod " + TARGET, "detach it first")
+    # another slave pod may attach to the same container
+    other = replace(elsewhere, key=AttachKey(TARGET, "app", OTHER_SLAVE))
+    assert attach(attachments={other.key: other}).decision is Decision.ATTACH
+
+
+def test_the_table_is_bounded() -> None:
+    template = attach().attachment
+    full = {}
+    for n in range(MAX_ATTACHMENTS):
+        key = AttachKey(TARGET, f"c{n}", f"{n:032x}")
+        full[key] = replace(template, key=key)
+    with pytest.raises(Refusal) as info:
+        attach(attachments=full)
+    check(info, Status.RESOURCE_EXHAUSTED, str(MAX_ATTACHMENTS))
+
+
+def test_detach() -> None:
+    a = attach().attachment
+    assert plan_detach(KEY, {KEY: a}) is a
+    with pytest.raises(Refusal) as info:
+        plan_detach(KEY, {})
+    check(info, Status.NOT_FOUND, f"slave pod {SLAVE} is not attached to container app of pod {TARGET}")
