@@ -208,6 +208,12 @@ class ClaimIndex:
         UUID this node minted is in a PrepareCompleted entry, so the checkpoint is the UUID index."""
         return self._by_register_uuid.get(register_uuid)
 
+    def prepared_devices(self, claim_uid: str) -> tuple[str, ...]:
+        """The device names Prepare gave a prepared claim (the hot-plug API names them); () when the
+        claim is not prepared here."""
+        entry = self._entries.get(claim_uid)
+        return tuple(d.device for d in entry.prepared_devices) if entry is not None else ()
+
     def prepared_claim_uids(self) -> frozenset[str]:
         """Every claim in PrepareCompleted."""
         return frozenset(self._prepared)
