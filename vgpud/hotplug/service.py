@@ -12,9 +12,13 @@ Each change runs under one lock, so deciding (`vgpud.hotplug.rules`) and changin
 
 `DeviceAccess` is what makes the devices usable in the target container (a device cgroup rule for
 the slave claim's GPUs); the service takes it from its caller. Every call, refused ones included, is
-recorded (component "hotplug"; a failure's detail starts with its gRPC status name), so the metrics,
+recorded (component "hotplug"; claim_uid the slave's first claim, the detail names every claim and
+device; a failure's detail starts with its gRPC status name), so the metrics,
 the debug ring buffer and the live hook stream show it like every other hook. Requests are at most
 `MAX_MESSAGE` bytes (RESOURCE_EXHAUSTED from the length prefix).
+
+The daemon does not serve it yet: it is wired in together with its `DeviceAccess` (the device step)
+and the NRI plugin's `TargetLookup` of every running container.
 """
 
 from __future__ import annotations
@@ -177,7 +181,7 @@ class HotPlugService(pb.HotPlugBase):
                     ),
                 )
                 attachment = plan.attachment
-                call.update(claim_uid=",".join(c.uid for c in attachment.claims))
+                call.update(claim_uid=attachment.claims[0].uid)
                 if plan.decision is Decision.ALREADY:
                     call.detail = f"slave pod {key.slave_pod_uid}: already attached: {describe(attachment)}"
                     return pb.AttachResponse(attachment=attachment_message(attachment), already_attached=True)
@@ -240,7 +244,7 @@ class HotPlugService(pb.HotPlugBase):
                 call.update(
                     pod_namespace=attachment.target_pod_namespace,
                     pod_name=attachment.target_pod_name,
-                    claim_uid=",".join(c.uid for c in attachment.claims),
+                    claim_uid=attachment.claims[0].uid if attachment.claims else "",
                 )
                 with trio.CancelScope(shield=True):
                     try:

@@ -10,7 +10,7 @@ import socket
 import stat
 from collections.abc import AsyncIterator, Callable, Iterable
 from contextlib import asynccontextmanager
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import grpc
@@ -19,10 +19,10 @@ import trio
 import trio_asyncio
 
 from tests.stdproto import message_class
-from tests.unit.hotplug.world import CLAIM, CLAIMS, KEY, OTHER_SLAVE, RUNNING, SLAVE, TARGET
+from tests.unit.hotplug.world import CLAIM, CLAIMS, KEY, OTHER_SLAVE, RUNNING, SLAVE, TARGET, Access, Targets
 from vgpud.grpcserve import serve
-from vgpud.hotplug.rules import Attachment, KnownContainer, SlaveClaim
-from vgpud.hotplug.service import MAX_MESSAGE, ApplyError, HotPlugService
+from vgpud.hotplug.rules import SlaveClaim
+from vgpud.hotplug.service import MAX_MESSAGE, HotPlugService
 from vgpud.hotplug.store import HOTPLUG_FILE, AttachmentStore
 from vgpud.hotplug.table import AttachmentTable
 from vgpud.recorder import Outcome, Recorder
@@ -30,38 +30,6 @@ from vgpud.sockpath import SocketPathError
 
 SERVICE = "/vgpud.hotplug.v1.HotPlug/"
 BOOT = "boot-1"
-
-
-@dataclass
-class Targets:
-    """What the NRI plugin reported: (pod UID, container) -> instance."""
-
-    synced: bool = True
-    known: dict[tuple[str, str], KnownContainer] = field(default_factory=dict)
-
-    def container(self, pod_uid: str, container: str) -> KnownContainer | None:
-        return self.known.get((pod_uid, container))
-
-
-@dataclass
-class Access:
-    """Records grants and revokes in order; `fail` makes the named operation fail once."""
-
-    log: list[tuple[str, str]] = field(default_factory=list)
-    fail: set[str] = field(default_factory=set)
-
-    async def grant(self, attachment: Attachment) -> None:
-        await self._do("grant", attachment)
-
-    async def revoke(self, attachment: Attachment) -> None:
-        await self._do("revoke", attachment)
-
-    async def _do(self, what: str, attachment: Attachment) -> None:
-        await trio.lowlevel.checkpoint()
-        if what in self.fail:
-            self.fail.discard(what)
-            raise ApplyError("device cgroup rule", f"{what} refused by the test")
-        self.log.append((what, attachment.container_id))
 
 
 @dataclass

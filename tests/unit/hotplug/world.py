@@ -1,8 +1,14 @@
-"""Shared values for the hot-plug tests: pod UIDs, a running target container, slave claims."""
+"""Shared values for the hot-plug tests: pod UIDs, a running target container, slave claims, and the
+service's two inputs from its caller: the runtime's containers (`Targets`) and the device step (`Access`)."""
 
 from __future__ import annotations
 
-from vgpud.hotplug.rules import AttachKey, KnownContainer, SlaveClaim
+from dataclasses import dataclass, field
+
+import trio
+
+from vgpud.hotplug.rules import AttachKey, Attachment, KnownContainer, SlaveClaim
+from vgpud.hotplug.service import ApplyError
 
 TARGET = "11111111-2222-3333-4444-555555555555"
 SLAVE = "aaaaaaaa-bbbb-cccc-dddd-eeeeeeeeeeee"
@@ -11,3 +17,35 @@ CLAIM = "cccccccc-0000-0000-0000-000000000001"
 KEY = AttachKey(TARGET, "app", SLAVE)
 RUNNING = KnownContainer("c" * 64, TARGET, "app", "team", "trainer", running=True)
 CLAIMS = (SlaveClaim("team", "slave-gpu", CLAIM, ("gpu-0-vgpu",), frozenset({SLAVE})),)
+
+
+@dataclass
+class Targets:
+    """What the NRI plugin reported: (pod UID, container) -> instance."""
+
+    synced: bool = True
+    known: dict[tuple[str, str], KnownContainer] = field(default_factory=dict)
+
+    def container(self, pod_uid: str, container: str) -> KnownContainer | None:
+        return self.known.get((pod_uid, container))
+
+
+@dataclass
+class Access:
+    """Records grants and revokes in order; `fail` makes the named operation fail once."""
+
+    log: list[tuple[str, str]] = field(default_factory=list)
+    fail: set[str] = field(default_factory=set)
+
+    async def grant(self, attachment: Attachment) -> None:
+        await self._do("grant", attachment)
+
+    async def revoke(self, attachment: Attachment) -> None:
+        await self._do("revoke", attachment)
+
+    async def _do(self, what: str, attachment: Attachment) -> None:
+        await trio.lowlevel.checkpoint()
+        if what in self.fail:
+            self.fail.discard(what)
+            raise ApplyError("device cgroup rule", f"{what} refused by the test")
+        self.log.append((what, attachment.container_id))

@@ -6,9 +6,11 @@ from __future__ import annotations
 from pathlib import Path, PurePosixPath
 
 import pytest
+from grpclib.exceptions import GRPCError
 from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.samples import Sample
 
+from tests.unit.hotplug.world import CLAIMS, RUNNING, SLAVE, TARGET, Access, Targets
 from tests.unit.observe.node import Node, make_node
 from vgpud import metrics_names as names
 from vgpud._pb.nri.pkg.api.v1alpha1 import (
@@ -17,6 +19,10 @@ from vgpud._pb.nri.pkg.api.v1alpha1 import (
     PodSandbox,
     SynchronizeRequest,
 )
+from vgpud._pb.vgpud.hotplug.v1 import AttachRequest, DetachRequest
+from vgpud.hotplug.service import HotPlugService
+from vgpud.hotplug.store import HOTPLUG_FILE, AttachmentStore
+from vgpud.hotplug.table import AttachmentTable
 from vgpud.nri.cache import NotInjected
 from vgpud.nri.sync import decode_sync
 from vgpud.observe.metrics import HOOK_BUCKETS, registry_result
@@ -214,3 +220,23 @@ async def test_containers_without_their_injection_are_a_gauge(short_tmp: Path) -
     found = families(node)
     assert value(found[family(names.NRI_NOT_INJECTED)], "vgpud_nri_not_injected_containers") == 1
     assert found[family(names.NRI_EAGER_FALLBACK_INFO)] == []  # no fallback: no sample
+
+
+async def test_hotplug_calls_are_counted_like_every_hook(short_tmp: Path) -> None:
+    """The hot-plug service records into the same recorder, so its calls reach the hook metrics."""
+    node = make_node(short_tmp)
+    service = HotPlugService(
+        table=AttachmentTable(AttachmentStore(short_tmp / HOTPLUG_FILE, "boot")),
+        targets=Targets(known={(TARGET, "app"): RUNNING}),
+        claims=lambda pod: CLAIMS if pod == SLAVE else (),
+        access=Access(),
+        recorder=node.parts.recorder,
+    )
+    request = {"target_pod_uid": TARGET, "container_name": "app", "slave_pod_uid": SLAVE}
+    await service.attach(AttachRequest(**request))
+    for _ in range(2):
+        with pytest.raises(GRPCError):
+            await service.detach(DetachRequest(**{**request, "container_name": "other"}))
+    calls = families(node)[family(names.HOOK_CALLS)]
+    assert value(calls, "vgpud_hook_calls_total", component="hotplug", call="Attach", outcome="ok") == 1
+    assert value(calls, "vgpud_hook_calls_total", component="hotplug", call="Detach", outcome="rejected") == 2
