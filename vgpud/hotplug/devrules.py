@@ -1,0 +1,73 @@
+"""Device cgroup rules: which character devices a hot-plugged vGPU needs (pure, no I/O).
+
+A rule has the OCI `LinuxDeviceCgroup` shape (NRI sends the same): allow or deny, a type (`c`, `b`
+or `a` for all), a major and a minor (None: any), and an access string of `r`, `w`, `m`. The NVIDIA
+driver's GPU nodes are `/dev/nvidia<minor>` with the fixed major 195, the control node
+`/dev/nvidiactl` is 195:255, and the unified-memory nodes `/dev/nvidia-uvm` and
+`/dev/nvidia-uvm-tools` (minors 0 and 1) have a major the kernel assigns at load time, listed in
+`/proc/devices` as `nvidia-uvm`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import NamedTuple
+
+#: the NVIDIA driver's fixed character major (`/dev/nvidia<minor>`, `/dev/nvidiactl`)
+NVIDIA_MAJOR = 195
+#: `/dev/nvidiactl`'s minor
+NVIDIACTL_MINOR = 255
+#: the name of the unified-memory driver's major in /proc/devices
+UVM_DEVICE_NAME = "nvidia-uvm"
+#: `/dev/nvidia-uvm` and `/dev/nvidia-uvm-tools`
+UVM_MINORS = (0, 1)
+#: what a vGPU device node needs (read and write; `m`, mknod, stays with whoever creates the node)
+GPU_ACCESS = "rw"
+
+
+class DeviceRule(NamedTuple):
+    """One device cgroup rule (OCI `LinuxDeviceCgroup`)."""
+
+    allow: bool
+    #: "c", "b" or "a" (every device)
+    type: str
+    #: None: any major
+    major: int | None
+    #: None: any minor
+    minor: int | None
+    access: str
+
+    def __str__(self) -> str:
+        """The cgroup v1 `devices.allow` line: `c 195:0 rw`."""
+        major = "*" if self.major is None else str(self.major)
+        minor = "*" if self.minor is None else str(self.minor)
+        return f"{self.type} {major}:{minor} {self.access}"
+
+
+def char_rule(major: int, minor: int, access: str = GPU_ACCESS) -> DeviceRule:
+    return DeviceRule(True, "c", major, minor, access)
+
+
+def uvm_major(proc_devices: str) -> int | None:
+    """The `nvidia-uvm` major from the text of /proc/devices; None when the driver is not loaded."""
+    section = ""
+    for raw in proc_devices.splitlines():
+        line = raw.strip()
+        if line.endswith(":"):
+            section = line
+            continue
+        fields = line.split()
+        if section.startswith("Character") and len(fields) == 2 and fields[1] == UVM_DEVICE_NAME:
+            return int(fields[0]) if fields[0].isdigit() else None
+    return None
+
+
+def gpu_rules(minors: Iterable[int], proc_devices: str) -> tuple[DeviceRule, ...]:
+    """The rules a container needs to use these GPUs: each GPU node, the control node, and the
+    unified-memory nodes when that driver is loaded. Sorted, without repeats."""
+    rules = {char_rule(NVIDIA_MAJOR, minor) for minor in minors}
+    rules.add(char_rule(NVIDIA_MAJOR, NVIDIACTL_MINOR))
+    uvm = uvm_major(proc_devices)
+    if uvm is not None:
+        rules.update(char_rule(uvm, minor) for minor in UVM_MINORS)
+    return tuple(sorted(rules, key=lambda r: (r.major or -1, r.minor or -1)))
