@@ -15,13 +15,14 @@ the containers the runtime reported through NRI, and its own attachment table. E
 | RESOURCE_EXHAUSTED  | the node already has `MAX_ATTACHMENTS` attachments                                 |
 
 Attach is idempotent: the same (target pod, container, slave pod) attached to the same container
-instance with the same claims is `ALREADY` (nothing changes); a restarted container (a new instance ID)
-or a changed claim set is `REATTACH` (its grant went with the old instance and must be made again).
+instance with the same claims is `ALREADY` (nothing changes); a restarted container (a new instance ID),
+a changed claim set or a change left half done (`AttachState` not ATTACHED) is `REATTACH` (the grant is
+made again).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 
@@ -93,6 +94,15 @@ class SlaveClaim:
         return f"claim {self.namespace}/{self.name} ({self.uid})"
 
 
+class AttachState(StrEnum):
+    """Where an attachment's change stands. The record is written before the grant and before the
+    revoke, so a vgpud that dies in between finds the change to finish (`vgpud.hotplug.reconcile`)."""
+
+    ATTACHING = "attaching"  # recorded; the grant may or may not have been made
+    ATTACHED = "attached"  # granted
+    DETACHING = "detaching"  # a Detach began; the revoke may or may not have been made
+
+
 @dataclass(frozen=True)
 class Attachment:
     """One recorded attachment: the key, the container instance it was made for, and what it gave."""
@@ -104,6 +114,7 @@ class Attachment:
     claims: tuple[SlaveClaim, ...]
     #: when vgpud recorded it, seconds since the epoch
     attached_at: float
+    state: AttachState = AttachState.ATTACHED
 
 
 class Decision(StrEnum):
@@ -222,7 +233,11 @@ def plan_attach(
     )
     if previous is None:
         return AttachPlan(Decision.ATTACH, attachment)
-    if previous.container_id == container.container_id and _same_claims(previous.claims, claims):
+    if (
+        previous.state is AttachState.ATTACHED
+        and previous.container_id == container.container_id
+        and _same_claims(previous.claims, claims)
+    ):
         return AttachPlan(Decision.ALREADY, previous)
     return AttachPlan(Decision.REATTACH, attachment, previous)
 
@@ -237,3 +252,39 @@ def plan_detach(key: AttachKey, attachments: Mapping[AttachKey, Attachment]) -> 
     if found is None:
         raise Refusal(Status.NOT_FOUND, f"slave pod {key.slave_pod_uid} is not attached to {key.target}")
     return found
+
+
+class Repair(StrEnum):
+    """What `plan_reconcile` does with a record."""
+
+    FORGET = "forget"  # the target instance is gone: its cgroup, and the grant in it, went with it
+    REVOKE = "revoke"  # a Detach was cut short, or a slave claim is no longer prepared: revoke, remove
+    GRANT = "grant"  # an Attach was cut short: grant (idempotent), then mark it attached
+
+
+def plan_reconcile(
+    attachments: Mapping[AttachKey, Attachment],
+    *,
+    running: Callable[[str], bool],
+    prepared: Callable[[str], bool],
+) -> list[tuple[Attachment, Repair, str]]:
+    """The records to repair, in key order, each with why: `running(container_id)` says whether the
+    runtime still runs that instance, `prepared(claim_uid)` whether this node still has that claim
+    prepared. Records of running instances whose claims are all prepared and whose change finished
+    are left alone."""
+    repairs = []
+    for key in sorted(attachments):
+        a = attachments[key]
+        gone = [c for c in a.claims if not prepared(c.uid)]
+        if not running(a.container_id):
+            repairs.append((a, Repair.FORGET, f"target instance {a.container_id} no longer runs"))
+        elif a.state is AttachState.DETACHING:
+            repairs.append((a, Repair.REVOKE, "a detach was cut short"))
+        elif gone:
+            names = ", ".join(str(c) for c in gone)
+            repairs.append(
+                (a, Repair.REVOKE, f"{names} of slave pod {key.slave_pod_uid} is no longer prepared")
+            )
+        elif a.state is AttachState.ATTACHING:
+            repairs.append((a, Repair.GRANT, "an attach was cut short"))
+    return repairs

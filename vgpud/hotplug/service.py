@@ -3,12 +3,14 @@
 Each change runs under one lock, so deciding (`vgpud.hotplug.rules`) and changing are one step:
 
 - Attach: validate; decide against the running containers NRI reported, the slave pod's prepared
-  claims and the table; ALREADY answers the existing attachment and changes nothing. Otherwise (for a
-  REATTACH, revoke the grant of the previous record first) grant the devices (`DeviceAccess`), then
-  write the table; a failed write revokes the grant again. The grant and the write are shielded from
+  claims and the table; ALREADY answers the existing attachment and changes nothing. Otherwise record
+  it as attaching, revoke the previous grant (REATTACH), grant the devices (`DeviceAccess`), record it
+  as attached. A failed step undoes what came before it where it can and names itself in the error.
+- Detach: record it as detaching, revoke, remove the record.
+- The record is written before each grant and revoke, so a vgpud that dies in between finds the
+  change half done and `reconcile` finishes it (also: forgets records of instances that are gone,
+  revokes those whose slave claim is no longer prepared). The changes are shielded from
   cancellation: a caller that hangs up never leaves half a change.
-- Detach: revoke, then remove the record. A failed revoke keeps the record (Detach again); a failed
-  write after the revoke says so (Detach again: revoking twice is harmless).
 
 `DeviceAccess` is what makes the devices usable in the target container (a device cgroup rule for
 the slave claim's GPUs); the service takes it from its caller. Every call, refused ones included, is
@@ -16,9 +18,6 @@ recorded (component "hotplug"; claim_uid the slave's first claim, the detail nam
 device; a failure's detail starts with its gRPC status name), so the metrics,
 the debug ring buffer and the live hook stream show it like every other hook. Requests are at most
 `MAX_MESSAGE` bytes (RESOURCE_EXHAUSTED from the length prefix).
-
-The daemon does not serve it yet: it is wired in together with its `DeviceAccess` (the device step)
-and the NRI plugin's `TargetLookup` of every running container.
 """
 
 from __future__ import annotations
@@ -26,6 +25,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Iterable
+from dataclasses import replace
 from typing import Any, NoReturn, Protocol, TypeVar
 
 import grpclib.const
@@ -39,13 +39,16 @@ from vgpud.grpcserve import read_unary
 from vgpud.hotplug.rules import (
     AttachKey,
     Attachment,
+    AttachState,
     Decision,
     KnownContainer,
     Refusal,
+    Repair,
     SlaveClaim,
     parse_key,
     plan_attach,
     plan_detach,
+    plan_reconcile,
 )
 from vgpud.hotplug.store import StoreError
 from vgpud.hotplug.table import AttachmentTable
@@ -71,6 +74,10 @@ class TargetLookup(Protocol):
 
     def container(self, pod_uid: str, container: str) -> KnownContainer | None:
         """The newest instance of (pod UID, container name), None when the runtime reported none."""
+        ...
+
+    def instance(self, container_id: str) -> KnownContainer | None:
+        """The instance with this ID, None when the runtime does not report it (any more)."""
         ...
 
 
@@ -120,15 +127,18 @@ class HotPlugService(pb.HotPlugBase):
         table: AttachmentTable,
         targets: TargetLookup,
         claims: Callable[[str], Iterable[SlaveClaim]],
+        prepared: Callable[[str], bool],
         access: DeviceAccess,
         recorder: Recorder,
         clock: Callable[[], float] = time.time,
         max_message: int = MAX_MESSAGE,
     ) -> None:
-        """`claims`: the slave pod UID -> its vGPU claims prepared here (`vgpud.hotplug.claims`)."""
+        """`claims`: the slave pod UID -> its vGPU claims prepared here (`vgpud.hotplug.claims`);
+        `prepared`: whether a claim UID is still prepared here."""
         self.table = table
         self.targets = targets
         self.claims = claims
+        self.prepared = prepared
         self.access = access
         self.recorder = recorder
         self.clock = clock
@@ -194,7 +204,13 @@ class HotPlugService(pb.HotPlugBase):
     async def _apply(
         self, call: TimedCall, key: AttachKey, previous: Attachment | None, new: Attachment
     ) -> None:
-        """Revoke the previous grant (REATTACH), grant, record; undo what was done when a step fails."""
+        """Record the change as begun, revoke the previous grant (REATTACH), grant, record it done; a
+        failed step undoes what came before it where it can and names itself in the error."""
+        pending = replace(new, state=AttachState.ATTACHING)
+        try:
+            await self.table.put(pending)
+        except StoreError as err:
+            self._fail(call, Status.INTERNAL, f"attach of {key}: recording it failed: {err}; nothing changed")
         if previous is not None:
             try:
                 await self.access.revoke(previous)
@@ -203,38 +219,50 @@ class HotPlugService(pb.HotPlugBase):
                     call,
                     Status.INTERNAL,
                     f"attach of {key}: revoking the grant of instance {previous.container_id} failed at "
-                    f"{err.step}: {err}; nothing changed",
+                    f"{err.step}: {err}; {await self._restore(previous)}",
                 )
         try:
             await self.access.grant(new)
         except ApplyError as err:
-            message = f"attach of {key} failed at {err.step}: {err}"
-            if previous is not None:
-                message += f"; {await self._drop(previous)}"
-            self._fail(call, Status.INTERNAL, message)
+            self._fail(
+                call, Status.INTERNAL, f"attach of {key} failed at {err.step}: {err}; {await self._drop(key)}"
+            )
         try:
             await self.table.put(new)
         except StoreError as err:
             self._fail(
-                call, Status.INTERNAL, f"attach of {key}: recording it failed: {err}; {await self._undo(new)}"
+                call,
+                Status.INTERNAL,
+                f"attach of {key}: granted, but recording it as done failed: {err}; {await self._undo(new)}",
             )
 
     async def _undo(self, attachment: Attachment) -> str:
-        """Roll a grant back; what happened, for the caller's error."""
+        """Roll a grant back and drop its record; what happened, for the caller's error."""
         try:
             await self.access.revoke(attachment)
         except ApplyError as err:
             log.error("hot-plug: rollback of %s failed at %s: %s", attachment.key, err.step, err)
-            return f"rolling the grant back failed too, at {err.step}: {err}"
-        return "the grant was rolled back"
+            return (
+                f"rolling the grant back failed too, at {err.step}: {err} (the record stays as "
+                f"{attachment.state.value}: vgpud finishes it when it next reconciles)"
+            )
+        return f"the grant was rolled back; {await self._drop(attachment.key)}"
 
-    async def _drop(self, previous: Attachment) -> str:
-        """Remove the record of a grant already revoked; what happened, for the caller's error."""
+    async def _drop(self, key: AttachKey) -> str:
+        """Remove the record of a change that did not happen; what happened, for the caller's error."""
         try:
-            await self.table.remove(previous.key)
+            await self.table.remove(key)
         except StoreError as err:
-            return f"the grant of instance {previous.container_id} was revoked, but its record stays: {err}"
-        return f"the grant of instance {previous.container_id} was revoked and its record removed"
+            return f"its record stays as pending ({err}): vgpud finishes it when it next reconciles"
+        return "nothing stays of it"
+
+    async def _restore(self, previous: Attachment) -> str:
+        """Put the previous record back after its revoke failed (the grant is intact)."""
+        try:
+            await self.table.put(previous)
+        except StoreError as err:
+            return f"its record stays as pending ({err}): vgpud finishes it when it next reconciles"
+        return "the previous attachment stays as it was"
 
     async def detach(self, message: pb.DetachRequest) -> pb.DetachResponse:
         with self._timed("Detach", message) as call:
@@ -247,21 +275,79 @@ class HotPlugService(pb.HotPlugBase):
                     claim_uid=attachment.claims[0].uid if attachment.claims else "",
                 )
                 with trio.CancelScope(shield=True):
-                    try:
-                        await self.access.revoke(attachment)
-                    except ApplyError as err:
-                        message = f"detach of {key} failed at {err.step}: {err}; still attached"
-                        self._fail(call, Status.INTERNAL, message)
-                    try:
-                        await self.table.remove(key)
-                    except StoreError as err:
-                        message = (
-                            f"detach of {key}: access was revoked but the record stays: {err}; detach again"
-                        )
-                        self._fail(call, Status.INTERNAL, message)
+                    await self._revoke_and_remove(call, attachment, "detach")
                 call.detail = f"slave pod {key.slave_pod_uid}: detached: {describe(attachment)}"
                 log.info("hot-plug: detached %s: %s", key, describe(attachment))
                 return pb.DetachResponse(attachment=attachment_message(attachment))
+
+    async def _revoke_and_remove(self, call: TimedCall, attachment: Attachment, what: str) -> None:
+        """Record the detach as begun, revoke, remove the record; a failed step says what stays."""
+        key = attachment.key
+        try:
+            await self.table.put(replace(attachment, state=AttachState.DETACHING))
+        except StoreError as err:
+            self._fail(call, Status.INTERNAL, f"{what} of {key}: recording it failed: {err}; still attached")
+        try:
+            await self.access.revoke(attachment)
+        except ApplyError as err:
+            restored = await self._restore(attachment)
+            message = f"{what} of {key} failed at {err.step}: {err}; still attached ({restored})"
+            self._fail(call, Status.INTERNAL, message)
+        try:
+            await self.table.remove(key)
+        except StoreError as err:
+            message = (
+                f"{what} of {key}: access was revoked but the record stays as detaching: {err}; vgpud "
+                "removes it when it next reconciles"
+            )
+            self._fail(call, Status.INTERNAL, message)
+
+    async def reconcile(self) -> None:
+        """Bring the table in line with the node (`rules.plan_reconcile`): forget records of instances
+        that are gone, revoke those whose slave claim is no longer prepared or whose Detach was cut
+        short, finish an Attach that was cut short. Called once the runtime's list has arrived, when a
+        container instance stops or goes, and when a claim is unprepared. Each repair is recorded
+        (method Reconcile); a failed one is logged and tried again at the next call."""
+        if not self.targets.synced:
+            return
+        async with self._lock:
+            repairs = plan_reconcile(
+                self.table.attachments,
+                running=lambda cid: (found := self.targets.instance(cid)) is not None and found.running,
+                prepared=self.prepared,
+            )
+            for attachment, repair, why in repairs:
+                with trio.CancelScope(shield=True):
+                    await self._repair(attachment, repair, why)
+
+    async def _repair(self, attachment: Attachment, repair: Repair, why: str) -> None:
+        key = attachment.key
+        with self.recorder.timed(
+            COMPONENT,
+            "Reconcile",
+            pod_uid=key.target_pod_uid,
+            container=key.container,
+            pod_namespace=attachment.target_pod_namespace,
+            pod_name=attachment.target_pod_name,
+            claim_uid=attachment.claims[0].uid if attachment.claims else "",
+        ) as call:
+            call.detail = f"slave pod {key.slave_pod_uid}: {repair.value}: {why}"
+            try:
+                if repair is Repair.FORGET:
+                    await self.table.remove(key)
+                elif repair is Repair.REVOKE:
+                    await self._revoke_and_remove(call, attachment, "reconcile")
+                else:
+                    await self.access.grant(attachment)
+                    await self.table.put(replace(attachment, state=AttachState.ATTACHED))
+            except (StoreError, ApplyError) as err:
+                call.outcome, call.detail = Outcome.ERROR, f"{call.detail}: failed: {err}"
+                log.warning("hot-plug: reconcile of %s: %s failed: %s", key, repair.value, err)
+                return
+            except GRPCError as err:  # _revoke_and_remove's refusal: recorded and logged by _fail
+                log.debug("hot-plug: reconcile of %s: %s", key, err.message)
+                return
+            log.info("hot-plug: %s %s: %s", repair.value, key, why)
 
     async def list(self, message: pb.ListRequest) -> pb.ListResponse:
         return pb.ListResponse(attachments=[attachment_message(a) for a in self.table.sorted()])

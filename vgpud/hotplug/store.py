@@ -3,6 +3,7 @@
     {"version": 1, "nodeBootID": "...",
      "attachments": [{"targetPodUID": ..., "containerName": ..., "slavePodUID": ..., "containerID": ...,
                       "targetPodNamespace": ..., "targetPodName": ..., "attachedAt": <seconds>,
+                      "state": "attaching" | "attached" | "detaching",
                       "claims": [{"namespace": ..., "name": ..., "uid": ..., "devices": [...]}]}]}
 
 Written like the checkpoint (`vgpud.fsutil.write_atomic`, mode 0600, never through a symlink). A file
@@ -24,7 +25,15 @@ from pathlib import Path
 from typing import Any
 
 from vgpud.fsutil import write_atomic
-from vgpud.hotplug.rules import MAX_ATTACHMENTS, AttachKey, Attachment, Refusal, SlaveClaim, parse_key
+from vgpud.hotplug.rules import (
+    MAX_ATTACHMENTS,
+    AttachKey,
+    Attachment,
+    AttachState,
+    Refusal,
+    SlaveClaim,
+    parse_key,
+)
 
 log = logging.getLogger("vgpud.hotplug")
 
@@ -81,6 +90,7 @@ def attachment_to_dict(a: Attachment) -> dict[str, Any]:
         "targetPodNamespace": a.target_pod_namespace,
         "targetPodName": a.target_pod_name,
         "attachedAt": a.attached_at,
+        "state": a.state.value,
         "claims": [claim_to_dict(c) for c in a.claims],
     }
 
@@ -109,6 +119,9 @@ def attachment_from_dict(obj: Any, where: str = "attachment") -> Attachment:
     attached_at = obj.get("attachedAt")
     if type(attached_at) not in (int, float):
         raise ValueError(f"{where}: attachedAt must be a number")
+    state = _str(obj, "state", where)
+    if state not in {s.value for s in AttachState}:
+        raise ValueError(f"{where}: state {state!r} is not one of {', '.join(s.value for s in AttachState)}")
     return Attachment(
         key=key,
         container_id=_str(obj, "containerID", where),
@@ -116,6 +129,7 @@ def attachment_from_dict(obj: Any, where: str = "attachment") -> Attachment:
         target_pod_name=_str(obj, "targetPodName", where),
         claims=tuple(_claim(c, f"{where} claim") for c in _list(obj, "claims", where)),
         attached_at=float(attached_at),
+        state=AttachState(state),
     )
 
 

@@ -13,12 +13,15 @@ from vgpud.hotplug.rules import (
     MAX_FIELD,
     AttachKey,
     AttachPlan,
+    AttachState,
     Decision,
     Refusal,
+    Repair,
     SlaveClaim,
     parse_key,
     plan_attach,
     plan_detach,
+    plan_reconcile,
 )
 
 
@@ -87,6 +90,12 @@ def test_attaching_twice_is_one_attachment() -> None:
     assert again.attachment is first  # the existing record, its time included
 
 
+def test_a_half_done_attachment_is_made_again() -> None:
+    for state in (AttachState.ATTACHING, AttachState.DETACHING):
+        first = replace(attach().attachment, state=state)
+        assert attach(attachments={KEY: first}).decision is Decision.REATTACH
+
+
 def test_a_restarted_container_is_attached_again() -> None:
     first = attach().attachment
     restarted = replace(RUNNING, container_id="d" * 64)
@@ -97,7 +106,7 @@ def test_a_restarted_container_is_attached_again() -> None:
 
 def test_changed_claims_are_attached_again() -> None:
     first = attach().attachment
-    more = (*CLAIMS, SlaveClaim("team", "second", "cccccccc-0000-0000-0000-000000000002", ("gpu-1-vgpu",)))
+    more = (*CLAIMS, SlaveClaim("team", "second", "cccccccc-0000-0000-0000-000000000002", ("vgpu-1",)))
     assert attach(slave_claims=more, attachments={KEY: first}).decision is Decision.REATTACH
 
 
@@ -156,3 +165,32 @@ def test_detach() -> None:
     with pytest.raises(Refusal) as info:
         plan_detach(KEY, {})
     check(info, Status.NOT_FOUND, f"slave pod {SLAVE} is not attached to container app of pod {TARGET}")
+
+
+def test_reconcile_plan() -> None:
+    done = attach().attachment
+    other = AttachKey(TARGET, "other", OTHER_SLAVE)
+    table = {
+        KEY: done,
+        other: replace(done, key=other, container_id="d" * 64, state=AttachState.ATTACHING),
+    }
+    everything = {"running": lambda cid: True, "prepared": lambda uid: True}
+    assert plan_reconcile({KEY: done}, **everything) == []
+    assert [(a.key, r) for a, r, _ in plan_reconcile(table, **everything)] == [(other, Repair.GRANT)]
+    gone = plan_reconcile(table, running=lambda cid: cid != "c" * 64, prepared=lambda uid: True)
+    assert [(a.key, r) for a, r, _ in gone] == [(KEY, Repair.FORGET), (other, Repair.GRANT)]
+    unprepared = plan_reconcile(table, running=lambda cid: True, prepared=lambda uid: uid != CLAIM)
+    assert [(a.key, r, why) for a, r, why in unprepared] == [
+        (KEY, Repair.REVOKE, f"claim team/slave-gpu ({CLAIM}) of slave pod {SLAVE} is no longer prepared"),
+        (
+            other,
+            Repair.REVOKE,
+            f"claim team/slave-gpu ({CLAIM}) of slave pod {OTHER_SLAVE} is no longer prepared",
+        ),
+    ]
+    detaching = {KEY: replace(done, state=AttachState.DETACHING)}
+    assert [r for _, r, _ in plan_reconcile(detaching, **everything)] == [Repair.REVOKE]
+    # a gone instance wins over everything: its cgroup (and the grant in it) is gone
+    assert [
+        r for _, r, _ in plan_reconcile(detaching, running=lambda cid: False, prepared=lambda u: False)
+    ] == [Repair.FORGET]

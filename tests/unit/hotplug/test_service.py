@@ -8,7 +8,7 @@ from __future__ import annotations
 import os
 import socket
 import stat
-from collections.abc import AsyncIterator, Callable, Iterable
+from collections.abc import AsyncIterator, Callable, Iterable, Mapping
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -19,11 +19,11 @@ import trio
 import trio_asyncio
 
 from tests.stdproto import message_class
-from tests.unit.hotplug.world import CLAIM, CLAIMS, KEY, OTHER_SLAVE, RUNNING, SLAVE, TARGET, Access, Targets
+from tests.unit.hotplug.world import CLAIM, CLAIMS, OTHER_SLAVE, RUNNING, SLAVE, TARGET, Access, Targets
 from vgpud.grpcserve import serve
-from vgpud.hotplug.rules import SlaveClaim
+from vgpud.hotplug.rules import AttachKey, Attachment, AttachState, SlaveClaim
 from vgpud.hotplug.service import MAX_MESSAGE, HotPlugService
-from vgpud.hotplug.store import HOTPLUG_FILE, AttachmentStore
+from vgpud.hotplug.store import HOTPLUG_FILE, AttachmentStore, StoreError
 from vgpud.hotplug.table import AttachmentTable
 from vgpud.recorder import Outcome, Recorder
 from vgpud.sockpath import SocketPathError
@@ -40,6 +40,8 @@ class Node:
     access: Access
     recorder: Recorder
     claims: dict[str, tuple[SlaveClaim, ...]]
+    #: the claim UIDs prepared on this node
+    prepared: set[str]
 
     def call(self, method: str, timeout: float = 10, **fields: str) -> tuple[grpc.StatusCode, str, object]:
         """One call on a fresh grpcio channel: (code, details, response or None)."""
@@ -67,15 +69,37 @@ def make_service(plugin_dir: Path, *, claims: dict[str, tuple[SlaveClaim, ...]] 
     access, recorder = Access(), Recorder()
     by_pod = {SLAVE: CLAIMS} if claims is None else claims
     lookup: Callable[[str], Iterable[SlaveClaim]] = lambda pod: by_pod.get(pod, ())  # noqa: E731
+    prepared = {c.uid for claims in by_pod.values() for c in claims}
     service = HotPlugService(
-        table=AttachmentTable(AttachmentStore(plugin_dir / HOTPLUG_FILE, BOOT)),
+        table=AttachmentTable(FlakyStore(plugin_dir / HOTPLUG_FILE, BOOT)),
         targets=targets,
         claims=lookup,
+        prepared=prepared.__contains__,
         access=access,
         recorder=recorder,
         clock=lambda: 42.0,
     )
-    return Node(plugin_dir / "hotplug.sock", service, targets, access, recorder, by_pod)
+    return Node(plugin_dir / "hotplug.sock", service, targets, access, recorder, by_pod, prepared)
+
+
+class FlakyStore(AttachmentStore):
+    """The real file store; `fail_saves` numbers the saves (1 = the next) that fail as a full disk would."""
+
+    fail_saves: set[int]
+    saves = 0
+
+    def save(self, attachments: Mapping[AttachKey, Attachment]) -> None:
+        self.saves += 1
+        if self.saves in getattr(self, "fail_saves", set()):
+            raise StoreError(f"cannot write {self.path}: no space left on device (save {self.saves})")
+        super().save(attachments)
+
+
+def fail_saves(node: Node, *numbers: int) -> None:
+    """Make the table's next saves with these numbers (1: the next one) fail."""
+    store = node.service.table.store
+    assert isinstance(store, FlakyStore)
+    store.fail_saves = {store.saves + n for n in numbers}
 
 
 @asynccontextmanager
@@ -110,7 +134,7 @@ async def test_attach_list_detach_and_idempotency(node: Node) -> None:
         )
         assert (a.target_pod_namespace, a.target_pod_name, a.attached_at) == ("team", "trainer", 42.0)
         assert [(c.namespace, c.name, c.uid, list(c.devices)) for c in a.claims] == [
-            ("team", "slave-gpu", CLAIM, ["gpu-0-vgpu"])
+            ("team", "slave-gpu", CLAIM, ["vgpu-0"])
         ]
         assert node.access.log == [("grant", "c" * 64)]
 
@@ -207,12 +231,23 @@ async def test_a_failed_grant_changes_nothing_and_names_the_step(node: Node) -> 
     assert node.recorder.recent()[0].outcome is Outcome.ERROR
 
 
-async def test_a_failed_record_rolls_the_grant_back(node: Node) -> None:
+async def test_a_failed_first_record_changes_nothing(node: Node) -> None:
     async with serving(node):
         (node.path.parent / HOTPLUG_FILE).mkdir()  # the table's file cannot be written
         code, details, _ = await node.acall("Attach", **REQUEST)
     assert code is grpc.StatusCode.INTERNAL
-    assert "recording it failed" in details and "the grant was rolled back" in details
+    assert "recording it failed" in details and details.endswith("nothing changed")
+    assert node.access.log == []
+    assert node.service.table.attachments == {}
+
+
+async def test_a_failed_final_record_rolls_the_grant_back(node: Node) -> None:
+    async with serving(node):
+        fail_saves(node, 2)  # the record as attaching is written, the record as attached is not
+        code, details, _ = await node.acall("Attach", **REQUEST)
+    assert code is grpc.StatusCode.INTERNAL
+    assert "granted, but recording it as done failed" in details
+    assert details.endswith("the grant was rolled back; nothing stays of it")
     assert node.access.log == [("grant", "c" * 64), ("revoke", "c" * 64)]
     assert node.service.table.attachments == {}
 
@@ -222,8 +257,9 @@ async def test_a_failed_revoke_keeps_the_attachment(node: Node) -> None:
         assert (await node.acall("Attach", **REQUEST))[0] is grpc.StatusCode.OK
         node.access.fail.add("revoke")
         code, details, _ = await node.acall("Detach", **REQUEST)
-        assert code is grpc.StatusCode.INTERNAL and details.endswith("still attached")
-        assert list(node.service.table.attachments) == [KEY]
+        assert code is grpc.StatusCode.INTERNAL
+        assert details.endswith("still attached (the previous attachment stays as it was)")
+        assert [a.state for a in node.service.table.attachments.values()] == [AttachState.ATTACHED]
         assert (await node.acall("Detach", **REQUEST))[0] is grpc.StatusCode.OK
 
 
@@ -244,7 +280,7 @@ async def test_a_restarted_target_whose_new_grant_fails_keeps_no_stale_record(no
         node.access.fail.add("grant")
         code, details, _ = await node.acall("Attach", **REQUEST)
         assert code is grpc.StatusCode.INTERNAL
-        assert f"the grant of instance {'c' * 64} was revoked and its record removed" in details
+        assert details.endswith("grant refused by the test; nothing stays of it")
         _, _, listed = await node.acall("List")
         assert list(listed.attachments) == []
     assert node.access.log == [("grant", "c" * 64), ("revoke", "c" * 64)]
@@ -284,3 +320,75 @@ async def test_a_stale_socket_is_replaced(short_tmp: Path) -> None:
         s.bind(str(node.path))
     async with serving(node):
         assert (await node.acall("List"))[0] is grpc.StatusCode.OK
+
+
+# -- reconcile: a half-done change is finished, a record of what is gone is dropped ------------------
+
+
+async def test_a_crash_between_record_and_grant_is_finished_by_reconcile(node: Node) -> None:
+    async with serving(node):
+        node.access.fail.add("grant")
+        fail_saves(node, 2)  # the rollback's removal fails too: the record stays as attaching
+        code, details, _ = await node.acall("Attach", **REQUEST)
+        assert code is grpc.StatusCode.INTERNAL and "vgpud finishes it when it next reconciles" in details
+        assert [a.state for a in node.service.table.attachments.values()] == [AttachState.ATTACHING]
+        await node.service.reconcile()
+        assert [a.state for a in node.service.table.attachments.values()] == [AttachState.ATTACHED]
+        await node.service.reconcile()  # nothing left to do
+    assert node.access.log == [("grant", "c" * 64)]
+    recorded = [(c.call, c.outcome, c.detail) for c in node.recorder.recent()][1:]
+    assert recorded == [("Reconcile", Outcome.OK, f"slave pod {SLAVE}: grant: an attach was cut short")]
+
+
+async def test_a_cut_short_detach_is_finished_by_reconcile(node: Node) -> None:
+    async with serving(node):
+        await node.acall("Attach", **REQUEST)
+        fail_saves(node, 2)  # revoked, but the record cannot be removed: it stays as detaching
+        code, details, _ = await node.acall("Detach", **REQUEST)
+        assert code is grpc.StatusCode.INTERNAL and "record stays as detaching" in details
+        await node.service.reconcile()
+        assert node.service.table.attachments == {}
+    assert node.access.log == [("grant", "c" * 64), ("revoke", "c" * 64), ("revoke", "c" * 64)]
+
+
+async def test_reconcile_forgets_a_gone_target_and_revokes_an_unprepared_claim(short_tmp: Path) -> None:
+    other_target = "22222222-2222-3333-4444-555555555555"
+    other_claim = SlaveClaim(
+        "team", "second", "cccccccc-0000-0000-0000-000000000002", ("vgpu-1",), frozenset()
+    )
+    node = make_service(short_tmp, claims={SLAVE: CLAIMS, OTHER_SLAVE: (other_claim,)})
+    node.targets.known[(other_target, "app")] = replace(RUNNING, container_id="e" * 64, pod_uid=other_target)
+    async with serving(node):
+        await node.acall("Attach", **REQUEST)
+        await node.acall(
+            "Attach", target_pod_uid=other_target, container_name="app", slave_pod_uid=OTHER_SLAVE
+        )
+        node.targets.synced = False
+        del node.targets.known[(TARGET, "app")]
+        node.prepared.discard(other_claim.uid)
+        await node.service.reconcile()  # not synced: the runtime's list is not complete, nothing is decided
+        assert len(node.service.table.attachments) == 2
+        node.targets.synced = True
+        await node.service.reconcile()
+        assert node.service.table.attachments == {}
+    # the gone target's cgroup went with it: nothing to revoke; the unprepared claim's grant is revoked
+    assert node.access.log == [("grant", "c" * 64), ("grant", "e" * 64), ("revoke", "e" * 64)]
+    details = sorted(c.detail for c in node.recorder.recent() if c.call == "Reconcile")
+    assert details == [
+        f"slave pod {SLAVE}: forget: target instance {'c' * 64} no longer runs",
+        f"slave pod {OTHER_SLAVE}: revoke: claim team/second ({other_claim.uid}) of slave pod {OTHER_SLAVE} "
+        "is no longer prepared",
+    ]
+
+
+async def test_a_failed_repair_is_recorded_and_tried_again(node: Node) -> None:
+    async with serving(node):
+        await node.acall("Attach", **REQUEST)
+        node.prepared.clear()
+        node.access.fail.add("revoke")
+        await node.service.reconcile()
+        assert [a.state for a in node.service.table.attachments.values()] == [AttachState.ATTACHED]
+        await node.service.reconcile()
+        assert node.service.table.attachments == {}
+    outcomes = [(c.call, c.outcome) for c in node.recorder.recent() if c.call == "Reconcile"]
+    assert outcomes == [("Reconcile", Outcome.ERROR), ("Reconcile", Outcome.OK)]

@@ -15,12 +15,14 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tests.unit.hotplug.world import CLAIMS, KEY, OTHER_SLAVE, TARGET
-from vgpud.hotplug.rules import AttachKey, Attachment
+from vgpud.hotplug.rules import AttachKey, Attachment, AttachState
 from vgpud.hotplug.store import HOTPLUG_FILE, AttachmentStore, StoreError, decode, encode
 
 BOOT = "5b1e7d7c-0c1a-4d7e-9d0e-3f2b2f1c9a01"
 FIRST = Attachment(KEY, "c" * 64, "team", "trainer", CLAIMS, 1700000000.25)
-SECOND = replace(FIRST, key=AttachKey(TARGET, "app", OTHER_SLAVE), claims=(), attached_at=5.0)
+SECOND = replace(
+    FIRST, key=AttachKey(TARGET, "app", OTHER_SLAVE), claims=(), attached_at=5.0, state=AttachState.DETACHING
+)
 TABLE = {FIRST.key: FIRST, SECOND.key: SECOND}
 
 
@@ -62,6 +64,11 @@ def _record() -> dict:
         (lambda o: o["attachments"][0].update(targetPodUID="../etc"), "not a pod UID"),
         (lambda o: o["attachments"][0].update(containerName="A/B"), "not a DNS label"),
         (lambda o: o["attachments"][0].update(attachedAt="now"), "attachedAt must be a number"),
+        (
+            lambda o: o["attachments"][0].update(state="half"),
+            "state 'half' is not one of attaching, attached",
+        ),
+        (lambda o: o["attachments"][0].pop("state"), "state must be a string"),
         (lambda o: o["attachments"][0]["claims"][0].update(devices=[1]), "devices must be a list of strings"),
         (lambda o: o["attachments"].append(dict(o["attachments"][0])), "listed twice"),
         (lambda o: o.update(attachments={}), "attachments must be a list"),

@@ -16,7 +16,7 @@ OTHER_SLAVE = "aaaaaaaa-bbbb-cccc-dddd-ffffffffffff"
 CLAIM = "cccccccc-0000-0000-0000-000000000001"
 KEY = AttachKey(TARGET, "app", SLAVE)
 RUNNING = KnownContainer("c" * 64, TARGET, "app", "team", "trainer", running=True)
-CLAIMS = (SlaveClaim("team", "slave-gpu", CLAIM, ("gpu-0-vgpu",), frozenset({SLAVE})),)
+CLAIMS = (SlaveClaim("team", "slave-gpu", CLAIM, ("vgpu-0",), frozenset({SLAVE})),)
 
 
 @dataclass
@@ -28,6 +28,9 @@ class Targets:
 
     def container(self, pod_uid: str, container: str) -> KnownContainer | None:
         return self.known.get((pod_uid, container))
+
+    def instance(self, container_id: str) -> KnownContainer | None:
+        return next((c for c in self.known.values() if c.container_id == container_id), None)
 
 
 @dataclass
