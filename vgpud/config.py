@@ -296,6 +296,17 @@ OPTIONS: tuple[Option, ...] = (
         unset="<kubelet plugins dir>/<driver>/debug.sock",
     ),
     Option(
+        "hotplug_socket",
+        "--hotplug-socket",
+        "HOTPLUG_SOCKET",
+        socket_path_or_off,
+        "off",
+        "unix socket of the hot-plug API for device-mounter, mode 0600: it gives running containers "
+        "access to other pods' vGPUs, so it is off unless asked for (needs NRISupport and a writable "
+        "/sys/fs/cgroup; PATH, or '' -1 off: none)",
+        "PATH",
+    ),
+    Option(
         "debug_address",
         "--debug-address",
         "DEBUG_ADDRESS",
@@ -381,6 +392,8 @@ class Settings:
     #: a path, SOCKET_OFF, or None for the default (`debug_socket_path`)
     debug_socket: Path | str | None
     debug_address: tuple[str, int] | None
+    #: a path or SOCKET_OFF
+    hotplug_socket: Path | str
     drift_interval: int
     usage_interval: int
     log_level: str
@@ -405,6 +418,11 @@ class Settings:
         if self.debug_socket is None:
             return self.plugin_dir / "debug.sock"
         return None if self.debug_socket == SOCKET_OFF else Path(self.debug_socket)
+
+    @property
+    def hotplug_socket_path(self) -> Path | None:
+        """Where the hot-plug API listens; None when it is off."""
+        return None if self.hotplug_socket == SOCKET_OFF else Path(self.hotplug_socket)
 
     @property
     def systemd_cgroups(self) -> bool | None:
@@ -478,7 +496,17 @@ def _check_combinations(settings: Settings) -> None:
             f"feature gate {HEALTH_GATE}=true needs --gpu-backend nvml: the mock GPU backend has no NVML "
             "to watch"
         )
-    sockets = (settings.dra_socket, settings.registration_socket, settings.debug_socket_path)
+    if settings.hotplug_socket_path is not None and not gates.enabled("NRISupport"):
+        raise ConfigError(
+            "--hotplug-socket needs the feature gate NRISupport=true: the hot-plug API finds its target "
+            "containers through the NRI plugin"
+        )
+    sockets = (
+        settings.dra_socket,
+        settings.registration_socket,
+        settings.debug_socket_path,
+        settings.hotplug_socket_path,
+    )
     for path in sockets:
         if path is not None and len(str(path)) >= 108:
             raise ConfigError(f"socket path {path} is longer than the 107 bytes a unix socket address holds")

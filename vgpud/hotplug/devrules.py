@@ -71,3 +71,23 @@ def gpu_rules(minors: Iterable[int], proc_devices: str) -> tuple[DeviceRule, ...
     if uvm is not None:
         rules.update(char_rule(uvm, minor) for minor in UVM_MINORS)
     return tuple(sorted(rules, key=lambda r: (r.major or -1, r.minor or -1)))
+
+
+def _matches(rule: DeviceRule, kind: str, major: int, minor: int) -> bool:
+    return (
+        rule.type in ("a", kind)
+        and (rule.major is None or rule.major == major)
+        and (rule.minor is None or rule.minor == minor)
+    )
+
+
+def allows(rules: Iterable[DeviceRule], wanted: DeviceRule) -> bool:
+    """Whether a rule list (OCI semantics: evaluated in order, the last matching rule decides each
+    access letter, nothing matching is deny) allows every access `wanted` asks for on its device."""
+    assert wanted.major is not None and wanted.minor is not None, "a device, not a pattern"
+    granted: set[str] = set()
+    for rule in rules:
+        if _matches(rule, wanted.type, wanted.major, wanted.minor):
+            letters = set(rule.access)
+            granted = granted | letters if rule.allow else granted - letters
+    return set(wanted.access) <= granted
