@@ -34,6 +34,7 @@ from vgpud.gpu.healthwatch import HealthRules, HealthWatcher
 from vgpud.grpcserve import serve
 from vgpud.health import HealthService
 from vgpud.heap import freeze_when_listed
+from vgpud.hotplug.node import HotPlug, NoDeviceCgroup, build_hotplug, device_cgroup
 from vgpud.kube import KubeApi, KubeError
 from vgpud.kube.client import KubeClient
 from vgpud.kube.informer import Informer, claim_informer, pod_informer
@@ -67,6 +68,7 @@ CLAIM_MODES = "claim-modes"
 #: the control library is installed as `libvgpu-control.so.<version>` so an upgrade never swaps a live file
 LIBRARY_VERSION = __version__
 NRI_COMPONENT = "nri-plugin"
+HOTPLUG_COMPONENT = "hotplug"
 HEALTH_WATCH_COMPONENT = "device-health"
 
 
@@ -108,6 +110,8 @@ class Node:
     health_watch: HealthWatcher | None
     #: the watch-fed caches of claims and this node's pods
     caches: Caches
+    #: the hot-plug API (--hotplug-socket, lazy mode only)
+    hotplug: HotPlug | None = None
 
     @property
     def watched_health(self) -> HealthBoard | None:
@@ -189,6 +193,7 @@ def build_observability(
     registry: RegistryServer | None,
     device_health: HealthBoard | None = None,
     health_watch: HealthWatcher | None = None,
+    hotplug: HotPlug | None = None,
 ) -> Observability:
     settings = startup.settings
     parts = NodeParts(
@@ -203,6 +208,7 @@ def build_observability(
         registry=registry,
         device_health=device_health,
         health_watch=health_watch,
+        hotplug=hotplug,
     )
     stream = StreamStats()
     drift = DriftChecker(parts, settings.drift_interval) if settings.drift_interval > 0 else None
@@ -405,6 +411,7 @@ async def _main(startup: Startup) -> None:
                 ClaimWatch(caches.claims, driver.index)
             registry = build_registry(startup, assigner, driver, nri, recorder, caches=caches)
             health = HealthRegistry()
+            hotplug = start_hotplug(startup, nri, driver, recorder, health)
             if startup.nri_fallback:
                 health.register(NRI_COMPONENT, counts_for_health=False)
                 health.set(NRI_COMPONENT, HealthState.STOPPED, f"eager-mode fallback: {startup.nri_fallback}")
@@ -420,6 +427,7 @@ async def _main(startup: Startup) -> None:
                 registry=registry,
                 device_health=device_health,
                 health_watch=health_watch,
+                hotplug=hotplug,
             )
             async with Supervisor(shutdown_timeout=settings.shutdown_timeout, health=health) as supervisor:
                 registration = RegistrationService(
@@ -437,6 +445,7 @@ async def _main(startup: Startup) -> None:
                     device_health,
                     health_watch,
                     caches,
+                    hotplug,
                 )
                 _start_components(node)
                 async for signum in signals:
@@ -444,6 +453,41 @@ async def _main(startup: Startup) -> None:
                     supervisor.cancel()
                     break
             recorder.close()
+
+
+def start_hotplug(
+    startup: Startup, nri: NriHooks | None, driver: DraDriver, recorder: Recorder, health: HealthRegistry
+) -> HotPlug | None:
+    """The hot-plug component when --hotplug-socket asks for it; when it cannot run (the NRI plugin
+    fell back to eager mode, no devices cgroup to change) its health entry says why, and the rest of
+    the node runs on."""
+    settings = startup.settings
+    socket = settings.hotplug_socket_path
+    if socket is None:
+        return None
+    why = ""
+    if nri is None:
+        why = "it needs the NRI plugin, and this node runs in eager mode"
+    else:
+        try:
+            cgroup = device_cgroup()
+        except NoDeviceCgroup as err:
+            why = str(err)
+    if why:
+        log.error("hot-plug API not served: %s", why)
+        health.register(HOTPLUG_COMPONENT, counts_for_health=False)
+        health.set(HOTPLUG_COMPONENT, HealthState.STOPPED, why)
+        return None
+    assert nri is not None
+    return build_hotplug(
+        socket=socket,
+        plugin_dir=settings.plugin_dir,
+        boot_id=startup.boot_id,
+        nri=nri,
+        index=driver.index,
+        recorder=recorder,
+        cgroup=cgroup,
+    )
 
 
 def watch_claim_modes(health: HealthRegistry, driver: DraDriver) -> None:
@@ -492,6 +536,9 @@ def _start_components(node: Node) -> None:
         supervise(NRI_COMPONENT, partial(run_session, dialer, node.nri, identity), *policies)
     if node.registry is not None:
         supervise("registry", node.registry.run, *policies)
+    if node.hotplug is not None:
+        # optional: a hot-plug socket that fails never makes the node NOT_SERVING
+        supervise(HOTPLUG_COMPONENT, node.hotplug.run, *policies, counts_for_health=False)
     if settings.healthcheck_port >= 0:
         supervise("health", partial(_serve_health, node), *policies, counts_for_health=False)
     _start_observability(node, policies)

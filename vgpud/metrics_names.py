@@ -298,6 +298,14 @@ USAGE_READS = MetricName(
     "Passes of vgpud's reader of each container's library files.",
 )
 
+#: the hot-plug API's attachment table; state: attaching, attached, detaching (a change under way,
+#: or cut short and finished by the next reconcile)
+HOTPLUG_ATTACHMENTS = MetricName(
+    "vgpud_hotplug_attachments",
+    "Slave pods' vGPUs attached to running containers through vgpud's hot-plug API, by state.",
+    ("state",),
+)
+
 ALL: tuple[MetricName, ...] = (
     WEBHOOK_REVIEWS,
     WEBHOOK_REVIEW_DURATION,
@@ -337,4 +345,5 @@ ALL: tuple[MetricName, ...] = (
     CONTAINER_SM_UTILIZATION,
     CONTAINER_FILE_ERRORS,
     USAGE_READS,
+    HOTPLUG_ATTACHMENTS,
 )

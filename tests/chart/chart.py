@@ -167,6 +167,7 @@ VARIANTS: tuple[Variant, ...] = (
             "featureGates": {"NRISupport": True, "DevicePluginClientMode": True},
             "node": {
                 "cgroupDriver": "systemd",
+                "hotplug": {"enabled": True},
                 "extraEnv": [{"name": "PYTHONUNBUFFERED", "value": "1"}],
                 "extraVolumes": [
                     {"name": "fake-gpu", "hostPath": {"path": "/opt/fake-gpu", "type": "Directory"}}

@@ -94,6 +94,11 @@ def test_daemon_env_is_what_vgpud_run_reads_and_accepts(variant: Variant) -> Non
     else:
         assert settings.metrics_address is None
     assert settings.gpu_backend == values["node"]["gpu"]["backend"]
+    # the hot-plug socket in the plugin dir, and the cgroup tree writable, only when asked for
+    hotplug = values["node"]["hotplug"]["enabled"]
+    assert settings.hotplug_socket_path == (settings.plugin_dir / "hotplug.sock" if hotplug else None)
+    (cgroup,) = [m for m in container(one(manifests, "DaemonSet"))["volumeMounts"] if m["name"] == "cgroup"]
+    assert cgroup["readOnly"] is not hotplug
 
 
 @pytest.mark.parametrize("variant", VARIANTS, ids=ids)
@@ -139,7 +144,8 @@ def test_every_host_path_is_mounted_at_the_same_path(variant: Variant) -> None:
         assert by_path[paths[key]].get("mountPropagation") == "Bidirectional"
     for key in ("managerDir", "cdiRoot"):
         assert not by_path[paths[key]].get("readOnly")
-    assert by_path["/sys/fs/cgroup"]["readOnly"] is True
+    # writable only for the hot-plug API, which changes containers' device cgroups
+    assert by_path["/sys/fs/cgroup"]["readOnly"] is not values["node"]["hotplug"]["enabled"]
     nri = values["featureGates"]["NRISupport"]
     assert (paths["nriRoot"] in by_path) is nri
     if nri:

@@ -68,6 +68,12 @@ REFUSED: list[tuple[str, dict[str, Any], str]] = [
         {"node": {"cgroupDriver": "systemd"}},
         "node.cgroupDriver is only used",
     ),
+    (
+        "hot-plug without NRI",
+        {"node": {"hotplug": {"enabled": True}}},
+        "node.hotplug.enabled needs featureGates.NRISupport=true",
+    ),
+    ("hot-plug not a bool", {"node": {"hotplug": {"enabled": "yes"}}}, "/node/hotplug/enabled'"),
     ("API host without port", {"kubernetesServiceHost": "10.0.0.1"}, "without kubernetesServicePort"),
     ("API port without host", {"kubernetesServicePort": 6443}, "without kubernetesServiceHost"),
     (

@@ -309,6 +309,11 @@ class LocalNode:
         return self.plugin_dir / "debug.sock"
 
     @property
+    def hotplug_socket(self) -> Path | None:
+        """vgpud's hot-plug API (NRI tracks only: it finds its targets through the NRI plugin)."""
+        return self.plugin_dir / "hotplug.sock" if self.nri and not self.chart else None
+
+    @property
     def vgpud_address(self) -> str:
         """Where vgpud's health and metrics listen: loopback as a host process, the node IP as the
         DaemonSet's host-network pod (it binds its pod IP, where the kubelet probes)."""
@@ -740,6 +745,7 @@ state = "{w}/c/state"
             "LOG_LEVEL": "info",
             "METRICS_ADDRESS": f"127.0.0.1:{self.metrics_port}",
             "DEBUG_SOCKET": str(self.debug_socket),
+            "HOTPLUG_SOCKET": str(self.hotplug_socket or "off"),
             "DRIFT_INTERVAL": str(self.drift_interval),
             "USAGE_INTERVAL": "1",
         }
@@ -885,6 +891,7 @@ state = "{w}/c/state"
             f"  vgpud health     {self.vgpud_address}:{self.vgpud_port}",
             f"  vgpud metrics    {self.metrics_url}",
             f"  vgpud debug      {self.debug_socket}",
+            f"  vgpud hot-plug   {self.hotplug_socket or 'off'}",
             f"  manager root     {self.manager_dir}",
             f"  CDI specs        {self.cdi_root}",
             "  logs:",

@@ -4,7 +4,7 @@ ring buffer, the live stream and the CLI agree on what `--pod x` means.
 Every field is optional; a call matches when every given field matches:
 
 - `hook`: the call name (`CreateContainer`, `Prepare`, `RegisterContainerDevice`...), any case
-- `component`: `nri`, `dra`, `registry`, any case
+- `component`: `nri`, `dra`, `registry`, `hotplug`, any case
 - `pod`: the pod UID, the pod name, or `namespace/name`
 - `claim`: the claim UID
 - `outcome`: `ok`, `error`, `skipped`, `rejected`, `cancelled`

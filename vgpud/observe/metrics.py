@@ -27,6 +27,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from vgpud import metrics_names as names
+from vgpud.hotplug.rules import AttachState
 from vgpud.observe.drift import DriftKind
 from vgpud.observe.state import NodeParts, StreamStats, build_info
 from vgpud.recorder import HookCall, Outcome
@@ -170,6 +171,12 @@ class StateCollector(Collector):
             yield from self._nri()
         yield from self._drift_metrics()
         yield from self._usage_metrics()
+        if parts.hotplug is not None:
+            attachments = _gauge(names.HOTPLUG_ATTACHMENTS)
+            by_state = Tally(a.state.value for a in parts.hotplug.service.table.attachments.values())
+            for state in AttachState:
+                attachments.add_metric([state.value], by_state.get(state.value, 0))
+            yield attachments
         yield _gauge(names.STREAM_CLIENTS, self._stream.clients)
         closed = _counter(names.STREAM_DROPS)
         for reason, count in sorted(self._stream.closed.items()):

@@ -36,6 +36,9 @@ Shape (every key always present; a section that does not apply to this node is n
                                                  ledger_bytes, ledger_processes,
                                                  sm_utilization_permille, nvml_bytes, used_bytes}},
                                errors: [...]}}}                            when the usage reader runs
+    hotplug:     {socket, attachments: [{targetPodUid, containerName, slavePodUid, containerId,
+                  targetPodNamespace, targetPodName, claims, attachedAt, state}]}
+                                                                           when --hotplug-socket serves
     stream:      {clients, closed: {reason: n}}
     calls:       {last_seq, recent: [HookCall...]}
 
@@ -63,6 +66,7 @@ if TYPE_CHECKING:
     from vgpud.dra.partitions import ClaimPartitions
     from vgpud.gpu.health import HealthBoard
     from vgpud.gpu.healthwatch import HealthWatcher
+    from vgpud.hotplug.node import HotPlug
     from vgpud.nri.hooks import NriHooks
     from vgpud.observe.drift import DriftChecker
     from vgpud.observe.usage import UsageReader
@@ -91,6 +95,8 @@ class NodeParts:
     #: every GPU's health, and its writer (None when the watcher does not run)
     device_health: HealthBoard | None = None
     health_watch: HealthWatcher | None = None
+    #: the hot-plug API (None when it is not served)
+    hotplug: HotPlug | None = None
 
 
 @dataclass
@@ -170,6 +176,17 @@ def nri_json(nri: NriHooks) -> JsonObject:
         "cache": {"synced": nri.cache.synced, "entries": len(nri.cache), "directories": directories},
         "not_injected": not_injected,
         "runtime_containers": len(nri.runtime),
+    }
+
+
+def hotplug_json(hotplug: HotPlug) -> JsonObject:
+    """The socket and every attachment, as List answers it (with its state)."""
+    return {
+        "socket": str(hotplug.socket),
+        "attachments": [
+            {**message, "state": a.state.value}
+            for message, a in zip(hotplug.service.debug_state(), hotplug.service.table.sorted(), strict=True)
+        ],
     }
 
 
@@ -282,6 +299,7 @@ class DebugState:
                 else None
             ),
             "usage": self.usage.status().to_dict() if self.usage is not None else None,
+            "hotplug": hotplug_json(parts.hotplug) if parts.hotplug is not None else None,
             "stream": {"clients": self.stream.clients, "closed": dict(self.stream.closed)},
             "calls": {
                 "last_seq": parts.recorder.last_seq,

@@ -120,6 +120,9 @@ message that names them, as vgpud refuses them at start, so a bad release never 
 {{- if and $v.node.cgroupDriver (not (or $v.featureGates.DevicePluginClientMode $v.featureGates.NRISupport)) }}
 {{- fail "node.cgroupDriver is only used with featureGates.DevicePluginClientMode=true or featureGates.NRISupport=true" }}
 {{- end }}
+{{- if and $v.node.hotplug.enabled (not $v.featureGates.NRISupport) }}
+{{- fail "node.hotplug.enabled needs featureGates.NRISupport=true: the hot-plug API finds its target containers through the NRI plugin" }}
+{{- end }}
 {{- if le (int $v.node.terminationGracePeriodSeconds) (int $v.node.shutdownTimeoutSeconds) }}
 {{- fail (printf "node.terminationGracePeriodSeconds (%v) must exceed node.shutdownTimeoutSeconds (%v): the kubelet would kill vgpud before it closed" $v.node.terminationGracePeriodSeconds $v.node.shutdownTimeoutSeconds) }}
 {{- end }}

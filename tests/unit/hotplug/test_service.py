@@ -18,7 +18,7 @@ import pytest
 import trio
 import trio_asyncio
 
-from tests.stdproto import message_class
+from tests import hotplugclient
 from tests.unit.hotplug.world import CLAIM, CLAIMS, OTHER_SLAVE, RUNNING, SLAVE, TARGET, Access, Targets
 from vgpud.grpcserve import serve
 from vgpud.hotplug.rules import AttachKey, Attachment, AttachState, SlaveClaim
@@ -28,7 +28,7 @@ from vgpud.hotplug.table import AttachmentTable
 from vgpud.recorder import Outcome, Recorder
 from vgpud.sockpath import SocketPathError
 
-SERVICE = "/vgpud.hotplug.v1.HotPlug/"
+SERVICE = hotplugclient.SERVICE
 BOOT = "boot-1"
 
 
@@ -44,18 +44,7 @@ class Node:
     prepared: set[str]
 
     def call(self, method: str, timeout: float = 10, **fields: str) -> tuple[grpc.StatusCode, str, object]:
-        """One call on a fresh grpcio channel: (code, details, response or None)."""
-        request, response = (message_class(f"vgpud.hotplug.v1.{method}{k}") for k in ("Request", "Response"))
-        with grpc.insecure_channel(f"unix://{self.path}") as channel:
-            stub = channel.unary_unary(
-                SERVICE + method,
-                request_serializer=request.SerializeToString,
-                response_deserializer=response.FromString,
-            )
-            try:
-                return grpc.StatusCode.OK, "", stub(request(**fields), timeout=timeout)
-            except grpc.RpcError as err:
-                return err.code(), err.details() or "", None
+        return hotplugclient.call(self.path, method, timeout, **fields)
 
     async def acall(self, method: str, **fields: str) -> tuple[grpc.StatusCode, str, object]:
         return await trio.to_thread.run_sync(lambda: self.call(method, **fields))
