@@ -71,3 +71,32 @@ def gpu_rules(minors: Iterable[int], proc_devices: str) -> tuple[DeviceRule, ...
     if uvm is not None:
         rules.update(char_rule(uvm, minor) for minor in UVM_MINORS)
     return tuple(sorted(rules, key=lambda r: (r.major or -1, r.minor or -1)))
+
+
+#: the rules runc appends to every container's list after the spec's own (runc libcontainer/specconv
+#: `AllowedDevices`, runc 1.1 and later; 1.2.0's release candidates lacked /dev/net/tun): mknod of
+#: any node, /dev/null, random, full, tty, zero, urandom, the pty slaves, /dev/ptmx and
+#: /dev/net/tun. containerd's spec for a plain container holds only `deny a *:* rwm` (and what
+#: device plugins, CDI or NRI add), so NRI's linux.resources.devices lacks these, and a program of
+#: NRI's list alone would take /dev/null from the container.
+RUNC_DEFAULT_RULES = (
+    DeviceRule(True, "c", None, None, "m"),
+    DeviceRule(True, "b", None, None, "m"),
+    char_rule(1, 3, "rwm"),
+    char_rule(1, 8, "rwm"),
+    char_rule(1, 7, "rwm"),
+    char_rule(5, 0, "rwm"),
+    char_rule(1, 5, "rwm"),
+    char_rule(1, 9, "rwm"),
+    DeviceRule(True, "c", 136, None, "rwm"),
+    char_rule(5, 2, "rwm"),
+    char_rule(10, 200, "rwm"),
+)
+
+
+def container_rules(spec_rules: Iterable[DeviceRule], added: Iterable[DeviceRule]) -> tuple[DeviceRule, ...]:
+    """The whole list a runc container's device program must hold: the spec's rules (NRI's
+    linux.resources.devices, in order), runc's defaults as runc appends them, then `added` last,
+    so an added allow is not undone by an earlier deny. (runc leaves out a default whose path the
+    spec also lists as a device node; the spec's own rule for that node then still applies.)"""
+    return (*spec_rules, *RUNC_DEFAULT_RULES, *added)
