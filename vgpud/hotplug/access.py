@@ -29,7 +29,9 @@ import trio
 from vgpud.dra.claimedits import device_minor
 from vgpud.hotplug import cgroup1dev
 from vgpud.hotplug.cgpath import CgroupPathError, cgroup_dir
-from vgpud.hotplug.devrules import DeviceRule, allows, gpu_rules
+from vgpud.hotplug.cgroup2dev import DeviceFilterError, replace_device_filter
+from vgpud.hotplug.devfilter import verdict
+from vgpud.hotplug.devrules import DeviceRule, container_rules, gpu_rules
 from vgpud.hotplug.rules import Attachment
 from vgpud.hotplug.service import ApplyError
 
@@ -40,6 +42,8 @@ STEP_NRI = "NRI UpdateContainers"
 STEP_CGROUP = "device cgroup"
 STEP_LIMITS = "vgpu.config"
 PROC_DEVICES = Path("/proc/devices")
+#: what a device cgroup step raises when it cannot change the cgroup (the cgroup is then unchanged)
+CGROUP_ERRORS = (OSError, cgroup1dev.DeviceCgroupError, DeviceFilterError, CgroupPathError)
 
 
 class Target(Protocol):
@@ -145,15 +149,19 @@ class CgroupDeviceAccess:
         await self._nri(attachment.container_id, rules)
         try:
             await trio.to_thread.run_sync(self.cgroup.grant, target, rules, kept)
-        except (OSError, cgroup1dev.DeviceCgroupError, CgroupPathError) as err:
+        except CGROUP_ERRORS as err:
             await self._nri_undo(attachment.container_id, rules)
             raise ApplyError(STEP_CGROUP, str(err)) from None
         try:
             await self.limits.extend(attachment, target)
-        except ApplyError:
-            await trio.to_thread.run_sync(
-                self.cgroup.revoke, target, self._revocable(target, rules, kept), kept
-            )
+        except ApplyError as err:
+            try:
+                revocable = self._revocable(target, rules, kept)
+                await trio.to_thread.run_sync(self.cgroup.revoke, target, revocable, kept)
+            except CGROUP_ERRORS as undo:
+                raise ApplyError(
+                    err.step, f"{err}; taking the device rules back failed too: {undo}"
+                ) from None
             await self._nri_undo(attachment.container_id, rules)
             raise
 
@@ -171,7 +179,7 @@ class CgroupDeviceAccess:
         revoked = self._revocable(target, rules, kept)
         try:
             await trio.to_thread.run_sync(self.cgroup.revoke, target, revoked, kept)
-        except (OSError, cgroup1dev.DeviceCgroupError, CgroupPathError) as err:
+        except CGROUP_ERRORS as err:
             await self.limits.extend(attachment, target)
             raise ApplyError(STEP_CGROUP, str(err)) from None
         await self._nri_undo(attachment.container_id, revoked)
@@ -181,7 +189,8 @@ class CgroupDeviceAccess:
         target: Target, rules: Sequence[DeviceRule], kept: Sequence[DeviceRule]
     ) -> list[DeviceRule]:
         """The granted rules no other attachment needs and the container's own rules do not allow."""
-        return [r for r in rules if r not in kept and not allows(target.device_rules, r)]
+        own = container_rules(target.device_rules, ())
+        return [r for r in rules if r not in kept and not verdict(own, r.type, r.major, r.minor, r.access)]
 
     async def _nri(self, container_id: str, rules: Sequence[DeviceRule]) -> None:
         try:
@@ -214,3 +223,20 @@ class CgroupV1Devices:
 
     def revoke(self, target: Target, revoked: Sequence[DeviceRule], kept: Sequence[DeviceRule]) -> None:
         cgroup1dev.deny(self._dir(target), revoked)
+
+
+class CgroupV2Devices:
+    """cgroup v2: the container's device program replaced by one of its own rules (as runc applies
+    them), the other attachments' and the granted ones (`cgroup2dev.replace_device_filter`)."""
+
+    def __init__(self, cgroup_mount: Path) -> None:
+        self.cgroup_mount = cgroup_mount
+
+    def _dir(self, target: Target) -> Path:
+        return self.cgroup_mount / cgroup_dir(target.cgroups_path)
+
+    def grant(self, target: Target, granted: Sequence[DeviceRule], kept: Sequence[DeviceRule]) -> None:
+        replace_device_filter(self._dir(target), container_rules(target.device_rules, (*kept, *granted)))
+
+    def revoke(self, target: Target, revoked: Sequence[DeviceRule], kept: Sequence[DeviceRule]) -> None:
+        replace_device_filter(self._dir(target), container_rules(target.device_rules, kept))

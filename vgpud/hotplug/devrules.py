@@ -73,21 +73,30 @@ def gpu_rules(minors: Iterable[int], proc_devices: str) -> tuple[DeviceRule, ...
     return tuple(sorted(rules, key=lambda r: (r.major or -1, r.minor or -1)))
 
 
-def _matches(rule: DeviceRule, kind: str, major: int, minor: int) -> bool:
-    return (
-        rule.type in ("a", kind)
-        and (rule.major is None or rule.major == major)
-        and (rule.minor is None or rule.minor == minor)
-    )
+#: the rules runc appends to every container's list after the spec's own (runc libcontainer/specconv
+#: `AllowedDevices`, runc 1.1 and later; 1.2.0's release candidates lacked /dev/net/tun): mknod of
+#: any node, /dev/null, random, full, tty, zero, urandom, the pty slaves, /dev/ptmx and
+#: /dev/net/tun. containerd's spec for a plain container holds only `deny a *:* rwm` (and what
+#: device plugins, CDI or NRI add), so NRI's linux.resources.devices lacks these, and a program of
+#: NRI's list alone would take /dev/null from the container.
+RUNC_DEFAULT_RULES = (
+    DeviceRule(True, "c", None, None, "m"),
+    DeviceRule(True, "b", None, None, "m"),
+    char_rule(1, 3, "rwm"),
+    char_rule(1, 8, "rwm"),
+    char_rule(1, 7, "rwm"),
+    char_rule(5, 0, "rwm"),
+    char_rule(1, 5, "rwm"),
+    char_rule(1, 9, "rwm"),
+    DeviceRule(True, "c", 136, None, "rwm"),
+    char_rule(5, 2, "rwm"),
+    char_rule(10, 200, "rwm"),
+)
 
 
-def allows(rules: Iterable[DeviceRule], wanted: DeviceRule) -> bool:
-    """Whether a rule list (OCI semantics: evaluated in order, the last matching rule decides each
-    access letter, nothing matching is deny) allows every access `wanted` asks for on its device."""
-    assert wanted.major is not None and wanted.minor is not None, "a device, not a pattern"
-    granted: set[str] = set()
-    for rule in rules:
-        if _matches(rule, wanted.type, wanted.major, wanted.minor):
-            letters = set(rule.access)
-            granted = granted | letters if rule.allow else granted - letters
-    return set(wanted.access) <= granted
+def container_rules(spec_rules: Iterable[DeviceRule], added: Iterable[DeviceRule]) -> tuple[DeviceRule, ...]:
+    """The whole list a runc container's device program must hold: the spec's rules (NRI's
+    linux.resources.devices, in order), runc's defaults as runc appends them, then `added` last,
+    so an added allow is not undone by an earlier deny. (runc leaves out a default whose path the
+    spec also lists as a device node; the spec's own rule for that node then still applies.)"""
+    return (*spec_rules, *RUNC_DEFAULT_RULES, *added)

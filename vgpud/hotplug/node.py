@@ -19,7 +19,7 @@ import trio
 
 from vgpud.dra.claimindex import ClaimIndex
 from vgpud.grpcserve import serve
-from vgpud.hotplug.access import CgroupDeviceAccess, CgroupV1Devices, DeviceCgroup
+from vgpud.hotplug.access import CgroupDeviceAccess, CgroupV1Devices, CgroupV2Devices, DeviceCgroup
 from vgpud.hotplug.claims import slave_claims
 from vgpud.hotplug.rules import Attachment, AttachState
 from vgpud.hotplug.service import HotPlugService
@@ -45,8 +45,6 @@ def device_cgroup(mount: Path = CGROUP_MOUNT) -> DeviceCgroup:
     if (mount / "devices" / "devices.allow").exists():
         return CgroupV1Devices(mount)
     if (mount / "cgroup.controllers").exists():
-        from vgpud.hotplug.cgroup2dev import CgroupV2Devices
-
         return CgroupV2Devices(mount)
     raise NoDeviceCgroup(
         f"{mount} holds neither a cgroup v1 devices hierarchy nor a cgroup v2 mount: the hot-plug cannot "
@@ -86,14 +84,10 @@ class HotPlug:
         await serve([self.service], path=self.socket, private=True, ready=lambda _: task_status.started())
 
     async def _reconcile_loop(self) -> None:
-        while not self.service.targets.synced:
-            await trio.sleep(SYNC_POLL)
-        log.info(
-            "hot-plug: serving %s; %d attachments recorded", self.socket, len(self.service.table.attachments)
-        )
+        """Reconcile, then wait for a poke; until the runtime's first list arrived, only briefly."""
         while True:
             await self.service.reconcile()
-            with trio.move_on_after(RECONCILE_INTERVAL):
+            with trio.move_on_after(RECONCILE_INTERVAL if self.service.targets.synced else SYNC_POLL):
                 await self._poked.wait()
             self._poked = trio.Event()
 

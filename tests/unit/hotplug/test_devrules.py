@@ -7,7 +7,7 @@ from pathlib import PurePosixPath
 import pytest
 
 from vgpud.hotplug.cgpath import CgroupPathError, cgroup_dir
-from vgpud.hotplug.devrules import DeviceRule, allows, char_rule, gpu_rules, uvm_major
+from vgpud.hotplug.devrules import gpu_rules, uvm_major
 
 PROC_DEVICES = """Character devices:
   1 mem
@@ -33,19 +33,6 @@ def test_gpu_rules_with_and_without_the_unified_memory_driver() -> None:
     ]
     assert [str(r) for r in gpu_rules([3], "Character devices:\n  1 mem\n")] == ["c 195:3 rw", "c 195:255 rw"]
     assert uvm_major("Block devices:\n234 nvidia-uvm\n") is None  # only a character major counts
-
-
-def test_allows_is_last_match_wins_per_access_letter() -> None:
-    deny_all = DeviceRule(False, "a", None, None, "rwm")
-    gpu = char_rule(195, 0)
-    assert not allows([], gpu)
-    assert not allows([deny_all], gpu)
-    assert allows([deny_all, char_rule(195, 0, "rwm")], gpu)
-    assert allows([deny_all, DeviceRule(True, "c", 195, None, "rw")], gpu)  # any minor
-    assert not allows([deny_all, char_rule(195, 0, "r")], gpu)  # r only: w missing
-    assert not allows([deny_all, char_rule(195, 0), DeviceRule(False, "c", 195, 0, "w")], gpu)
-    assert allows([DeviceRule(True, "a", None, None, "rwm")], gpu)
-    assert not allows([deny_all, DeviceRule(True, "b", 195, 0, "rw")], gpu)  # block, not char
 
 
 @pytest.mark.parametrize(
