@@ -5,13 +5,10 @@ a detach removes exactly those entries again (`shrink_config`). The file is the 
 first process wrote in the target's config directory (`vgpud.partition.libfiles` holds its layout);
 `vgpud.hotplug.configfile` rewrites it in place under the library's own protocol. Pure: no I/O.
 
-What the library of this tree does with it (csrc/libvgpu): it takes every limit from the
-environment only (init.c `global_init` -> env.c `vgpu_config_parse`, once per process) and writes
-vgpu.config for the host side; it never reads the devices[] entries back. A device that the
-container's env does not name maps to no host index (init.c `host_of_uuid` -> -1) and is not
-limited at all. So an entry written here is what vgpud's own readers (`vgpud.partition.libstate`,
-the metrics) report; the library enforces it only once it adopts the entries of devices its env
-does not name. Until then, the caller must not present these limits as enforced.
+What the library does with it (csrc/libvgpu): the env of a running container cannot change, so at
+initialisation each process adopts the active entries at host indexes its env leaves empty
+(vgpu_config_file.c `vgpu_config_adopt`, called from init.c `global_init`) and enforces their memory
+and core limits like the env's. A process already running at Attach (or Detach) keeps what it read.
 
 `slave_limits` turns the slave claim's per-device env (the CDI spec vgpud wrote at Prepare, read by
 `configfile.read_claim_spec`) into the entries, with the library's own parsing rules (env.c,
