@@ -43,7 +43,7 @@ class ConfigError(Exception):
 @dataclass(frozen=True)
 class AddedDevice:
     """One device an attachment adds: its host NVML index (the devices[] slot, the `<i>` of its
-    env) and the entry written there (uuid and limits, `activate` set)."""
+    env) and its entry (uuid and limits, `activate` set; `extend_config` marks it `hotplug`)."""
 
     index: int
     limits: F.DeviceLimits
@@ -82,20 +82,26 @@ def _check_added(added: Sequence[AddedDevice]) -> None:
 
 
 def extend_config(buf: bytes, added: Sequence[AddedDevice]) -> bytes:
-    """`buf` with each added device's entry in its slot. An entry already there with the same limits
-    changes nothing (idempotent); ConfigError when a slot is taken by another device, holds this
-    device with other limits, is not empty, or the device sits at another index."""
+    """`buf` with each added device's entry, marked `hotplug`, in its slot. An entry already added
+    with the same limits changes nothing (idempotent); ConfigError when the slot holds a device of the
+    target's own env (the library writes those unmarked) or another added device, holds this device
+    with other limits, is inactive but not empty, or the device sits at another index."""
     _check_added(added)
     config = _parse(buf)
     out = bytearray(buf)
     for device in added:
-        entry = replace(device.limits, seq=0)
+        entry = replace(device.limits, seq=0, hotplug=True)
         current = config.devices[device.index]
         elsewhere = [i for i, d in config.active().items() if d.uuid == entry.uuid and i != device.index]
         if elsewhere:
             raise ConfigError(f"{device}: the target has it at host index {elsewhere[0]} already")
+        if current.activate and not current.hotplug:
+            raise ConfigError(
+                f"{device}: the slot holds {current.uuid}, a device of the target's own env (one entry "
+                "per GPU: a second share of the same GPU cannot have limits of its own)"
+            )
         if current.activate and current.uuid != entry.uuid:
-            raise ConfigError(f"{device}: the slot holds {current.uuid} (the target's own device)")
+            raise ConfigError(f"{device}: the slot holds {current.uuid}, hot-plugged by another attachment")
         if current.activate and replace(current, seq=0) != entry:
             raise ConfigError(f"{device}: the target has it already, with other limits ({current})")
         if current.activate:
@@ -108,13 +114,14 @@ def extend_config(buf: bytes, added: Sequence[AddedDevice]) -> bytes:
 
 
 def shrink_config(buf: bytes, uuids: Iterable[str]) -> bytes:
-    """`buf` without the entries of `uuids` (their slots zeroed, as before `extend_config`); a UUID
-    the file does not hold is already gone (idempotent)."""
+    """`buf` without the added (`hotplug`) entries of `uuids`, their slots zeroed as before
+    `extend_config`; the target's own entries are never touched, and a UUID the file does not hold
+    is already gone (idempotent)."""
     config = _parse(buf)
     wanted = set(uuids)
     out = bytearray(buf)
     for index, device in config.active().items():
-        if device.uuid in wanted:
+        if device.hotplug and device.uuid in wanted:
             at = F.config_device_offset(index)
             out[at : at + F.CONFIG_DEVICE_SIZE] = bytes(F.CONFIG_DEVICE_SIZE)
     return bytes(out)

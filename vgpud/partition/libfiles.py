@@ -121,6 +121,7 @@ CONFIG_DEVICE = Layout(
         Field("memory_limit", 88, "i"),
         Field("memory_oversold", 92, "i"),
         Field("activate", 96, "i"),
+        Field("hotplug", 100, "i"),
     ),
 )
 
@@ -325,6 +326,8 @@ class DeviceLimits:
     memory_limit: bool = False
     memory_oversold: bool = False
     activate: bool = False
+    #: added by vgpud for a device hot-plugged into the running container (vgpud.hotplug.vgpuconfig)
+    hotplug: bool = False
     seq: int = 0
 
 
@@ -350,7 +353,7 @@ class VgpuConfig:
 
 
 _DEVICE_INTS = ("total_memory", "real_memory", "hard_core", "soft_core", "seq")
-_DEVICE_FLAGS = ("core_limit", "hard_limit", "memory_limit", "memory_oversold", "activate")
+_DEVICE_FLAGS = ("core_limit", "hard_limit", "memory_limit", "memory_oversold", "activate", "hotplug")
 _CONFIG_TEXTS = ("driver_version", "pod_uid", "pod_name", "pod_namespace", "container_name", "reg_uuid")
 
 

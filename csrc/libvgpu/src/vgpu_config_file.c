@@ -118,7 +118,9 @@ int vgpu_config_adopt(struct vgpu_env_config *cfg, const struct vgpu_config *fil
         char uuid[VGPU_UUID_LEN + 1];
         memcpy(uuid, e->uuid, VGPU_UUID_LEN);
         uuid[VGPU_UUID_LEN] = '\0';
-        if (!e->activate || d->uuid[0] != '\0' || strncmp(uuid, "GPU-", 4) != 0 || uuid[4] == '\0')
+        if (!e->activate || !e->hotplug || d->uuid[0] != '\0')
+            continue;
+        if (strncmp(uuid, "GPU-", 4) != 0 || uuid[4] == '\0')
             continue;
         int named = 0;
         for (int j = 0; j < VGPU_MAX_DEVICES; j++)

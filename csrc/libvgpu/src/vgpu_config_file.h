@@ -18,8 +18,8 @@ VGPU_HIDDEN int vgpu_config_read(struct vgpu_config *out);
 
 /* The devices the environment does not name, from a read vgpu.config: vgpud adds an entry there for
  * a device hot-plugged into the running container (vgpud/hotplug/vgpuconfig.py), whose limits the
- * container's env cannot carry. Adopts every active entry with a GPU UUID at an index whose env
- * slot is empty, unless the env names that UUID at another index (pure). Entries of devices the env
+ * container's env cannot carry. Adopts every active entry marked `hotplug` with a GPU UUID at an
+ * index whose env slot is empty, unless the env names that UUID at another index (pure). Entries of devices the env
  * names are never read: the file can add limits to an unlimited device, never lift one. Returns
  * the number adopted. */
 VGPU_HIDDEN int vgpu_config_adopt(struct vgpu_env_config *cfg, const struct vgpu_config *file);

@@ -66,7 +66,9 @@ struct vgpu_config_device {
     int32_t memory_limit;         /* @88 1 when the memory limit is enforced */
     int32_t memory_oversold;      /* @92 1 when CUDA_MEM_RATIO_<i> > 1 / CUDA_MEM_OVERSOLD_<i> */
     int32_t activate;             /* @96 1 when this entry describes a device of the container */
-    uint8_t _pad1[28];            /* @100 */
+    int32_t hotplug;              /* @100 1: added by vgpud for a device hot-plugged into the running
+                                   * container (not in its env); 0 in every entry the library writes */
+    uint8_t _pad1[24];            /* @104 */
 };
 
 struct vgpu_config {
@@ -203,6 +205,7 @@ VGPU_AT(struct vgpu_config_device, hard_limit, 84);
 VGPU_AT(struct vgpu_config_device, memory_limit, 88);
 VGPU_AT(struct vgpu_config_device, memory_oversold, 92);
 VGPU_AT(struct vgpu_config_device, activate, 96);
+VGPU_AT(struct vgpu_config_device, hotplug, 100);
 _Static_assert(sizeof(struct vgpu_config_device) == 128, "vgpu_config_device is 128 bytes");
 
 VGPU_AT(struct vgpu_config, magic, 0);

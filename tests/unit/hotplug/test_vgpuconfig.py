@@ -11,6 +11,7 @@ import os
 import struct
 import threading
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -47,6 +48,11 @@ def limits(uuid: str, memory: int = 4 * GIB, core: int = 30) -> F.DeviceLimits:
     )
 
 
+def marked(entry: F.DeviceLimits) -> F.DeviceLimits:
+    """An entry as `extend_config` writes it."""
+    return replace(entry, hotplug=True)
+
+
 def target_file(own_index: int = 1) -> bytes:
     """A target's vgpu.config as its library writes it: its own device at `own_index`."""
     devices = [F.DeviceLimits()] * F.MAX_DEVICES
@@ -66,7 +72,7 @@ ADD = (AddedDevice(0, limits(ADDED)),)
 def test_extend_then_shrink_gives_back_the_same_bytes() -> None:
     extended = V.extend_config(BASE, ADD)
     active = F.parse_vgpu_config(extended).active()
-    assert active == {0: limits(ADDED), 1: limits(OWN, 2 * GIB, 50)}
+    assert active == {0: marked(limits(ADDED)), 1: limits(OWN, 2 * GIB, 50)}
     assert extended[F.CONFIG_DEVICES_OFFSET + F.CONFIG_DEVICE_SIZE :] == BASE[F.CONFIG_DEVICES_OFFSET + 128 :]
     assert V.shrink_config(extended, [ADDED]) == BASE
 
@@ -91,9 +97,9 @@ def test_extend_is_idempotent_and_shrink_of_what_is_gone_changes_nothing() -> No
 @pytest.mark.parametrize(
     ("added", "message"),
     [
-        ((AddedDevice(1, limits(ADDED)),), f"the slot holds {OWN}"),
+        ((AddedDevice(1, limits(ADDED)),), f"the slot holds {OWN}, a device of the target's own env"),
         ((AddedDevice(0, limits(OWN)),), "at host index 1 already"),
-        ((AddedDevice(1, limits(OWN, 3 * GIB)),), "with other limits"),
+        ((AddedDevice(1, limits(OWN, 2 * GIB, 50)),), "a second share of the same GPU"),
         ((AddedDevice(16, limits(ADDED)),), "host indexes 0..15"),
         ((AddedDevice(-1, limits(ADDED)),), "host indexes 0..15"),
         ((AddedDevice(0, F.DeviceLimits(uuid=ADDED)),), "activate set"),
@@ -104,6 +110,20 @@ def test_extend_is_idempotent_and_shrink_of_what_is_gone_changes_nothing() -> No
 def test_refused_changes_name_the_device(added: tuple[AddedDevice, ...], message: str) -> None:
     with pytest.raises(ConfigError, match=message):
         V.extend_config(BASE, added)
+
+
+def test_an_added_device_with_other_limits_or_another_in_its_slot_is_refused() -> None:
+    once = V.extend_config(BASE, ADD)
+    with pytest.raises(ConfigError, match="with other limits"):
+        V.extend_config(once, [AddedDevice(0, limits(ADDED, 8 * GIB))])
+    with pytest.raises(ConfigError, match=f"holds {ADDED}, hot-plugged by another attachment"):
+        V.extend_config(once, [AddedDevice(0, limits(THIRD))])
+
+
+def test_shrink_never_removes_the_target_s_own_entry() -> None:
+    """The same GPU as the target's own (one entry per GPU) is refused, and detaching its UUID leaves
+    the target's entry alone."""
+    assert V.shrink_config(BASE, [OWN]) == BASE
 
 
 def test_every_slot_taken_refuses_the_next_device() -> None:
@@ -257,7 +277,7 @@ async def test_attach_then_detach_on_a_real_file(tmp_path: Path) -> None:
     inode = path.stat().st_ino
     first = await C.change_target_config(path, EXTEND)
     assert (first.state, first.written) == (ConfigState.CHANGED, (0,))
-    assert F.parse_vgpu_config(path.read_bytes()).active()[0] == limits(ADDED)
+    assert F.parse_vgpu_config(path.read_bytes()).active()[0] == marked(limits(ADDED))
     assert len(path.read_bytes()) == F.CONFIG_FILE_SIZE and path.stat().st_ino == inode
     again = await C.change_target_config(path, EXTEND)
     assert again.state is ConfigState.UNCHANGED

@@ -4,6 +4,7 @@ mode: nobody else writes it), read back with vgpud's own parser (vgpud/partition
 from __future__ import annotations
 
 import functools
+from dataclasses import replace
 
 import trio
 
@@ -83,6 +84,6 @@ def test_hot_plug_entries_follow_the_library_s_rules_and_survive_it(container: C
     extended = path.read_bytes()
     container.run("fill", "direct", str(512 * MIB), **own)
     assert path.read_bytes() == extended  # a valid file is kept
-    assert F.parse_vgpu_config(extended).active() == {0: written[0], 1: written[1]}
+    assert F.parse_vgpu_config(extended).active() == {0: replace(written[0], hotplug=True), 1: written[1]}
     trio.run(C.change_target_config, path, functools.partial(V.shrink_config, uuids=[UUIDS[0]]))
     assert path.read_bytes() == base

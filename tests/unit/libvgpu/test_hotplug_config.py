@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import functools
 import subprocess
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -81,14 +82,26 @@ def test_the_env_s_own_devices_keep_their_limits(container: Container) -> None:
     """An entry at an index the env names, or naming a UUID the env has elsewhere, is not taken."""
     devices = [F.DeviceLimits()] * F.MAX_DEVICES
     loose = F.DeviceLimits(uuid=UUIDS[0], total_memory=PHYSICAL, real_memory=PHYSICAL, activate=True)
-    devices[0] = loose
-    devices[2] = V.device_limits(SLAVE, 0) or F.DeviceLimits()  # device 0's UUID, another index
+    devices[0] = replace(loose, hotplug=True)
+    devices[2] = replace(ADDED[0].limits, hotplug=True)  # device 0's UUID at another index
     (container.root / "config").mkdir()
     (container.root / "config" / F.VGPU_CONFIG_FILE).write_bytes(
         F.build_vgpu_config(F.VgpuConfig(devices=tuple(devices)))
     )
     own0 = device_env(0, UUIDS[0], total_memory=PHYSICAL, consumed_capacity={"memory": "512Mi"})
     assert int(container.run("fill", "direct", str(256 * MIB), **own0)["total"]) == 512 * MIB
+
+
+def test_only_entries_marked_hotplug_are_taken(container: Container) -> None:
+    """The library writes every entry of its own unmarked; an unmarked entry at an index the env
+    leaves empty is not one vgpud added, and is not taken."""
+    devices = [F.DeviceLimits()] * F.MAX_DEVICES
+    devices[0] = ADDED[0].limits
+    (container.root / "config").mkdir()
+    (container.root / "config" / F.VGPU_CONFIG_FILE).write_bytes(
+        F.build_vgpu_config(F.VgpuConfig(devices=tuple(devices)))
+    )
+    assert fill(container) == PHYSICAL
 
 
 @pytest.fixture
