@@ -121,6 +121,7 @@ CONFIG_DEVICE = Layout(
         Field("memory_limit", 88, "i"),
         Field("memory_oversold", 92, "i"),
         Field("activate", 96, "i"),
+        Field("hotplug", 100, "i"),
     ),
 )
 
@@ -325,6 +326,8 @@ class DeviceLimits:
     memory_limit: bool = False
     memory_oversold: bool = False
     activate: bool = False
+    #: added by vgpud for a device hot-plugged into the running container (vgpud.hotplug.vgpuconfig)
+    hotplug: bool = False
     seq: int = 0
 
 
@@ -350,7 +353,7 @@ class VgpuConfig:
 
 
 _DEVICE_INTS = ("total_memory", "real_memory", "hard_core", "soft_core", "seq")
-_DEVICE_FLAGS = ("core_limit", "hard_limit", "memory_limit", "memory_oversold", "activate")
+_DEVICE_FLAGS = ("core_limit", "hard_limit", "memory_limit", "memory_oversold", "activate", "hotplug")
 _CONFIG_TEXTS = ("driver_version", "pod_uid", "pod_name", "pod_namespace", "container_name", "reg_uuid")
 
 
@@ -377,6 +380,24 @@ def parse_vgpu_config(buf: Buffer) -> VgpuConfig:
     )
 
 
+def config_device_offset(index: int) -> int:
+    """File offset of devices[index] in vgpu.config; ValueError outside 0..15."""
+    if not 0 <= index < MAX_DEVICES:
+        raise ValueError(f"vgpu.config device index {index} is outside 0..{MAX_DEVICES - 1}")
+    return CONFIG_DEVICES_OFFSET + index * CONFIG_DEVICE_SIZE
+
+
+def build_config_device(device: DeviceLimits) -> bytes:
+    """One 128-byte devices[] entry (what `build_vgpu_config` writes at `config_device_offset`)."""
+    out = bytearray(CONFIG_DEVICE_SIZE)
+    _put(CONFIG_DEVICE, "uuid", out, device.uuid)
+    for name in _DEVICE_INTS:
+        _put(CONFIG_DEVICE, name, out, getattr(device, name))
+    for name in _DEVICE_FLAGS:
+        _put(CONFIG_DEVICE, name, out, int(getattr(device, name)))
+    return bytes(out)
+
+
 def build_vgpu_config(config: VgpuConfig) -> bytes:
     """The whole 8192-byte file; ValueError for a value that does not fit its field."""
     if len(config.devices) != MAX_DEVICES:
@@ -391,12 +412,8 @@ def build_vgpu_config(config: VgpuConfig) -> bytes:
     _put(CONFIG, "sm_watcher", out, int(config.sm_watcher))
     _put(CONFIG, "vmem_node", out, int(config.vmem_node))
     for i, device in enumerate(config.devices):
-        base = CONFIG_DEVICES_OFFSET + i * CONFIG_DEVICE_SIZE
-        _put(CONFIG_DEVICE, "uuid", out, device.uuid, base)
-        for name in _DEVICE_INTS:
-            _put(CONFIG_DEVICE, name, out, getattr(device, name), base)
-        for name in _DEVICE_FLAGS:
-            _put(CONFIG_DEVICE, name, out, int(getattr(device, name)), base)
+        base = config_device_offset(i)
+        out[base : base + CONFIG_DEVICE_SIZE] = build_config_device(device)
     return bytes(out)
 
 

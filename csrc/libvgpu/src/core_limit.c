@@ -111,8 +111,14 @@ static void core_init(void)
         vgpu_log("core limit off: %s", err);
         return;
     }
-    for (int i = 0; i < VGPU_MAX_DEVICES; i++)
+    const struct vgpu_env_config *cfg = vgpu_cfg();
+    for (int i = 0; i < VGPU_MAX_DEVICES; i++) {
+        if (cfg->dev[i].from_file) { /* a hot-plugged device: its limits are in vgpu.config */
+            env.hard[i] = cfg->dev[i].hard_core;
+            env.soft[i] = cfg->dev[i].soft_core;
+        }
         any_limit = any_limit || env.hard[i] > 0;
+    }
     if (any_limit && env.shared_bucket) {
         shared_ok = core_shared_open(&shared, vgpu_path(VGPU_PATH_SM_NODE_DIR), err, sizeof(err)) == 0;
         if (!shared_ok)

@@ -18,6 +18,8 @@ struct vgpu_device_cfg {
     int mem_oversold;                /* CUDA_MEM_OVERSOLD_<i> */
     unsigned long long total_memory; /* what the container sees (the limit) */
     unsigned long long real_memory;  /* physical bytes it may take before managed memory: limit/ratio */
+    int from_file;                   /* 1: not in the env; adopted from vgpu.config (a hot-plugged device) */
+    int hard_core, soft_core;        /* from_file only: its core limits (the env's are in core_env) */
 };
 
 struct vgpu_env_config {

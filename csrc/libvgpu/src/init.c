@@ -78,6 +78,9 @@ static void global_init(void)
         vgpu_log("FATAL: %s", err);
         abort();
     }
+    struct vgpu_config file; /* devices hot-plugged after the container started: not in its env */
+    if (vgpu_config_read(&file) == 0)
+        vgpu_config_adopt(&cfg, &file);
     pthread_atfork(atfork_prepare, atfork_parent, atfork_child);
     vgpu_ledger_install_exit_handlers();
 }

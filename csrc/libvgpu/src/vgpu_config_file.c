@@ -5,6 +5,8 @@
 #include <fcntl.h>
 #include <stdio.h>
 #include <string.h>
+#include <strings.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "core_env.h"
@@ -85,6 +87,62 @@ static int header_valid(int fd)
     ssize_t n = pread(fd, &head, 16, 0);
     return n == 16 && head.magic == VGPU_CONFIG_MAGIC && head.layout == VGPU_CONFIG_LAYOUT &&
            head.size == VGPU_CONFIG_STRUCT_SIZE && head.count == VGPU_MAX_DEVICES;
+}
+
+int vgpu_config_read(struct vgpu_config *out)
+{
+    char path[4096];
+    snprintf(path, sizeof(path), "%s/vgpu.config", vgpu_path(VGPU_PATH_CONFIG_DIR));
+    int fd = open(path, O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
+    if (fd < 0)
+        return -1;
+    struct stat st;
+    int ok = fstat(fd, &st) == 0 && S_ISREG(st.st_mode) && lock_byte0(fd, F_RDLCK) == 0;
+    if (ok) {
+        ok = header_valid(fd) && pread(fd, out, sizeof(*out), 0) == (ssize_t)sizeof(*out);
+        lock_byte0(fd, F_UNLCK);
+    }
+    close(fd);
+    return ok ? 0 : -1;
+}
+
+/* A percent the core limit accepts (core_env.c): 1..99, else 0 (off). */
+static int percent(int32_t v) { return v > 0 && v < 100 ? v : 0; }
+
+int vgpu_config_adopt(struct vgpu_env_config *cfg, const struct vgpu_config *file)
+{
+    int adopted = 0;
+    for (int i = 0; i < VGPU_MAX_DEVICES; i++) {
+        const struct vgpu_config_device *e = &file->devices[i];
+        struct vgpu_device_cfg *d = &cfg->dev[i];
+        char uuid[VGPU_UUID_LEN + 1];
+        memcpy(uuid, e->uuid, VGPU_UUID_LEN);
+        uuid[VGPU_UUID_LEN] = '\0';
+        if (!e->activate || !e->hotplug || d->uuid[0] != '\0')
+            continue;
+        if (strncmp(uuid, "GPU-", 4) != 0 || uuid[4] == '\0')
+            continue;
+        int named = 0;
+        for (int j = 0; j < VGPU_MAX_DEVICES; j++)
+            named = named || strcasecmp(cfg->dev[j].uuid, uuid) == 0;
+        if (named)
+            continue;
+        memset(d, 0, sizeof(*d));
+        snprintf(d->uuid, sizeof(d->uuid), "%s", uuid);
+        d->from_file = 1;
+        d->mem_ratio = 1.0;
+        if (e->memory_limit && e->total_memory > 0) {
+            d->mem_limit = d->total_memory = e->total_memory;
+            d->real_memory = e->real_memory > 0 && e->real_memory < e->total_memory ? e->real_memory : e->total_memory;
+            if (d->real_memory < d->total_memory)
+                d->mem_ratio = (double)d->total_memory / (double)d->real_memory;
+            d->mem_oversold = e->memory_oversold != 0;
+        }
+        d->hard_core = e->core_limit ? percent(e->hard_core) : 0;
+        d->soft_core = d->hard_core > 0 && percent(e->soft_core) > d->hard_core ? percent(e->soft_core) : 0;
+        adopted++;
+    }
+    return adopted;
 }
 
 /* The driver's versions for the header, when the driver and NVML are there. */

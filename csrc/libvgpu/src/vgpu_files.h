@@ -9,7 +9,9 @@
  *   vgpu.config       /etc/vgpu-manager/config/vgpu.config   limits + identity, written from env
  *                      by the first library process in DRA mode (OFD write lock on byte 0, no
  *                      O_TRUNC: ftruncate 0, pwrite, ftruncate VGPU_CONFIG_FILE_SIZE; a valid file
- *                      is kept); readers mmap it PROT_READ/MAP_PRIVATE and check the header.
+ *                      is kept); readers check the header. vgpud adds the entries of devices
+ *                      hot-plugged into the running container in place, under the same lock; each
+ *                      library process adopts those its env does not name (vgpu_config_file.h).
  *   vmem_node.config  /tmp/.vmem_node/vmem_node.config       the ledger of device memory NVML cannot
  *                      see (managed/UVA, async bridge, capture), per device per host PID.
  *   sm_node.config    /tmp/.sm_node/sm_node.config           the container-wide token bucket
@@ -64,7 +66,9 @@ struct vgpu_config_device {
     int32_t memory_limit;         /* @88 1 when the memory limit is enforced */
     int32_t memory_oversold;      /* @92 1 when CUDA_MEM_RATIO_<i> > 1 / CUDA_MEM_OVERSOLD_<i> */
     int32_t activate;             /* @96 1 when this entry describes a device of the container */
-    uint8_t _pad1[28];            /* @100 */
+    int32_t hotplug;              /* @100 1: added by vgpud for a device hot-plugged into the running
+                                   * container (not in its env); 0 in every entry the library writes */
+    uint8_t _pad1[24];            /* @104 */
 };
 
 struct vgpu_config {
@@ -201,6 +205,7 @@ VGPU_AT(struct vgpu_config_device, hard_limit, 84);
 VGPU_AT(struct vgpu_config_device, memory_limit, 88);
 VGPU_AT(struct vgpu_config_device, memory_oversold, 92);
 VGPU_AT(struct vgpu_config_device, activate, 96);
+VGPU_AT(struct vgpu_config_device, hotplug, 100);
 _Static_assert(sizeof(struct vgpu_config_device) == 128, "vgpu_config_device is 128 bytes");
 
 VGPU_AT(struct vgpu_config, magic, 0);

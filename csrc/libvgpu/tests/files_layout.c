@@ -184,6 +184,7 @@ int main(int argc, char **argv) {
     FIELD(struct vgpu_config_device, memory_limit);
     FIELD(struct vgpu_config_device, memory_oversold);
     FIELD(struct vgpu_config_device, activate);
+    FIELD(struct vgpu_config_device, hotplug);
     CLOSE();
     OPEN(struct vgpu_config);
     FIELD(struct vgpu_config, magic);

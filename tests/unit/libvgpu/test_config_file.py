@@ -3,8 +3,16 @@ mode: nobody else writes it), read back with vgpud's own parser (vgpud/partition
 
 from __future__ import annotations
 
-from tests.unit.libvgpu.conftest import MIB, UUIDS, Container
+import functools
+from dataclasses import replace
+
+import trio
+
+from tests.unit.libvgpu.conftest import MIB, PHYSICAL, UUIDS, Container
+from vgpud.hotplug import configfile as C
+from vgpud.hotplug import vgpuconfig as V
 from vgpud.partition import libfiles as F
+from vgpud.partition.edits import device_env
 
 ENV = {
     "CUDA_MEM_LIMIT_0": "1024m",
@@ -47,3 +55,35 @@ def test_a_valid_file_is_kept_and_a_bad_one_rebuilt(container: Container) -> Non
     path.write_bytes(b"\0" * 100)
     container.run("fill", "direct", str(512 * MIB), **ENV)
     assert F.parse_vgpu_config(path.read_bytes()).pod_name == "trainer"
+
+
+def test_hot_plug_entries_follow_the_library_s_rules_and_survive_it(container: Container) -> None:
+    """vgpud's reading of a slave's env (vgpud.hotplug.vgpuconfig) gives the entry this library
+    writes for the same env, and a file extended with it is kept by the library's next process."""
+    env = {
+        **device_env(0, UUIDS[0], total_memory=PHYSICAL, consumed_capacity={"memory": "3Gi", "cores": "40"}),
+        **device_env(
+            1, UUIDS[1], total_memory=PHYSICAL, consumed_capacity={"memory": "8Gi"}, memory_ratio=200
+        ),
+        "CUDA_CORE_SOFT_LIMIT_0": "70",
+    }
+    container.run("fill", "direct", str(512 * MIB), **env)
+    path = container.root / "config" / "vgpu.config"
+    written = F.parse_vgpu_config(path.read_bytes()).active()
+    assert written == {i: V.device_limits(env, i) for i in (0, 1)}
+    assert written[0].soft_core == 70 and written[1].memory_oversold
+
+    # the target runs device 1 only; device 0 is added and removed in its file
+    path.unlink()
+    own = {k: v for k, v in env.items() if k.endswith("_1")}
+    container.run("fill", "direct", str(512 * MIB), **own)
+    base = path.read_bytes()
+    added = [V.AddedDevice(0, written[0])]
+    outcome = trio.run(C.change_target_config, path, functools.partial(V.extend_config, added=added))
+    assert outcome.state is C.ConfigState.CHANGED
+    extended = path.read_bytes()
+    container.run("fill", "direct", str(512 * MIB), **own)
+    assert path.read_bytes() == extended  # a valid file is kept
+    assert F.parse_vgpu_config(extended).active() == {0: replace(written[0], hotplug=True), 1: written[1]}
+    trio.run(C.change_target_config, path, functools.partial(V.shrink_config, uuids=[UUIDS[0]]))
+    assert path.read_bytes() == base
