@@ -119,7 +119,7 @@ def _add_debug_parser(commands: argparse._SubParsersAction[argparse.ArgumentPars
     )
     tail.add_argument("--json", action="store_true", help="one JSON object per line")
     tail.add_argument("--hook", default="", help="only this call (CreateContainer, Prepare, ...)")
-    tail.add_argument("--component", default="", help="only this component (nri, dra, registry)")
+    tail.add_argument("--component", default="", help="only this component (nri, dra, registry, hotplug)")
     tail.add_argument("--pod", default="", help="only this pod: UID, name or namespace/name")
     tail.add_argument("--claim", default="", help="only this claim UID")
     tail.add_argument("--outcome", default="", help="only this outcome (ok, error, skipped, rejected)")

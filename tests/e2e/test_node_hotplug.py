@@ -1,12 +1,13 @@
 """The hot-plug API on a real node (containerd 1.7 and 2.x): device-mounter's flow.
 
-A slave pod holds a vGPU claim; a target pod's running container without one makes the GPU's device
-node itself (as device-mounter does) and is refused it by its device cgroup (EPERM). Attach gives it
-access: opening the node then reaches the driver (this node has none: ENXIO, "No such device or
-address"; on a GPU node the open succeeds). Detach takes it back (EPERM again). What vgpud sent the
-runtime through NRI UpdateContainers is dropped by containerd on the way to runc: the container's OCI
-spec never lists the rule (docs/hotplug.md). Refusals, idempotency, a vgpud restart, and the cleanup
-when the target container or the slave pod goes are checked on the same node."""
+A slave pod holds a vGPU claim on one GPU; a target pod's running vGPU container (its own claim on the
+other GPU) makes the slave GPU's device node itself (as device-mounter does) and is refused it by its
+device cgroup (EPERM). Attach gives it access: opening the node then reaches the driver (this node has
+none: ENXIO, "No such device or address"; on a GPU node the open succeeds), and the target's
+vgpu.config holds the slave's limits for its library. Detach takes both back (EPERM again). What vgpud
+sent the runtime through NRI UpdateContainers is dropped by containerd on the way to runc: the
+container's OCI spec never lists the rule (docs/hotplug.md). Refusals, idempotency, a vgpud restart,
+and the cleanup when the target container or the slave pod goes are checked on the same node."""
 
 from __future__ import annotations
 
@@ -23,6 +24,7 @@ from tests.e2e.conftest import NRI_TRACKS
 from tests.e2e.node import LocalNode
 from vgpud import metrics_names as names
 from vgpud.observe.client import Endpoint, get_json
+from vgpud.partition.libfiles import DeviceLimits, parse_vgpu_config
 
 pytestmark = NRI_TRACKS
 
@@ -77,6 +79,26 @@ def hotplug_calls(node: LocalNode) -> list[dict[str, Any]]:
     return debug(node, "/debug/calls?n=500&component=hotplug")["calls"]
 
 
+def vgpu_pods(node: LocalNode, ns: str) -> tuple[dict[str, Any], dict[str, Any], str]:
+    """A slave pod on GPU 1 and a running target pod (container `app`) on GPU 0, each with its own
+    vGPU claim; (slave, target, the target container's ID)."""
+    w.create_claim(node, ns, "slave-gpu", [w.on_gpu(w.vgpu_request("gpu", "2Gi", "20"), 1)])
+    w.create_claim(node, ns, "own-gpu", [w.on_gpu(w.vgpu_request("gpu", "1Gi", "10"), 0)])
+    slave = w.create_pod(node, ns, "slave", [w.container("hold", [("gpu", None)])], {"gpu": "slave-gpu"})
+    target = w.create_pod(node, ns, "target", [w.container("app", [("gpu", None)])], {"gpu": "own-gpu"})
+    w.wait_running(node, ns, "slave")
+    return slave, target, w.container_id(w.wait_running(node, ns, "target"), "app")
+
+
+def hotplugged(node: LocalNode, claim_uid: str) -> list[DeviceLimits]:
+    """The hot-plugged entries of the target's vgpu.config (the file in its directory on the host)."""
+    (subdir,) = w.claim_subdirs(node, claim_uid)
+    path = node.claim_dir(claim_uid) / subdir / "config" / "vgpu.config"
+    if not path.exists():
+        return []
+    return [d for d in parse_vgpu_config(path.read_bytes()).devices if d.activate and d.hotplug]
+
+
 def attachments(node: LocalNode) -> list[Any]:
     code, details, reply = call(node, "List")
     assert code is grpc.StatusCode.OK, details
@@ -85,12 +107,10 @@ def attachments(node: LocalNode) -> list[Any]:
 
 def test_attach_opens_the_slaves_gpu_and_detach_closes_it(node: LocalNode) -> None:
     ns = w.namespace(node)
-    w.create_claim(node, ns, "slave-gpu", [w.vgpu_request("gpu", "2Gi", "20")])
-    slave = w.create_pod(node, ns, "slave", [w.container("hold", [("gpu", None)])], {"gpu": "slave-gpu"})
-    target = w.create_pod(node, ns, "target", [w.container("app")])
-    w.wait_running(node, ns, "slave")
-    cid = w.container_id(w.wait_running(node, ns, "target"), "app")
+    slave, target, cid = vgpu_pods(node, ns)
+    own_claim = w.get_claim(node, ns, "own-gpu")["metadata"]["uid"]
     minor = slave_minor(node, ns, "slave-gpu")
+    assert minor == 1
     request = {
         "target_pod_uid": target["metadata"]["uid"],
         "container_name": "app",
@@ -107,7 +127,10 @@ def test_attach_opens_the_slaves_gpu_and_detach_closes_it(node: LocalNode) -> No
     assert not reply.already_attached and reply.attachment.container_id == cid
     assert [list(c.devices) for c in reply.attachment.claims] == [[f"vgpu-{minor}"]]
     assert ENXIO_TEXT in open_node(node, cid, minor)  # past the cgroup: the driver (none here) answers
-    assert rule in devices_list(node, cid) and f"c {NVIDIA_MAJOR}:255 rw" in devices_list(node, cid)
+    assert rule in devices_list(node, cid)
+    # the slave's limits for the target's library: 2 GiB, 20 % of the slave's GPU
+    (added,) = hotplugged(node, own_claim)
+    assert (added.total_memory, added.hard_core, added.memory_limit) == (2 << 30, 20, True), added
     # containerd accepted the NRI update and dropped its device rules: the spec is unchanged
     assert spec_device_rules(node, cid) == spec_before
 
@@ -127,6 +150,7 @@ def test_attach_opens_the_slaves_gpu_and_detach_closes_it(node: LocalNode) -> No
     assert code is grpc.StatusCode.OK, details
     assert EPERM_TEXT in open_node(node, cid, minor)
     assert rule not in devices_list(node, cid)
+    assert hotplugged(node, own_claim) == []
     assert attachments(node) == []
     code, details, _ = call(node, "Detach", **request)
     assert code is grpc.StatusCode.NOT_FOUND and "is not attached" in details
@@ -145,39 +169,50 @@ def test_attach_opens_the_slaves_gpu_and_detach_closes_it(node: LocalNode) -> No
     w.delete_pod(node, ns, "target")
     w.delete_pod(node, ns, "slave")
     w.release_claim(node, ns, "slave-gpu")
+    w.release_claim(node, ns, "own-gpu")
 
 
 def test_refusals(node: LocalNode) -> None:
     ns = w.namespace(node)
+    slave, target, _ = vgpu_pods(node, ns)
     plain = w.create_pod(node, ns, "plain", [w.container("c")])
-    target = w.create_pod(node, ns, "target", [w.container("app")])
     w.wait_running(node, ns, "plain")
-    w.wait_running(node, ns, "target")
-    uid = target["metadata"]["uid"]
-
-    code, details, _ = call(
-        node, "Attach", target_pod_uid=uid, container_name="app", slave_pod_uid=plain["metadata"]["uid"]
-    )
-    assert code is grpc.StatusCode.FAILED_PRECONDITION
-    assert f"slave pod {plain['metadata']['uid']} has no vGPU claim prepared on this node" in details
-    code, details, _ = call(
-        node, "Attach", target_pod_uid=uid, container_name="nope", slave_pod_uid=plain["metadata"]["uid"]
-    )
-    assert code is grpc.StatusCode.NOT_FOUND and "container nope of pod" in details
-    code, details, _ = call(node, "Attach", target_pod_uid="x", container_name="app", slave_pod_uid=uid)
-    assert code is grpc.StatusCode.INVALID_ARGUMENT and "not a pod UID" in details
+    uid, plain_uid = target["metadata"]["uid"], plain["metadata"]["uid"]
+    cases = [
+        (
+            {"target_pod_uid": uid, "container_name": "app", "slave_pod_uid": plain_uid},
+            grpc.StatusCode.FAILED_PRECONDITION,
+            f"slave pod {plain_uid} has no vGPU claim prepared on this node",
+        ),
+        (
+            {"target_pod_uid": plain_uid, "container_name": "c", "slave_pod_uid": slave["metadata"]["uid"]},
+            grpc.StatusCode.FAILED_PRECONDITION,
+            "is not a vGPU container",
+        ),
+        (
+            {"target_pod_uid": uid, "container_name": "nope", "slave_pod_uid": slave["metadata"]["uid"]},
+            grpc.StatusCode.NOT_FOUND,
+            "container nope of pod",
+        ),
+        (
+            {"target_pod_uid": "x", "container_name": "app", "slave_pod_uid": uid},
+            grpc.StatusCode.INVALID_ARGUMENT,
+            "not a pod UID",
+        ),
+    ]
+    for fields, status, text in cases:
+        code, details, _ = call(node, "Attach", **fields)
+        assert (code, text in details) == (status, True), (fields, code, details)
     assert attachments(node) == []
-    w.delete_pod(node, ns, "plain")
-    w.delete_pod(node, ns, "target")
+    for pod in ("plain", "target", "slave"):
+        w.delete_pod(node, ns, pod)
+    w.release_claim(node, ns, "slave-gpu")
+    w.release_claim(node, ns, "own-gpu")
 
 
 def test_the_grant_goes_with_the_slave_pod_and_with_the_target(node: LocalNode) -> None:
     ns = w.namespace(node)
-    w.create_claim(node, ns, "slave-gpu", [w.vgpu_request("gpu", "2Gi", "20")])
-    slave = w.create_pod(node, ns, "slave", [w.container("hold", [("gpu", None)])], {"gpu": "slave-gpu"})
-    target = w.create_pod(node, ns, "target", [w.container("app")])
-    w.wait_running(node, ns, "slave")
-    cid = w.container_id(w.wait_running(node, ns, "target"), "app")
+    slave, target, cid = vgpu_pods(node, ns)
     minor = slave_minor(node, ns, "slave-gpu")
     request = {
         "target_pod_uid": target["metadata"]["uid"],
@@ -194,7 +229,7 @@ def test_the_grant_goes_with_the_slave_pod_and_with_the_target(node: LocalNode) 
     w.release_claim(node, ns, "slave-gpu")
 
     # the target goes: the record goes with it
-    w.create_claim(node, ns, "slave-gpu2", [w.vgpu_request("gpu", "2Gi", "20")])
+    w.create_claim(node, ns, "slave-gpu2", [w.on_gpu(w.vgpu_request("gpu", "2Gi", "20"), 1)])
     slave = w.create_pod(node, ns, "slave2", [w.container("hold", [("gpu", None)])], {"gpu": "slave-gpu2"})
     w.wait_running(node, ns, "slave2")
     request["slave_pod_uid"] = slave["metadata"]["uid"]
@@ -206,3 +241,4 @@ def test_the_grant_goes_with_the_slave_pod_and_with_the_target(node: LocalNode) 
     assert any("is no longer prepared" in c["detail"] for c in calls), calls
     w.delete_pod(node, ns, "slave2")
     w.release_claim(node, ns, "slave-gpu2")
+    w.release_claim(node, ns, "own-gpu")

@@ -9,9 +9,9 @@ the containers the runtime reported through NRI, and its own attachment table. E
 | INVALID_ARGUMENT    | an empty, oversize or malformed pod UID or container name; target pod = slave pod |
 | UNAVAILABLE         | the NRI plugin has not synchronized with the runtime yet (retry)                    |
 | NOT_FOUND           | a target container the runtime has not reported; Detach of what is not attached    |
-| FAILED_PRECONDITION | a target that is not running; a slave pod with no vGPU claim prepared here (and   |
-|                     | reserved for it); a slave pod attached to another container; a claim the target   |
-|                     | pod already holds itself                                                           |
+| FAILED_PRECONDITION | a target that is not running or not a vGPU container; a slave pod with no vGPU    |
+|                     | claim prepared here (and reserved for it); a slave pod attached to another        |
+|                     | container; a claim the target pod already holds itself                            |
 | RESOURCE_EXHAUSTED  | the node already has `MAX_ATTACHMENTS` attachments                                 |
 
 Attach is idempotent: the same (target pod, container, slave pod) attached to the same container
@@ -76,6 +76,9 @@ class KnownContainer:
     pod_namespace: str
     pod_name: str
     running: bool
+    #: a vGPU container of this node (vgpud made its directory): only there does a control library
+    #: enforce the slave's limits
+    vgpu: bool = True
 
 
 @dataclass(frozen=True, order=True)
@@ -176,6 +179,12 @@ def check_target(key: AttachKey, target: KnownContainer | None, synced: bool) ->
             Status.FAILED_PRECONDITION,
             f"{key.target} ({target.pod_namespace}/{target.pod_name}, instance {target.container_id}) "
             "is not running",
+        )
+    if not target.vgpu:
+        raise Refusal(
+            Status.FAILED_PRECONDITION,
+            f"{key.target} ({target.pod_namespace}/{target.pod_name}) is not a vGPU container: no control "
+            "library in it would enforce the slave's limits (give the target pod a vGPU claim of its own)",
         )
     return target
 

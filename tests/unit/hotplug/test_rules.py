@@ -125,6 +125,12 @@ def test_a_target_that_is_not_running() -> None:
     check(info, Status.FAILED_PRECONDITION, TARGET, "team/trainer", "c" * 64, "not running")
 
 
+def test_a_target_that_is_not_a_vgpu_container() -> None:
+    with pytest.raises(Refusal) as info:
+        attach(target=replace(RUNNING, vgpu=False))
+    check(info, Status.FAILED_PRECONDITION, "is not a vGPU container", "team/trainer")
+
+
 def test_a_slave_without_a_prepared_claim() -> None:
     with pytest.raises(Refusal) as info:
         attach(slave_claims=())
