@@ -2,8 +2,10 @@
 
 An attachment adds the slave claim's devices to the target's devices[] entries (`extend_config`) and
 a detach removes exactly those entries again (`shrink_config`). The file is the one the library's
-first process wrote in the target's config directory (`vgpud.partition.libfiles` holds its layout);
-`vgpud.hotplug.configfile` rewrites it in place under the library's own protocol. Pure: no I/O.
+first process wrote in the target's config directory (`vgpud.partition.libfiles` holds its layout),
+or, before any process ran, a header-only one `vgpud.hotplug.configfile` creates (the library then
+merges its env into it); that module rewrites it in place under the library's own protocol. Pure:
+no I/O.
 
 What the library does with it (csrc/libvgpu): the env of a running container cannot change, so at
 initialisation each process adopts the active entries at host indexes its env leaves empty

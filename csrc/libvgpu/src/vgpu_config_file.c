@@ -53,7 +53,7 @@ int vgpu_config_build(struct vgpu_config *out, const struct vgpu_env_config *cfg
     for (int i = 0; i < VGPU_MAX_DEVICES; i++) {
         const struct vgpu_device_cfg *d = &cfg->dev[i];
         struct vgpu_config_device *o = &out->devices[i];
-        if (d->uuid[0] == '\0')
+        if (d->uuid[0] == '\0' || d->from_file) /* an adopted (hot-plugged) device is vgpud's entry */
             continue;
         put_text(o->uuid, sizeof(o->uuid), d->uuid);
         o->total_memory = d->total_memory;
@@ -160,27 +160,67 @@ static void versions(int *cuda_version, char *driver, size_t cap)
         driver[0] = '\0';
 }
 
+/* Copy `src` over `dst` when `dst` is all zero: a field nobody wrote yet. */
+static void fill_blank(void *dst, const void *src, size_t n)
+{
+    const unsigned char *d = dst;
+    for (size_t i = 0; i < n; i++)
+        if (d[i] != 0)
+            return;
+    memcpy(dst, src, n);
+}
+
+void vgpu_config_merge(struct vgpu_config *file, const struct vgpu_config *env)
+{
+    if (file->cuda_version_major == 0 && file->cuda_version_minor == 0) {
+        file->cuda_version_major = env->cuda_version_major;
+        file->cuda_version_minor = env->cuda_version_minor;
+    }
+#define FILL(f) fill_blank(&file->f, &env->f, sizeof(file->f))
+    FILL(driver_version);
+    FILL(pod_uid);
+    FILL(pod_name);
+    FILL(pod_namespace);
+    FILL(container_name);
+    FILL(reg_uuid);
+    FILL(compatibility_mode);
+    FILL(sm_watcher);
+    FILL(vmem_node);
+#undef FILL
+    for (int i = 0; i < VGPU_MAX_DEVICES; i++) {
+        struct vgpu_config_device *d = &file->devices[i];
+        if (!env->devices[i].activate || (d->activate && !d->hotplug))
+            continue; /* not the env's device, or the first publisher's entry (same env: same bytes) */
+        *d = env->devices[i]; /* an empty slot, or a hot-plugged entry where the env has its own device */
+    }
+}
+
 void vgpu_config_publish(const struct vgpu_env_config *cfg)
 {
     char path[4096];
     snprintf(path, sizeof(path), "%s/vgpu.config", vgpu_path(VGPU_PATH_CONFIG_DIR));
     int fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0644);
     if (fd < 0)
-        return; /* a read-only mount: the host side writes it */
+        return; /* a read-only mount, or a file vgpud created that this user cannot write */
     if (lock_byte0(fd, F_WRLCK) < 0) {
         close(fd);
         return;
     }
-    if (!header_valid(fd)) {
-        struct vgpu_config out;
-        char err[256], driver[VGPU_DRIVER_VERSION_LEN + 1];
-        int cuda_version;
-        versions(&cuda_version, driver, sizeof(driver));
-        if (vgpu_config_build(&out, cfg, vgpu_env, NULL, cuda_version, driver, err, sizeof(err)) < 0)
-            vgpu_log("warning: %s is not written: %s", path, err);
-        else if (ftruncate(fd, 0) < 0 || pwrite(fd, &out, sizeof(out), 0) != (ssize_t)sizeof(out) ||
-                 ftruncate(fd, VGPU_CONFIG_FILE_SIZE) < 0)
+    struct vgpu_config out, file;
+    char err[256], driver[VGPU_DRIVER_VERSION_LEN + 1];
+    int cuda_version;
+    versions(&cuda_version, driver, sizeof(driver));
+    if (vgpu_config_build(&out, cfg, vgpu_env, NULL, cuda_version, driver, err, sizeof(err)) < 0) {
+        vgpu_log("warning: %s is not written: %s", path, err);
+    } else if (header_valid(fd) && pread(fd, &file, sizeof(file), 0) == (ssize_t)sizeof(file)) {
+        struct vgpu_config merged = file; /* written by another process, or created by vgpud */
+        vgpu_config_merge(&merged, &out);
+        if (memcmp(&merged, &file, sizeof(file)) != 0 &&
+            pwrite(fd, &merged, sizeof(merged), 0) != (ssize_t)sizeof(merged))
             vgpu_log("warning: cannot write %s: %s", path, strerror(errno));
+    } else if (ftruncate(fd, 0) < 0 || pwrite(fd, &out, sizeof(out), 0) != (ssize_t)sizeof(out) ||
+               ftruncate(fd, VGPU_CONFIG_FILE_SIZE) < 0) {
+        vgpu_log("warning: cannot write %s: %s", path, strerror(errno));
     }
     lock_byte0(fd, F_UNLCK);
     close(fd);

@@ -1,6 +1,7 @@
 /* vgpu.config (layout vgpu_files.h): the container's identity and limits for the host side. In DRA
- * mode nobody else writes it, so the first library process of the container does, from its env;
- * each process reads back the entries of devices its env does not name (hot-plugged ones). */
+ * mode the first library process of the container writes it from its env, and later ones merge
+ * their env into it; vgpud adds the entries of hot-plugged devices (creating the file when no
+ * library process ran yet), and each process reads back those its env does not name. */
 #ifndef VGPU_CONFIG_FILE_H
 #define VGPU_CONFIG_FILE_H
 
@@ -24,9 +25,21 @@ VGPU_HIDDEN int vgpu_config_read(struct vgpu_config *out);
  * the number adopted. */
 VGPU_HIDDEN int vgpu_config_adopt(struct vgpu_env_config *cfg, const struct vgpu_config *file);
 
-/* Write <config dir>/vgpu.config unless it already holds a valid header (under an OFD write lock on
- * byte 0; no O_TRUNC: ftruncate 0, pwrite, ftruncate to the file size). A directory we cannot
- * write (mounted read-only by a host that writes the file itself) is not an error. */
+/* `file` (a valid vgpu.config) completed with what `env` (vgpu_config_build) holds (pure): each
+ * identity field still zero or blank takes the env's (the CUDA version as one pair), and each
+ * device of the env takes its slot unless the slot holds an active entry the library wrote (the
+ * first publisher's; every process of a container has the same env). A slot holding an inactive
+ * entry, or a hot-plugged one where the env has its own device (a file vgpud would never leave:
+ * its extend refuses such a slot), gets the env's entry. Hot-plugged entries elsewhere stay. */
+VGPU_HIDDEN void vgpu_config_merge(struct vgpu_config *file, const struct vgpu_config *env);
+
+/* Write <config dir>/vgpu.config from the env (vgpu_config_build) under an OFD write lock on byte
+ * 0: a file without a valid header and whole struct is rebuilt (no O_TRUNC: ftruncate 0, pwrite,
+ * ftruncate to the file size); a valid one (written by an earlier process, or created by vgpud with
+ * hot-plugged entries before the library ever ran) gets vgpu_config_merge, in one pwrite of the
+ * struct and only when it changes something. Entries are written whole under the lock, seq 0, as
+ * vgpud writes its own: every reader takes the lock. A directory we cannot write (mounted
+ * read-only by a host that writes the file itself) is not an error. */
 VGPU_HIDDEN void vgpu_config_publish(const struct vgpu_env_config *cfg);
 
 #endif

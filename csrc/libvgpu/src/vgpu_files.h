@@ -8,10 +8,12 @@
  * Container paths (the node side bind-mounts the per-container host directories there):
  *   vgpu.config       /etc/vgpu-manager/config/vgpu.config   limits + identity, written from env
  *                      by the first library process in DRA mode (OFD write lock on byte 0, no
- *                      O_TRUNC: ftruncate 0, pwrite, ftruncate VGPU_CONFIG_FILE_SIZE; a valid file
- *                      is kept); readers check the header. vgpud adds the entries of devices
- *                      hot-plugged into the running container in place, under the same lock; each
- *                      library process adopts those its env does not name (vgpu_config_file.h).
+ *                      O_TRUNC: ftruncate 0, pwrite, ftruncate VGPU_CONFIG_FILE_SIZE); a valid file
+ *                      gets the env's entries in empty slots and its blank identity fields filled
+ *                      (vgpu_config_merge); readers check the header. vgpud adds the entries of
+ *                      devices hot-plugged into the running container in place, under the same
+ *                      lock, creating a header-only file when no library process wrote one yet;
+ *                      each library process adopts those its env does not name (vgpu_config_file.h).
  *   vmem_node.config  /tmp/.vmem_node/vmem_node.config       the ledger of device memory NVML cannot
  *                      see (managed/UVA, async bridge, capture), per device per host PID.
  *   sm_node.config    /tmp/.sm_node/sm_node.config           the container-wide token bucket

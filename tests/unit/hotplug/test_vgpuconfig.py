@@ -8,6 +8,7 @@ import fcntl
 import functools
 import json
 import os
+import stat
 import struct
 import threading
 import time
@@ -366,3 +367,100 @@ async def test_an_invalid_file_or_a_refused_change_changes_nothing(tmp_path: Pat
     with pytest.raises(ConfigError, match="the slot holds"):
         await C.change_target_config(path, clash)
     assert path.read_bytes()[: len(BASE)] == BASE
+
+
+# --------------------------------------------------------------------------------------------------
+# create: a target whose library never wrote the file
+
+
+def header_only(*entries: tuple[int, F.DeviceLimits]) -> bytes:
+    """The file `create` makes (a valid header, nothing else) with these entries."""
+    devices = [F.DeviceLimits()] * F.MAX_DEVICES
+    for index, entry in entries:
+        devices[index] = entry
+    return F.build_vgpu_config(F.VgpuConfig(devices=tuple(devices)))
+
+
+async def test_create_makes_a_header_only_file_with_the_entries(tmp_path: Path) -> None:
+    path = tmp_path / F.VGPU_CONFIG_FILE
+    umask = os.umask(0o077)  # vgpud's umask does not narrow the file: every container user reads it
+    try:
+        outcome = await C.change_target_config(path, EXTEND, create=True)
+    finally:
+        os.umask(umask)
+    assert (outcome.state, outcome.written, outcome.created) == (ConfigState.CHANGED, (0,), True)
+    assert "(created)" in outcome.detail
+    assert path.read_bytes() == header_only((0, marked(limits(ADDED))))
+    assert stat.S_IMODE(path.stat().st_mode) == 0o644
+    again = await C.change_target_config(path, EXTEND, create=True)
+    assert (again.state, again.created) == (ConfigState.UNCHANGED, False)
+    gone = await C.change_target_config(path, SHRINK, create=True)
+    assert gone.state is ConfigState.CHANGED
+    assert path.read_bytes() == header_only()  # it stays: a header-only file holds nothing
+
+
+async def test_create_on_an_existing_file_changes_it_as_before(tmp_path: Path) -> None:
+    path = write_config(tmp_path)
+    outcome = await C.change_target_config(path, EXTEND, create=True)
+    assert (outcome.state, outcome.written, outcome.created) == (ConfigState.CHANGED, (0,), False)
+    assert F.parse_vgpu_config(path.read_bytes()).active()[0] == marked(limits(ADDED))
+
+
+async def test_create_fills_an_empty_file_a_library_left(tmp_path: Path) -> None:
+    """A library process whose env it could not build leaves the file it opened empty."""
+    path = tmp_path / F.VGPU_CONFIG_FILE
+    path.write_bytes(b"")
+    with pytest.raises(ConfigError, match=r"not a valid vgpu\.config"):
+        await C.change_target_config(path, EXTEND)
+    assert path.read_bytes() == b""
+    outcome = await C.change_target_config(path, EXTEND, create=True)
+    assert outcome.created
+    assert path.read_bytes() == header_only((0, marked(limits(ADDED))))
+
+
+async def test_create_loses_the_race_to_the_library(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The library creates (and writes) the file between vgpud's open and its O_EXCL create: vgpud
+    changes the library's file, as when it was there first."""
+    path = tmp_path / F.VGPU_CONFIG_FILE
+    real = C._create
+
+    def library_first(dir_fd: int, at: Path) -> int | None:
+        write_config(tmp_path)
+        made = real(dir_fd, at)
+        assert made is None  # EEXIST
+        return made
+
+    monkeypatch.setattr(C, "_create", library_first)
+    outcome = await C.change_target_config(path, EXTEND, create=True)
+    assert (outcome.state, outcome.created) == (ConfigState.CHANGED, False)
+    assert path.read_bytes() == V.extend_config(BASE, ADD) + bytes(F.CONFIG_FILE_SIZE - len(BASE))
+
+
+async def test_create_needs_the_directory_and_a_change(tmp_path: Path) -> None:
+    missing = tmp_path / "absent" / F.VGPU_CONFIG_FILE
+    outcome = await C.change_target_config(missing, EXTEND, create=True)
+    assert outcome.state is ConfigState.NO_CONFIG
+    assert "its directory does not exist" in outcome.detail
+    assert not missing.parent.exists()
+    path = tmp_path / F.VGPU_CONFIG_FILE
+    nothing = await C.change_target_config(path, SHRINK, create=True)  # a file would hold nothing
+    assert (nothing.state, nothing.missing) == (ConfigState.NO_CONFIG, "it does not exist")
+    bad = functools.partial(V.extend_config, added=[AddedDevice(16, limits(ADDED))])
+    with pytest.raises(ConfigError, match=r"host indexes 0\.\.15"):
+        await C.change_target_config(path, bad, create=True)
+    assert list(tmp_path.iterdir()) == []
+
+
+async def test_create_never_goes_through_a_symlink(tmp_path: Path) -> None:
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    linked_dir = tmp_path / "config"
+    linked_dir.symlink_to(elsewhere)
+    with pytest.raises(ConfigError, match=r"is not a directory \(a symbolic link is not followed\)"):
+        await C.change_target_config(linked_dir / F.VGPU_CONFIG_FILE, EXTEND, create=True)
+    real_dir = tmp_path / "real"
+    real_dir.mkdir()
+    (real_dir / F.VGPU_CONFIG_FILE).symlink_to(elsewhere / F.VGPU_CONFIG_FILE)  # dangling
+    with pytest.raises(ConfigError, match=r"symbolic link \(not followed\); nothing changed"):
+        await C.change_target_config(real_dir / F.VGPU_CONFIG_FILE, EXTEND, create=True)
+    assert list(elsewhere.iterdir()) == []

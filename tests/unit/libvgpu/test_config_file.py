@@ -1,5 +1,5 @@
 """vgpu.config, written by the first library process of a container from its environment (DRA
-mode: nobody else writes it), read back with vgpud's own parser (vgpud/partition/libfiles.py)."""
+mode) and completed by later ones, read back with vgpud's own parser (vgpud/partition/libfiles.py)."""
 
 from __future__ import annotations
 
@@ -45,13 +45,29 @@ def test_written_from_the_environment(container: Container) -> None:
     assert active[1].memory_oversold and not active[1].core_limit
 
 
-def test_a_valid_file_is_kept_and_a_bad_one_rebuilt(container: Container) -> None:
+def test_a_valid_file_gets_what_is_blank_and_a_bad_one_is_rebuilt(container: Container) -> None:
+    """A process finding a valid file (an earlier process's, or one vgpud created) fills in only
+    what is still zero: identity fields and the empty slots of its env's devices."""
     path = container.root / "config" / "vgpu.config"
     path.parent.mkdir(parents=True)
-    mine = F.build_vgpu_config(F.VgpuConfig(pod_name="written-by-the-host"))
-    path.write_bytes(mine)
+    earlier = F.DeviceLimits(
+        uuid=UUIDS[0], total_memory=MIB, real_memory=MIB, memory_limit=True, activate=True
+    )
+    devices = (earlier,) + (F.DeviceLimits(),) * (F.MAX_DEVICES - 1)
+    path.write_bytes(F.build_vgpu_config(F.VgpuConfig(devices=devices, pod_name="written-by-the-host")))
     container.run("fill", "direct", str(512 * MIB), **ENV)
-    assert path.read_bytes() == mine
+    merged = F.parse_vgpu_config(path.read_bytes())
+    assert (merged.pod_name, merged.pod_uid, merged.container_name) == (
+        "written-by-the-host",
+        "0f1e2d3c-uid",
+        "main",
+    )
+    assert merged.cuda_version[0] >= 11 and merged.driver_version
+    assert merged.active()[0] == earlier  # an active entry stays as the first publisher wrote it
+    assert merged.active()[1].total_memory == 2048 * MIB and merged.active()[1].memory_oversold
+    once = path.read_bytes()
+    container.run("fill", "direct", str(512 * MIB), **ENV)
+    assert path.read_bytes() == once
     path.write_bytes(b"\0" * 100)
     container.run("fill", "direct", str(512 * MIB), **ENV)
     assert F.parse_vgpu_config(path.read_bytes()).pod_name == "trainer"
@@ -83,7 +99,7 @@ def test_hot_plug_entries_follow_the_library_s_rules_and_survive_it(container: C
     assert outcome.state is C.ConfigState.CHANGED
     extended = path.read_bytes()
     container.run("fill", "direct", str(512 * MIB), **own)
-    assert path.read_bytes() == extended  # a valid file is kept
+    assert path.read_bytes() == extended  # nothing to merge: the env's entries are there already
     assert F.parse_vgpu_config(extended).active() == {0: replace(written[0], hotplug=True), 1: written[1]}
     trio.run(C.change_target_config, path, functools.partial(V.shrink_config, uuids=[UUIDS[0]]))
     assert path.read_bytes() == base

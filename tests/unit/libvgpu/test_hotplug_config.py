@@ -58,8 +58,12 @@ def fill(container: Container) -> int:
     return int(container.run("fill", "direct", str(256 * MIB), **OWN)["total"])
 
 
-def attach(path: Path) -> C.ConfigOutcome:
-    return trio.run(C.change_target_config, path, functools.partial(V.extend_config, added=ADDED))
+def attach(path: Path, *, create: bool = False) -> C.ConfigOutcome:
+    return trio.run(
+        functools.partial(
+            C.change_target_config, path, functools.partial(V.extend_config, added=ADDED), create=create
+        )
+    )
 
 
 def detach(path: Path) -> C.ConfigOutcome:
@@ -76,6 +80,34 @@ def test_an_added_entry_limits_the_processes_started_after_it(container: Contain
     assert views == (1024 * MIB,) * 3, info
     assert detach(path).state is C.ConfigState.CHANGED
     assert fill(container) == PHYSICAL
+
+
+def test_a_file_vgpud_creates_before_the_library_ran(container: Container) -> None:
+    """Attach to a container none of whose processes ran yet: vgpud creates the file (header and its
+    entry); the first process merges its env in (its own entries and identity, as on a fresh file),
+    keeps the added entry and enforces it; a second process changes nothing; detach leaves exactly
+    the library's own file."""
+    env = {**OWN, "VGPU_POD_UID": "0f1e2d3c-uid", "VGPU_POD_NAME": "trainer", "VGPU_CONTAINER_NAME": "main"}
+    path = container.root / "config" / F.VGPU_CONFIG_FILE
+    container.run("info", **env)
+    fresh = path.read_bytes()  # what the library writes with no file there
+    assert F.parse_vgpu_config(fresh).active().keys() == {1}
+    path.unlink()
+
+    made = attach(path, create=True)
+    assert (made.state, made.written, made.created) == (C.ConfigState.CHANGED, (0,), True)
+    entry = F.build_config_device(replace(ADDED[0].limits, hotplug=True))
+    at = F.config_device_offset(0)
+    header_only = F.build_vgpu_config(F.VgpuConfig())
+    assert path.read_bytes() == header_only[:at] + entry + header_only[at + len(entry) :]
+
+    assert int(container.run("fill", "direct", str(256 * MIB), **env)["total"]) == 1024 * MIB  # adopted
+    merged = path.read_bytes()
+    assert merged == fresh[:at] + entry + fresh[at + len(entry) :]
+    container.run("info", **env)
+    assert path.read_bytes() == merged
+    assert detach(path).state is C.ConfigState.CHANGED
+    assert path.read_bytes() == fresh
 
 
 def test_the_env_s_own_devices_keep_their_limits(container: Container) -> None:
