@@ -4,28 +4,32 @@ A Synchronize carries every pod and container of the node, and all its chunks sh
 a plugin that misses it is closed and injects nothing until it reconnects. betterproto2 decodes a
 4 MiB chunk in about 2 s on this hardware, protobuf's C decoder (upb) in about 15 ms, so this one
 message is decoded with the upb module generated beside the betterproto2 code (`make protos`), and
-only what the cache rebuild and the injection check need is kept: every pod, and of the containers
-only those with a claim UID in their env (a node reports thousands, most of them not vGPU ones; the
-others are only counted). upb rejects malformed input as strictly as `vgpud.wire` does (truncation,
-bad lengths, invalid UTF-8).
+only what the cache rebuild and the injection check need is kept: every pod; of every container the
+few facts a hot-plug target needs (`SyncTarget`: state, pid, cgroups path, device rules); and the
+env and mounts only of those with a claim UID in their env (a node reports thousands, most of them
+not vGPU ones). upb rejects malformed input as strictly as `vgpud.wire` does (truncation, bad
+lengths, invalid UTF-8).
 """
 
 from __future__ import annotations
 
 import gc
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 from google.protobuf.message import DecodeError
 
 from vgpud._pb import nri_api_pb2
 from vgpud._pb.nri.pkg.api.v1alpha1 import ContainerState
+from vgpud.hotplug.devrules import DeviceRule
 from vgpud.nri.envs import env_value
 from vgpud.partition.layout import ENV_CLAIM_UID
 from vgpud.wire import MalformedMessage
 
 CONTAINER_STOPPED = int(ContainerState.CONTAINER_STOPPED)
+#: the states in which a container has a live process (paused: frozen, still there)
+LIVE_STATES = frozenset({int(ContainerState.CONTAINER_RUNNING), int(ContainerState.CONTAINER_PAUSED)})
 
 
 # NamedTuples, not frozen dataclasses: as immutable, and a third of the cost to build (thousands each)
@@ -55,12 +59,29 @@ class SyncContainer(NamedTuple):
         return self.state == CONTAINER_STOPPED
 
 
+class SyncTarget(NamedTuple):
+    """Any container, as much of it as a hot-plug needs (vgpud.nri.targets)."""
+
+    id: str
+    pod_sandbox_id: str
+    name: str
+    #: the NRI ContainerState number
+    state: int
+    pid: int
+    #: Container.linux.cgroups_path as the runtime gives it ("" when absent)
+    cgroups_path: str
+    #: Container.linux.resources.devices: the container's own device cgroup rules
+    device_rules: tuple[DeviceRule, ...]
+
+
 class SyncBatch(NamedTuple):
-    """One Synchronize chunk, reduced to what identifies vGPU containers."""
+    """One Synchronize chunk, reduced to what identifies vGPU containers and hot-plug targets."""
 
     pods: tuple[SyncPod, ...] = ()
     #: the containers with a claim UID in their env
     claimed: tuple[SyncContainer, ...] = ()
+    #: every container
+    targets: tuple[SyncTarget, ...] = ()
     #: how many containers the chunk reported, with and without a claim UID
     reported: int = 0
     more: bool = False
@@ -103,10 +124,37 @@ def decode_sync(data: bytes) -> SyncBatch:
         return _reduce(request)
 
 
+def device_rules(devices: Iterable[Any]) -> tuple[DeviceRule, ...]:
+    """NRI LinuxDeviceCgroup messages (upb's or betterproto2's) as DeviceRules; an unset major or
+    minor is None (any)."""
+    return tuple(
+        [DeviceRule(d.allow, d.type, _optional(d, "major"), _optional(d, "minor"), d.access) for d in devices]
+    )
+
+
+def _optional(message: Any, name: str) -> int | None:
+    """An OptionalInt64 field's value, None when unset: upb says so through HasField, betterproto2
+    with None."""
+    has_field = getattr(message, "HasField", None)
+    if has_field is not None:
+        return getattr(message, name).value if has_field(name) else None
+    value = getattr(message, name)
+    return None if value is None else value.value
+
+
 def _reduce(request: nri_api_pb2.SynchronizeRequest) -> SyncBatch:  # type: ignore[name-defined]
     containers = request.containers
     claimed = []
+    targets = []
     for c in containers:  # one pass, no generator per container: a node reports thousands
+        linux = c.linux
+        if c.HasField("linux"):
+            cgroups_path = linux.cgroups_path
+            devices = linux.resources.devices
+            rules = device_rules(devices) if devices else ()
+        else:
+            cgroups_path, rules = "", ()
+        targets.append(SyncTarget(c.id, c.pod_sandbox_id, c.name, c.state, c.pid, cgroups_path, rules))
         env = c.env
         claim_uid = env_value(env, ENV_CLAIM_UID)
         if not claim_uid:
@@ -126,6 +174,7 @@ def _reduce(request: nri_api_pb2.SynchronizeRequest) -> SyncBatch:  # type: igno
     return SyncBatch(
         tuple([SyncPod(p.id, p.uid, p.name, p.namespace) for p in request.pods]),
         tuple(claimed),
+        tuple(targets),
         len(containers),
         request.more,
     )
