@@ -97,7 +97,6 @@ from vgpud.nri.events import WANTED_EVENTS, event_mask, known_events_mask
 from vgpud.nri.fastcodec import decode_create_container, encode_create_container, upb_decoder
 from vgpud.nri.session import NriSessionState, NriStats, SessionState
 from vgpud.nri.sync import (
-    LIVE_STATES,
     SyncBatch,
     SyncContainer,
     SyncPod,
@@ -105,6 +104,7 @@ from vgpud.nri.sync import (
     decode_sync,
     device_rules,
     gc_paused,
+    target_of,
 )
 from vgpud.nri.targets import TargetContainer, TargetContainers
 from vgpud.nri.ttrpc import Code
@@ -242,6 +242,7 @@ class NriHooks:
         session.pods.extend(request.pods)
         session.claimed.extend(request.claimed)
         session.targets.extend(request.targets)
+        session.unresolved.extend(request.unresolved)
         session.reported += request.reported
         if request.more:
             return SynchronizeResponse(more=True)
@@ -252,7 +253,7 @@ class NriHooks:
             self.not_injected.replace(not_injected)
             self._warn_not_injected()
             self.runtime.replace(runtime)
-            gone = self._replace_targets(pods, session.targets)
+            gone = self._replace_targets(pods, session.targets, session.unresolved)
             self._last_sync_time = time.time()
             self.stats.sync_reported = session.reported
             self.stats.sync_rebuilt = len(entries)
@@ -262,37 +263,26 @@ class NriHooks:
                 f"{len(not_injected)} without their injection"
             )
         log.info("NRI: synchronized: %s", call.detail)
-        session.pods, session.claimed, session.targets, session.reported = [], [], [], 0
+        session.pods, session.claimed, session.reported = [], [], 0
+        session.targets, session.unresolved = [], []
         for container_id in gone:
             await self._container_gone(container_id)
         session.synchronized.set()
         return SynchronizeResponse()
 
-    def _replace_targets(self, pods: dict[str, SyncPod], reported: list[SyncTarget]) -> list[str]:
+    def _replace_targets(
+        self,
+        pods: dict[str, SyncPod],
+        targets: list[tuple[str, TargetContainer]],
+        unresolved: list[SyncTarget],
+    ) -> list[str]:
         """Every container of a Synchronize into `targets`; the IDs of the instances that ran before
-        it and no longer do (they stopped or went while the plugin was away), when anyone listens."""
-        live = LIVE_STATES
-        targets: list[tuple[str, TargetContainer]] = []
-        for t in reported:
+        it and no longer do (they stopped or went while the plugin was away), when anyone listens.
+        A container whose pod was not reported at all has no pod UID to be found by: left out."""
+        for t in unresolved:
             pod = pods.get(t.pod_sandbox_id)
-            if pod is None:  # no pod UID to find it by (counted with the vGPU ones, not here)
-                continue
-            targets.append(
-                (
-                    t.id,
-                    TargetContainer(
-                        t.id,
-                        pod.uid,
-                        t.name,
-                        pod.namespace,
-                        pod.name,
-                        t.state in live,
-                        t.pid,
-                        t.cgroups_path,
-                        t.device_rules,
-                    ),
-                )
-            )
+            if pod is not None:
+                targets.append((t.id, target_of(t, pod)))
         ran = self.targets.running_ids() if self.on_container_gone and self.targets.synced else []
         self.targets.replace(targets)
         by_id = self.targets.by_id

@@ -24,6 +24,7 @@ from vgpud._pb import nri_api_pb2
 from vgpud._pb.nri.pkg.api.v1alpha1 import ContainerState
 from vgpud.hotplug.devrules import DeviceRule
 from vgpud.nri.envs import env_value
+from vgpud.nri.targets import TargetContainer
 from vgpud.partition.layout import ENV_CLAIM_UID
 from vgpud.wire import MalformedMessage
 
@@ -60,7 +61,8 @@ class SyncContainer(NamedTuple):
 
 
 class SyncTarget(NamedTuple):
-    """Any container, as much of it as a hot-plug needs (vgpud.nri.targets)."""
+    """A container whose pod was not in its chunk (a split Synchronize), as much of it as a hot-plug
+    needs: `target_of` makes the `TargetContainer` once its pod is known."""
 
     id: str
     pod_sandbox_id: str
@@ -80,8 +82,11 @@ class SyncBatch(NamedTuple):
     pods: tuple[SyncPod, ...] = ()
     #: the containers with a claim UID in their env
     claimed: tuple[SyncContainer, ...] = ()
-    #: every container
-    targets: tuple[SyncTarget, ...] = ()
+    #: (ID, target) of every container whose pod came in the same chunk (all of them, unless the
+    #: request was split)
+    targets: tuple[tuple[str, TargetContainer], ...] = ()
+    #: the others: their pods came in another chunk
+    unresolved: tuple[SyncTarget, ...] = ()
     #: how many containers the chunk reported, with and without a claim UID
     reported: int = 0
     more: bool = False
@@ -142,19 +147,41 @@ def _optional(message: Any, name: str) -> int | None:
     return None if value is None else value.value
 
 
+def target_of(t: SyncTarget, pod: SyncPod) -> TargetContainer:
+    return TargetContainer(
+        t.id,
+        pod.uid,
+        t.name,
+        pod.namespace,
+        pod.name,
+        t.state in LIVE_STATES,
+        t.pid,
+        t.cgroups_path,
+        t.device_rules,
+    )
+
+
 def _reduce(request: nri_api_pb2.SynchronizeRequest) -> SyncBatch:  # type: ignore[name-defined]
     containers = request.containers
-    claimed = []
-    targets = []
+    pods = tuple([SyncPod(p.id, p.uid, p.name, p.namespace) for p in request.pods])
+    pod_of = {pod.id: pod for pod in pods}
+    claimed, targets, unresolved = [], [], []
+    live, new = LIVE_STATES, tuple.__new__  # a third of the NamedTuple constructor's cost
     for c in containers:  # one pass, no generator per container: a node reports thousands
-        linux = c.linux
+        cid, sandbox, name, state = c.id, c.pod_sandbox_id, c.name, c.state
         if c.HasField("linux"):
+            linux = c.linux
             cgroups_path = linux.cgroups_path
             devices = linux.resources.devices
             rules = device_rules(devices) if devices else ()
         else:
             cgroups_path, rules = "", ()
-        targets.append(SyncTarget(c.id, c.pod_sandbox_id, c.name, c.state, c.pid, cgroups_path, rules))
+        pod = pod_of.get(sandbox)
+        if pod is not None:
+            fields = (cid, pod.uid, name, pod.namespace, pod.name, state in live, c.pid, cgroups_path, rules)
+            targets.append((cid, new(TargetContainer, fields)))
+        else:
+            unresolved.append(SyncTarget(cid, sandbox, name, state, c.pid, cgroups_path, rules))
         env = c.env
         claim_uid = env_value(env, ENV_CLAIM_UID)
         if not claim_uid:
@@ -162,19 +189,13 @@ def _reduce(request: nri_api_pb2.SynchronizeRequest) -> SyncBatch:  # type: igno
         mounts = c.mounts
         claimed.append(
             SyncContainer(
-                c.id,
-                c.pod_sandbox_id,
-                c.name,
+                cid,
+                sandbox,
+                name,
                 claim_uid,
                 tuple(env),
                 tuple([(m.destination, m.source) for m in mounts]) if mounts else (),
-                c.state,
+                state,
             )
         )
-    return SyncBatch(
-        tuple([SyncPod(p.id, p.uid, p.name, p.namespace) for p in request.pods]),
-        tuple(claimed),
-        tuple(targets),
-        len(containers),
-        request.more,
-    )
+    return SyncBatch(pods, tuple(claimed), tuple(targets), tuple(unresolved), len(containers), request.more)
