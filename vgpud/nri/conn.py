@@ -155,7 +155,10 @@ class NriSession:
         done, replies = trio.Event(), []
         self._replies[stream_id] = (done, replies)
         try:
-            await self._send(mux.RUNTIME_CONN, data)
+            # a send cancelled half-way would leave a partial frame that breaks the whole connection:
+            # the caller's cancellation waits for its few hundred bytes to be written
+            with trio.CancelScope(shield=True):
+                await self._send(mux.RUNTIME_CONN, data)
             with trio.move_on_after(seconds) as waited:
                 await done.wait()
         except (trio.BrokenResourceError, trio.ClosedResourceError) as err:

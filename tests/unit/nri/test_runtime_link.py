@@ -192,3 +192,15 @@ async def test_bad_arguments_are_refused_before_anything_is_sent(
         with pytest.raises(ValueError, match=message):
             await link.update_devices(container_id, rules, timeout=timeout)
         assert runtime.updates == []
+
+
+async def test_a_caller_that_gives_up_leaves_the_session_and_the_link_working(short_tmp: Path) -> None:
+    async with connected(short_tmp) as (link, runtime):
+        runtime.update_reply = lambda _r: None
+        with trio.move_on_after(0.2) as gave_up:
+            await link.update_devices("ctr-1", RULES, timeout=60)
+        assert gave_up.cancelled_caught
+        await still_serves(runtime)
+        runtime.update_reply = lambda _r: UpdateContainersResponse()
+        await link.update_devices("ctr-2", RULES, timeout=2)
+        assert [u.update[0].container_id for u in runtime.updates] == ["ctr-1", "ctr-2"]
