@@ -381,7 +381,7 @@ class NriHooks:
         """The session passes upb's message of the same name (`vgpud.nri.fastcodec`): only fields
         both have are read."""
         pod, container = request.pod or PodSandbox(), request.container or Container()
-        self.targets.set(container.id, _target(pod, container, running=False))
+        self.targets.set(container.id, event_target(pod, container, running=False))
         claim_uid = env_value(container.env, ENV_CLAIM_UID)
         with self._timed("CreateContainer", pod, container.name, claim_uid) as call:
             if not claim_uid:
@@ -446,7 +446,7 @@ class NriHooks:
         """Its process is gone (the instance stays until removed): not running, no pid."""
         pod, container = request.pod or PodSandbox(), request.container or Container()
         before = self.targets.by_id(container.id)
-        self.targets.set(container.id, _target(pod, container, running=False))
+        self.targets.set(container.id, event_target(pod, container, running=False))
         if before is None or before.running:
             await self._container_gone(container.id)
         return StopContainerResponse()
@@ -488,7 +488,7 @@ class NriHooks:
 
     def _started(self, pod: PodSandbox | None, container: Container | None) -> None:
         pod, container = pod or PodSandbox(), container or Container()
-        self.targets.set(container.id, _target(pod, container, running=True, pid=container.pid))
+        self.targets.set(container.id, event_target(pod, container, running=True, pid=container.pid))
 
     async def _container_gone(self, container_id: str) -> None:
         """Tell the listeners; one that fails is logged, and neither the others nor the hook fail."""
@@ -565,7 +565,7 @@ _NO_OP_EVENTS = (
 )
 
 
-def _target(pod: PodSandbox, container: Container, *, running: bool, pid: int = 0) -> TargetContainer:
+def event_target(pod: PodSandbox, container: Container, *, running: bool, pid: int = 0) -> TargetContainer:
     """A container of a lifecycle event (upb's message or betterproto2's) as a target."""
     linux = container.linux
     resources = linux.resources if linux is not None else None
