@@ -102,11 +102,10 @@ from vgpud.nri.sync import (
     SyncPod,
     SyncTarget,
     decode_sync,
-    device_rules,
     gc_paused,
     target_of,
 )
-from vgpud.nri.targets import TargetContainer, TargetContainers
+from vgpud.nri.targets import ContainerLinux, TargetContainer, TargetContainers
 from vgpud.nri.ttrpc import Code
 from vgpud.nri.verify import missing_injection
 from vgpud.partition.admission import Admission, ClaimAdmission, Verdict
@@ -566,20 +565,12 @@ _NO_OP_EVENTS = (
 
 
 def event_target(pod: PodSandbox, container: Container, *, running: bool, pid: int = 0) -> TargetContainer:
-    """A container of a lifecycle event (upb's message or betterproto2's) as a target."""
-    linux = container.linux
-    resources = linux.resources if linux is not None else None
-    devices = resources.devices if resources is not None else ()
+    """A container of a lifecycle event (upb's message or betterproto2's) as a target; its cgroups path
+    and device rules read now (the event's message is not kept)."""
+    linux = ContainerLinux(container)
+    linux.facts()
     return TargetContainer(
-        container.id,
-        pod.uid,
-        container.name,
-        pod.namespace,
-        pod.name,
-        running,
-        pid,
-        linux.cgroups_path if linux is not None else "",
-        device_rules(devices) if devices else (),
+        container.id, pod.uid, container.name, pod.namespace, pod.name, running, pid, linux
     )
 
 

@@ -14,17 +14,16 @@ lengths, invalid UTF-8).
 from __future__ import annotations
 
 import gc
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Any, NamedTuple
+from typing import NamedTuple
 
 from google.protobuf.message import DecodeError
 
 from vgpud._pb import nri_api_pb2
 from vgpud._pb.nri.pkg.api.v1alpha1 import ContainerState
-from vgpud.hotplug.devrules import DeviceRule
 from vgpud.nri.envs import env_value
-from vgpud.nri.targets import TargetContainer
+from vgpud.nri.targets import ContainerLinux, TargetContainer
 from vgpud.partition.layout import ENV_CLAIM_UID
 from vgpud.wire import MalformedMessage
 
@@ -70,10 +69,8 @@ class SyncTarget(NamedTuple):
     #: the NRI ContainerState number
     state: int
     pid: int
-    #: Container.linux.cgroups_path as the runtime gives it ("" when absent)
-    cgroups_path: str
-    #: Container.linux.resources.devices: the container's own device cgroup rules
-    device_rules: tuple[DeviceRule, ...]
+    #: its cgroups path and device rules, read when needed
+    linux: ContainerLinux
 
 
 class SyncBatch(NamedTuple):
@@ -129,35 +126,9 @@ def decode_sync(data: bytes) -> SyncBatch:
         return _reduce(request)
 
 
-def device_rules(devices: Iterable[Any]) -> tuple[DeviceRule, ...]:
-    """NRI LinuxDeviceCgroup messages (upb's or betterproto2's) as DeviceRules; an unset major or
-    minor is None (any)."""
-    return tuple(
-        [DeviceRule(d.allow, d.type, _optional(d, "major"), _optional(d, "minor"), d.access) for d in devices]
-    )
-
-
-def _optional(message: Any, name: str) -> int | None:
-    """An OptionalInt64 field's value, None when unset: upb says so through HasField, betterproto2
-    with None."""
-    has_field = getattr(message, "HasField", None)
-    if has_field is not None:
-        return getattr(message, name).value if has_field(name) else None
-    value = getattr(message, name)
-    return None if value is None else value.value
-
-
 def target_of(t: SyncTarget, pod: SyncPod) -> TargetContainer:
     return TargetContainer(
-        t.id,
-        pod.uid,
-        t.name,
-        pod.namespace,
-        pod.name,
-        t.state in LIVE_STATES,
-        t.pid,
-        t.cgroups_path,
-        t.device_rules,
+        t.id, pod.uid, t.name, pod.namespace, pod.name, t.state in LIVE_STATES, t.pid, t.linux
     )
 
 
@@ -169,19 +140,13 @@ def _reduce(request: nri_api_pb2.SynchronizeRequest) -> SyncBatch:  # type: igno
     live, new = LIVE_STATES, tuple.__new__  # a third of the NamedTuple constructor's cost
     for c in containers:  # one pass, no generator per container: a node reports thousands
         cid, sandbox, name, state = c.id, c.pod_sandbox_id, c.name, c.state
-        if c.HasField("linux"):
-            linux = c.linux
-            cgroups_path = linux.cgroups_path
-            devices = linux.resources.devices
-            rules = device_rules(devices) if devices else ()
-        else:
-            cgroups_path, rules = "", ()
+        linux = ContainerLinux(c)  # read when a hot-plug needs it (vgpud.nri.targets)
         pod = pod_of.get(sandbox)
         if pod is not None:
-            fields = (cid, pod.uid, name, pod.namespace, pod.name, state in live, c.pid, cgroups_path, rules)
+            fields = (cid, pod.uid, name, pod.namespace, pod.name, state in live, c.pid, linux)
             targets.append((cid, new(TargetContainer, fields)))
         else:
-            unresolved.append(SyncTarget(cid, sandbox, name, state, c.pid, cgroups_path, rules))
+            unresolved.append(SyncTarget(cid, sandbox, name, state, c.pid, linux))
         env = c.env
         claim_uid = env_value(env, ENV_CLAIM_UID)
         if not claim_uid:

@@ -22,7 +22,7 @@ from vgpud._pb.nri.pkg.api.v1alpha1 import (
 from vgpud.hotplug.devrules import DeviceRule
 from vgpud.nri.cache import CacheEntry, NriCache
 from vgpud.nri.sync import SyncContainer, SyncPod, SyncTarget, decode_sync, gc_paused, target_of
-from vgpud.nri.targets import TargetContainer
+from vgpud.nri.targets import ContainerLinux, TargetContainer
 from vgpud.wire import MalformedMessage
 
 CLAIM = "5b0e7c1a-3f2d-4c8e-9a71-0d6f1e2b3c4d"
@@ -136,11 +136,20 @@ def test_every_container_is_kept_as_a_target_with_its_runtime_facts() -> None:
         DeviceRule(True, "c", 0, None, "r"),
     )
     assert batch.targets == (
-        ("a", TargetContainer("a", "u", "a", "ns", "p", True, 4242, "/kubepods/pod-u/a", want_rules)),
-        ("b", TargetContainer("b", "u", "b", "ns", "p", False, 0, "", ())),
+        (
+            "a",
+            TargetContainer(
+                "a", "u", "a", "ns", "p", True, 4242, ContainerLinux.of("/kubepods/pod-u/a", want_rules)
+            ),
+        ),
+        ("b", TargetContainer("b", "u", "b", "ns", "p", False, 0, ContainerLinux.of())),
     )
     # a split request: this container's pod came in another chunk, found when the last has arrived
     (unresolved,) = batch.unresolved
-    assert unresolved == SyncTarget("c", "elsewhere", "c", int(ContainerState.CONTAINER_PAUSED), 7, "", ())
+    assert unresolved == SyncTarget(
+        "c", "elsewhere", "c", int(ContainerState.CONTAINER_PAUSED), 7, ContainerLinux.of()
+    )
     pod = SyncPod("elsewhere", "u2", "q", "ns2")
-    assert target_of(unresolved, pod) == TargetContainer("c", "u2", "c", "ns2", "q", True, 7, "", ())
+    assert target_of(unresolved, pod) == TargetContainer(
+        "c", "u2", "c", "ns2", "q", True, 7, ContainerLinux.of()
+    )

@@ -33,7 +33,7 @@ from vgpud.hotplug.devrules import DeviceRule
 from vgpud.hotplug.rules import KnownContainer
 from vgpud.hotplug.service import TargetLookup
 from vgpud.nri.hooks import NriHooks
-from vgpud.nri.targets import TargetContainer, TargetContainers
+from vgpud.nri.targets import ContainerLinux, TargetContainer, TargetContainers
 
 CGROUP = "kubepods-besteffort-pod8f0c.slice:cri-containerd:ctr-main"
 #: containerd's defaults: deny everything, then a few; one rule with any minor
@@ -86,7 +86,7 @@ def test_target_containers_is_a_target_lookup() -> None:
     targets = TargetContainers()
     lookup: TargetLookup = targets
     assert not lookup.synced and lookup.container(POD_UID, "main") is None
-    old = TargetContainer("old", POD_UID, "main", "ml", "train", False, 0, "", ())
+    old = TargetContainer("old", POD_UID, "main", "ml", "train", False, 0, ContainerLinux.of())
     new = old._replace(container_id="new", running=True, pid=42)
     targets.replace([("old", old), ("new", new)])
     assert targets.synced
@@ -111,12 +111,14 @@ async def test_synchronize_keeps_every_container_with_its_runtime_facts(hooks: N
     targets = hooks.targets
     assert targets.synced and len(targets) == 4
     assert targets.by_id("ctr-main") == TargetContainer(
-        "ctr-main", POD_UID, "main", "ml", "train", True, 4242, CGROUP, RUNTIME_RULES
+        "ctr-main", POD_UID, "main", "ml", "train", True, 4242, ContainerLinux.of(CGROUP, RUNTIME_RULES)
     )
+    main = targets.by_id("ctr-main")
+    assert main.cgroups_path == CGROUP and main.device_rules == RUNTIME_RULES
     assert targets.by_id("ctr-plain").running and targets.by_id("ctr-plain").pid == 77  # paused: alive
     assert not targets.by_id("ctr-exited").running
     assert targets.by_id("bare") == TargetContainer(
-        "bare", other.uid, "bare", "default", "web", False, 0, "", ()
+        "bare", other.uid, "bare", "default", "web", False, 0, ContainerLinux.of()
     )
     assert targets.container(other.uid, "bare") == KnownContainer(
         "bare", other.uid, "bare", "default", "web", False
@@ -138,7 +140,7 @@ async def test_the_lifecycle_of_one_container(hooks: NriHooks) -> None:  # noqa:
     await call(hooks, "CreateContainer", CreateContainerRequest(pod=pod(), container=plain))
     created = hooks.targets.by_id("ctr-plain")
     assert created == TargetContainer(
-        "ctr-plain", POD_UID, "plain", "ml", "train", False, 0, CGROUP, RUNTIME_RULES
+        "ctr-plain", POD_UID, "plain", "ml", "train", False, 0, ContainerLinux.of(CGROUP, RUNTIME_RULES)
     )
     assert hooks.targets.container(POD_UID, "plain") == KnownContainer(
         "ctr-plain", POD_UID, "plain", "ml", "train", False
