@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 import trio
+import trio.testing
 
 from tests.unit.nri.fakeruntime import RuntimeConnection, fake_runtime
 from tests.unit.nri.test_hooks import container, pod
@@ -204,3 +205,35 @@ async def test_a_caller_that_gives_up_leaves_the_session_and_the_link_working(sh
         runtime.update_reply = lambda _r: UpdateContainersResponse()
         await link.update_devices("ctr-2", RULES, timeout=2)
         assert [u.update[0].container_id for u in runtime.updates] == ["ctr-1", "ctr-2"]
+
+
+async def test_each_new_session_carries_the_link(short_tmp: Path) -> None:
+    hooks, link = make_hooks(short_tmp / "root"), RuntimeLink()
+    async with fake_runtime(short_tmp / "nri.sock") as plugins, trio.open_nursery() as nursery:
+        for n in (1, 2):
+            ready = trio.Event()
+            nursery.start_soon(session, str(short_tmp / "nri.sock"), hooks, link, ready.set)
+            with trio.fail_after(10):
+                runtime = await plugins.receive()
+                await runtime.handshake()
+                await ready.wait()
+            await link.update_devices(f"ctr-{n}", RULES, timeout=2)
+            assert [u.update[0].container_id for u in runtime.updates] == [f"ctr-{n}"]
+            await runtime.stream.aclose()
+            await trio.testing.wait_all_tasks_blocked()  # the session has seen the end
+            assert not link.connected
+        nursery.cancel_scope.cancel()
+
+
+def test_a_stale_session_does_not_detach_the_current_one() -> None:
+    class Caller:
+        async def call_runtime(self, method: str, payload: bytes, seconds: float) -> bytes:
+            return b""
+
+    link, old, new = RuntimeLink(), Caller(), Caller()
+    link.attach(old)
+    link.attach(new)
+    link.detach(old)
+    assert link.connected
+    link.detach(new)
+    assert not link.connected
