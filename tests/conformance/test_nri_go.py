@@ -3,7 +3,9 @@
 The Go harness in tests/conformance/nri/ (README.md there) embeds github.com/containerd/nri/pkg/adaptation,
 the code containerd runs, and drives a plugin process through registration, Configure, a Synchronize
 over 4 MiB, CreateContainer injection, RemoveContainer / pod sandbox cleanup, an error that fails
-creation, a plugin slower than the request timeout (dropped, reconnects) and replies over 4096 bytes.
+creation, a plugin slower than the request timeout (dropped, reconnects), replies over 4096 bytes,
+the plugin's own UpdateContainers of device rules (what the runtime's updateFn gets, its errors back)
+and the plugin's map of every container through PostStartContainer / StopContainer / RemoveContainer.
 
 Each NRI version runs twice: against vgpud's plugin (plugin_under_test.py) and against the Go stand-in
 built on NRI's own stub (goplugin/), which shows that the harness and the runtime behave as the tests

@@ -12,7 +12,9 @@ same result whatever the read boundaries). Contract per input:
   an error;
 * `MuxDecoder.feed` raises only `MuxError`, and only for an over-long frame;
 * `decode_create_container` raises only `MalformedMessage`, and agrees with betterproto2 on what it
-  accepts.
+  accepts; so do the upb decoders of PostStartContainer and StopContainer (the same two fields), and
+  the hot-plug target the hooks make of a container (`vgpud.nri.hooks.event_target`: id, pod, cgroups
+  path, device rules) is the same from upb's message as from betterproto2's.
 """
 
 from __future__ import annotations
@@ -22,9 +24,19 @@ import random
 from tests.fuzz.driver import ERROR, ContractBroken, Target, kind_of, surface_inputs
 from tests.fuzz.messages import encodings, random_message
 from vgpud._pb import ttrpc as pb
-from vgpud._pb.nri.pkg.api.v1alpha1 import CreateContainerRequest
+from vgpud._pb.nri.pkg.api.v1alpha1 import (
+    Container,
+    CreateContainerRequest,
+    LinuxContainer,
+    LinuxDeviceCgroup,
+    LinuxResources,
+    PodSandbox,
+    PostStartContainerRequest,
+    StopContainerRequest,
+)
 from vgpud.nri import mux
-from vgpud.nri.fastcodec import decode_create_container
+from vgpud.nri.fastcodec import decode_create_container, upb_decoder
+from vgpud.nri.hooks import event_target
 from vgpud.nri.ttrpc import (
     ClientConnection,
     FrameDecoder,
@@ -148,12 +160,43 @@ def _mux(chunks: list[bytes]) -> str:
     return "mux ok"
 
 
+def _with_device_rules(rng: random.Random, count: int) -> tuple[bytes, ...]:
+    """Requests whose container has device cgroup rules (deeper than `random_message` goes)."""
+    out = []
+    for _ in range(count):
+        resources = LinuxResources(
+            devices=[random_message(rng, LinuxDeviceCgroup) for _ in range(rng.randrange(4))]
+        )
+        linux = LinuxContainer(
+            cgroups_path=rng.choice(["", "/kubepods/x", "k.slice:cri-containerd:ab"]), resources=resources
+        )
+        ctr = random_message(rng, Container)
+        ctr.linux = linux
+        out.append(bytes(CreateContainerRequest(pod=random_message(rng, PodSandbox), container=ctr)))
+    return tuple(out)
+
+
+_LIFECYCLE_DECODERS = (upb_decoder(PostStartContainerRequest), upb_decoder(StopContainerRequest))
+
+
 def _fastcodec(body: bytes) -> str:
     try:
         fast = decode_create_container(body)
     except MalformedMessage as err:
+        for decode in _LIFECYCLE_DECODERS:  # the same two fields: refused alike
+            try:
+                decode(body)
+            except MalformedMessage:
+                continue
+            raise ContractBroken("a lifecycle decoder accepts what CreateContainer's refuses") from None
         return kind_of(err, err.reason)
     slow = parse_strict(body, CreateContainerRequest)
+    for decode in _LIFECYCLE_DECODERS:
+        event = decode(body)
+        upb_target = event_target(event.pod, event.container, running=True, pid=event.container.pid)
+        pod, ctr = slow.pod or PodSandbox(), slow.container or Container()
+        if upb_target != event_target(pod, ctr, running=True, pid=ctr.pid):
+            raise ContractBroken("the hot-plug target differs between upb's and betterproto2's message")
     if (fast.pod.uid, fast.container.name, list(fast.container.env)) != (
         slow.pod.uid if slow.pod else "",
         slow.container.name if slow.container else "",
@@ -169,7 +212,7 @@ def target(seed: int) -> Target:
         tuple(_requests(rng) for _ in range(POOL_SIZE)),
         tuple(_responses(rng) for _ in range(POOL_SIZE)),
         tuple(_muxed(rng) for _ in range(POOL_SIZE)),
-        encodings(rng, CreateContainerRequest, POOL_SIZE),
+        encodings(rng, CreateContainerRequest, POOL_SIZE // 2) + _with_device_rules(rng, POOL_SIZE // 2),
     )
 
     def check(data: bytes) -> str:

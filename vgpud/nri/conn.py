@@ -5,6 +5,10 @@ The codecs (`mux`, `ttrpc`) do no I/O; this module only moves bytes and runs hoo
 may send Configure before it answers the registration. Each request runs in its own task under the
 deadline the runtime sent (`timeout_nano`); all frames of one message are written together.
 
+Calls to the runtime (conn 2) share one path, `call_runtime`: RegisterPlugin, whose failure ends the
+session, and, once synchronized, the calls other tasks make through the session's `RuntimeLink`
+(`vgpud.nri.runtime_link`: an unsolicited UpdateContainers), whose failure is only theirs.
+
 The start-up check that the runtime's NRI socket answers (`probe`) keeps its connection, and the first
 session runs on it: a connection that closes without registering is what a broken plugin does, and
 the runtime logs it as an error ("failed to start external plugin: failed to register plugin,
@@ -25,6 +29,7 @@ from vgpud import excgroup
 from vgpud._pb.nri.pkg.api.v1alpha1 import RegisterPluginRequest
 from vgpud.nri import mux, ttrpc
 from vgpud.nri.hooks import HookError, NriHooks
+from vgpud.nri.runtime_link import CallFailed, RuntimeLink
 from vgpud.nri.sync import gc_paused
 from vgpud.wire import MalformedMessage
 
@@ -50,10 +55,15 @@ class Identity:
 
 
 class NriSession:
-    def __init__(self, stream: trio.abc.Stream, hooks: NriHooks, identity: Identity) -> None:
+    def __init__(
+        self, stream: trio.abc.Stream, hooks: NriHooks, identity: Identity, link: RuntimeLink | None = None
+    ) -> None:
         self._stream = stream
         self._hooks = hooks
         self._identity = identity
+        self._link = link
+        #: why the session ended ("" while it runs): calls still waiting fail with it
+        self._ended = ""
         self._mux = mux.MuxDecoder()
         self._server = ttrpc.ServerConnection()
         self._client = ttrpc.ClientConnection()
@@ -67,8 +77,16 @@ class NriSession:
         try:
             await self._serve(ready, synchronized)
         except BaseException as exc:
-            self._hooks.end_session(_why_ended(exc))
+            self._ended = _why_ended(exc)
+            self._hooks.end_session(self._ended)
             raise
+        finally:
+            self._ended = self._ended or "the session ended"
+            if self._link is not None:
+                self._link.detach(self)
+            for done, _ in self._replies.values():  # callers in other tasks stop waiting
+                done.set()
+            self._replies.clear()
 
     async def _serve(self, ready: Callable[[], None], synchronized: trio.Event) -> None:
         try:
@@ -80,6 +98,8 @@ class NriSession:
                 await self._call("RegisterPlugin", bytes(request), REGISTRATION_TIMEOUT)
                 log.info("NRI: registered as %s-%s", self._identity.idx, self._identity.name)
                 await synchronized.wait()
+                if self._link is not None:
+                    self._link.attach(self)
                 ready()
         except BaseExceptionGroup as group:
             ended, rest = group.split(SessionEnded)
@@ -115,21 +135,44 @@ class NriSession:
             await self._stream.send_all(b"".join(mux.encode(conn_id, message)))
 
     async def _call(self, method: str, payload: bytes, seconds: float) -> bytes:
-        stream_id, data = self._client.request(
-            RUNTIME_SERVICE, method, payload, timeout_nano=int(seconds * 1e9)
-        )
+        """A call the session cannot go on without: its failure ends the session."""
+        try:
+            return await self.call_runtime(method, payload, seconds)
+        except CallFailed as err:
+            raise SessionEnded(str(err)) from None
+
+    async def call_runtime(self, method: str, payload: bytes, seconds: float) -> bytes:
+        """One Runtime call, from any task: the reply's payload; CallFailed on an error status (its
+        message: the runtime's), no answer within `seconds`, or the connection ending first."""
+        if self._ended:
+            raise CallFailed(f"the NRI connection ended ({self._ended}) before {method}")
+        try:
+            stream_id, data = self._client.request(
+                RUNTIME_SERVICE, method, payload, timeout_nano=int(seconds * 1e9)
+            )
+        except ttrpc.TtrpcError as err:
+            raise CallFailed(f"{method} not sent: {err}") from None
         done, replies = trio.Event(), []
         self._replies[stream_id] = (done, replies)
-        await self._send(mux.RUNTIME_CONN, data)
-        with trio.move_on_after(seconds) as waited:
-            await done.wait()
+        try:
+            # a send cancelled half-way would leave a partial frame that breaks the whole connection:
+            # the caller's cancellation waits for its few hundred bytes to be written
+            with trio.CancelScope(shield=True):
+                await self._send(mux.RUNTIME_CONN, data)
+            with trio.move_on_after(seconds) as waited:
+                await done.wait()
+        except (trio.BrokenResourceError, trio.ClosedResourceError) as err:
+            raise CallFailed(f"the NRI connection broke while sending {method}: {err}") from None
+        finally:
+            if self._replies.pop(stream_id, None) is not None and not replies:
+                self._client.abandon(stream_id)
         if waited.cancelled_caught:
-            self._replies.pop(stream_id, None)
-            self._client.abandon(stream_id)
-            raise SessionEnded(f"the runtime did not answer {method} within {seconds:.0f}s")
+            raise CallFailed(f"the runtime did not answer {method} within {seconds:g}s")
+        if not replies:
+            raise CallFailed(f"the NRI connection ended ({self._ended}) before the runtime answered {method}")
         (reply,) = replies
         if reply.error is not None:
-            raise SessionEnded(f"{method} refused: {reply.error}")
+            raise CallFailed(f"{method} refused: {reply.error}")
         return reply.payload or b""
 
     async def _handle(self, request: ttrpc.IncomingRequest) -> None:
@@ -224,11 +267,16 @@ class Dialer:
 
 
 async def run_session(
-    target: Dialer | str, hooks: NriHooks, identity: Identity, ready: Callable[[], None]
+    target: Dialer | str,
+    hooks: NriHooks,
+    identity: Identity,
+    ready: Callable[[], None],
+    link: RuntimeLink | None = None,
 ) -> None:
     """One supervised session: dial the runtime's NRI socket (a path, or a `Dialer` that may hold the
-    probe's connection) and serve until the connection ends."""
+    probe's connection) and serve until the connection ends; `link` carries other tasks' calls to
+    the runtime while the session is synchronized."""
     dialer = target if isinstance(target, Dialer) else Dialer(target)
     stream = await dialer.connect()
     async with stream:
-        await NriSession(stream, hooks, identity).run(ready)
+        await NriSession(stream, hooks, identity, link).run(ready)

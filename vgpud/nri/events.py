@@ -10,9 +10,12 @@ from collections.abc import Iterable
 
 from vgpud._pb.nri.pkg.api.v1alpha1 import Event
 
-#: the events vgpud needs: creation to inject, and every way a container's directory becomes garbage
+#: the events vgpud needs: creation to inject, start and stop for the hot-plug's targets (pid,
+#: running), and every way a container's directory becomes garbage; all within events 1..11
 WANTED_EVENTS = (
     Event.CREATE_CONTAINER,
+    Event.POST_START_CONTAINER,
+    Event.STOP_CONTAINER,
     Event.REMOVE_CONTAINER,
     Event.STOP_POD_SANDBOX,
     Event.REMOVE_POD_SANDBOX,

@@ -16,6 +16,11 @@ bytes are always what `bytes(reply)` gives.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
+import betterproto2
+
 from vgpud._pb import nri_api_pb2
 from vgpud._pb.nri.pkg.api.v1alpha1 import (
     ContainerAdjustment,
@@ -50,3 +55,16 @@ def encode_create_container(reply: CreateContainerResponse) -> bytes:
     ]
     env = [_UpbKeyValue(key=kv.key, value=kv.value) for kv in adjust.env]
     return _UpbResponse(adjust=_UpbAdjustment(mounts=mounts, env=env)).SerializeToString()  # type: ignore[no-any-return]
+
+
+def upb_decoder(message_type: type[betterproto2.Message]) -> Callable[[bytes], Any]:
+    """A decoder like `decode_create_container` for another request: checked strictly against the
+    betterproto2 type, returned as upb's message of the same name (lifecycle events the runtime waits
+    for: PostStartContainer, StopContainer)."""
+    upb_type = getattr(nri_api_pb2, message_type.__name__)
+
+    def decode(data: bytes) -> Any:
+        check_message(data, message_type)
+        return upb_type.FromString(data)
+
+    return decode

@@ -22,6 +22,15 @@ cache survives reconnects, while the split-Synchronize buffer is per session (`b
   StateChange events (older runtimes): the instance's cache entry goes, and its directory once no
   other cached instance of the container uses it (seed §12.10; a stale instance can be removed
   while a newer one runs).
+
+Every container, vGPU or not, is also kept in `targets` (`vgpud.nri.targets`: what a hot-plug needs
+of its target, issue 18): replaced by each Synchronize, added by CreateContainer (not running yet),
+marked running with its pid by PostStartContainer (a StateChange event before NRI v0.12), not
+running by StopContainer, and dropped by RemoveContainer / StopPodSandbox / RemovePodSandbox. The
+`on_container_gone` listeners hear of each instance once, when it stops or goes (whichever comes
+first; also when a Synchronize after a reconnect no longer reports it running). They run inside the
+hook, while the runtime waits (and holds its NRI lock): a listener must be quick and must not call
+the runtime (`vgpud.nri.runtime_link`) itself; its errors are logged, never the hook's.
 """
 
 from __future__ import annotations
@@ -85,9 +94,18 @@ from vgpud.nri.cache import (
 )
 from vgpud.nri.envs import env_value
 from vgpud.nri.events import WANTED_EVENTS, event_mask, known_events_mask
-from vgpud.nri.fastcodec import decode_create_container, encode_create_container
+from vgpud.nri.fastcodec import decode_create_container, encode_create_container, upb_decoder
 from vgpud.nri.session import NriSessionState, NriStats, SessionState
-from vgpud.nri.sync import SyncBatch, SyncContainer, SyncPod, decode_sync, gc_paused
+from vgpud.nri.sync import (
+    SyncBatch,
+    SyncContainer,
+    SyncPod,
+    SyncTarget,
+    decode_sync,
+    gc_paused,
+    target_of,
+)
+from vgpud.nri.targets import ContainerLinux, TargetContainer, TargetContainers
 from vgpud.nri.ttrpc import Code
 from vgpud.nri.verify import missing_injection
 from vgpud.partition.admission import Admission, ClaimAdmission, Verdict
@@ -117,6 +135,8 @@ Handler = Callable[[Any], Awaitable[betterproto2.Message]]
 Decoder = Callable[[bytes], Any]
 #: a handler's response -> its bytes
 Encoder = Callable[[betterproto2.Message], bytes]
+#: told the ID of a container instance that stopped or went away
+GoneListener = Callable[[str], Awaitable[None]]
 
 
 def _strict(message_type: type[betterproto2.Message]) -> Decoder:
@@ -138,6 +158,10 @@ class NriHooks:
         self.runtime = RuntimeContainers()
         #: running vGPU containers without the injection, as the last Synchronize found them
         self.not_injected = NotInjectedContainers()
+        #: every container the runtime reported, vGPU or not (the hot-plug's targets)
+        self.targets = TargetContainers()
+        #: called with a container ID once per instance, when it stops or is gone (module docstring)
+        self.on_container_gone: list[GoneListener] = []
         self._warned_not_injected: set[str] = set()
         self.stats = NriStats()
         self._sessions = 0
@@ -154,7 +178,8 @@ class NriHooks:
             "Shutdown": (_strict(Empty), self.shutdown),
             "CreateContainer": (decode_create_container, self.create_container),
             "UpdateContainer": (_strict(UpdateContainerRequest), self.update_container),
-            "StopContainer": (_strict(StopContainerRequest), self.stop_container),
+            "PostStartContainer": (upb_decoder(PostStartContainerRequest), self.post_start_container),
+            "StopContainer": (upb_decoder(StopContainerRequest), self.stop_container),
             "RemoveContainer": (_strict(RemoveContainerRequest), self.remove_container),
             "StopPodSandbox": (_strict(StopPodSandboxRequest), self.stop_pod_sandbox),
             "RemovePodSandbox": (_strict(RemovePodSandboxRequest), self.remove_pod_sandbox),
@@ -215,6 +240,8 @@ class NriHooks:
         session = self._session
         session.pods.extend(request.pods)
         session.claimed.extend(request.claimed)
+        session.targets.extend(request.targets)
+        session.unresolved.extend(request.unresolved)
         session.reported += request.reported
         if request.more:
             return SynchronizeResponse(more=True)
@@ -225,6 +252,7 @@ class NriHooks:
             self.not_injected.replace(not_injected)
             self._warn_not_injected()
             self.runtime.replace(runtime)
+            gone = self._replace_targets(pods, session.targets, session.unresolved)
             self._last_sync_time = time.time()
             self.stats.sync_reported = session.reported
             self.stats.sync_rebuilt = len(entries)
@@ -235,8 +263,29 @@ class NriHooks:
             )
         log.info("NRI: synchronized: %s", call.detail)
         session.pods, session.claimed, session.reported = [], [], 0
+        session.targets, session.unresolved = [], []
+        for container_id in gone:
+            await self._container_gone(container_id)
         session.synchronized.set()
         return SynchronizeResponse()
+
+    def _replace_targets(
+        self,
+        pods: dict[str, SyncPod],
+        targets: list[tuple[str, TargetContainer]],
+        unresolved: list[SyncTarget],
+    ) -> list[str]:
+        """Every container of a Synchronize into `targets`; the IDs of the instances that ran before
+        it and no longer do (they stopped or went while the plugin was away), when anyone listens.
+        A container whose pod was not reported at all has no pod UID to be found by: left out."""
+        for t in unresolved:
+            pod = pods.get(t.pod_sandbox_id)
+            if pod is not None:
+                targets.append((t.id, target_of(t, pod)))
+        ran = self.targets.running_ids() if self.on_container_gone and self.targets.synced else []
+        self.targets.replace(targets)
+        by_id = self.targets.by_id
+        return [cid for cid in ran if (now := by_id(cid)) is None or not now.running]
 
     def _rebuild(
         self, by_id: dict[str, SyncPod], claimed: list[SyncContainer]
@@ -331,6 +380,7 @@ class NriHooks:
         """The session passes upb's message of the same name (`vgpud.nri.fastcodec`): only fields
         both have are read."""
         pod, container = request.pod or PodSandbox(), request.container or Container()
+        self.targets.set(container.id, event_target(pod, container, running=False))
         claim_uid = env_value(container.env, ENV_CLAIM_UID)
         with self._timed("CreateContainer", pod, container.name, claim_uid) as call:
             if not claim_uid:
@@ -362,6 +412,7 @@ class NriHooks:
                 )
                 log.error("NRI: %s", message)
                 self.runtime.pop(container.id)  # creation fails: the runtime will not run it
+                self.targets.pop(container.id)
                 raise HookError(Code.FAILED_PRECONDITION, message) from err
             self.cache.set(container.id, CacheEntry(pod.uid, container.name, claim_uid, plan.paths.base))
             self.stats.injected += 1
@@ -384,7 +435,19 @@ class NriHooks:
     async def update_container(self, request: UpdateContainerRequest) -> UpdateContainerResponse:
         return UpdateContainerResponse()
 
+    async def post_start_container(self, request: PostStartContainerRequest) -> PostStartContainerResponse:
+        """The container runs: its pid (a hot-plug enters its namespaces). upb's message
+        (`upb_decoder`), or betterproto2's from a StateChange."""
+        self._started(request.pod, request.container)
+        return PostStartContainerResponse()
+
     async def stop_container(self, request: StopContainerRequest) -> StopContainerResponse:
+        """Its process is gone (the instance stays until removed): not running, no pid."""
+        pod, container = request.pod or PodSandbox(), request.container or Container()
+        before = self.targets.by_id(container.id)
+        self.targets.set(container.id, event_target(pod, container, running=False))
+        if before is None or before.running:
+            await self._container_gone(container.id)
         return StopContainerResponse()
 
     async def remove_container(self, request: RemoveContainerRequest) -> RemoveContainerResponse:
@@ -401,7 +464,9 @@ class NriHooks:
 
     async def state_change(self, request: StateChangeEvent) -> Empty:
         """Lifecycle events from runtimes before NRI v0.12."""
-        if request.event == Event.REMOVE_CONTAINER:
+        if request.event == Event.POST_START_CONTAINER:
+            self._started(request.pod, request.container)
+        elif request.event == Event.REMOVE_CONTAINER:
             await self._forget_container(request.pod, request.container)
         elif request.event in (Event.STOP_POD_SANDBOX, Event.REMOVE_POD_SANDBOX):
             await self._forget_pod(request.pod)
@@ -420,9 +485,24 @@ class NriHooks:
             claim_uid=claim_uid,
         )
 
+    def _started(self, pod: PodSandbox | None, container: Container | None) -> None:
+        pod, container = pod or PodSandbox(), container or Container()
+        self.targets.set(container.id, event_target(pod, container, running=True, pid=container.pid))
+
+    async def _container_gone(self, container_id: str) -> None:
+        """Tell the listeners; one that fails is logged, and neither the others nor the hook fail."""
+        for listener in list(self.on_container_gone):
+            try:
+                await listener(container_id)
+            except Exception:
+                log.exception("NRI: a listener for the end of container %s failed", container_id)
+
     async def _forget_container(self, pod: PodSandbox | None, container: Container | None) -> None:
         """One instance is gone: its entries, and its directory unless another instance uses it."""
         pod, container = pod or PodSandbox(), container or Container()
+        target = self.targets.pop(container.id)
+        if target is None or target.running:
+            await self._container_gone(container.id)
         self.runtime.pop(container.id)
         self.not_injected.pop(container.id)
         entry = self.cache.pop(container.id)
@@ -441,6 +521,9 @@ class NriHooks:
 
     async def _forget_pod(self, pod: PodSandbox | None) -> None:
         pod = pod or PodSandbox()
+        for container_id, target in self.targets.pop_pod(pod.uid):
+            if target.running:
+                await self._container_gone(container_id)
         self.runtime.pop_pod(pod.uid)
         self.not_injected.pop_pod(pod.uid)
         gone = {(entry.container, entry.claim_uid) for _, entry in self.cache.pop_pod(pod.uid)}
@@ -477,9 +560,18 @@ _NO_OP_EVENTS = (
     ("PostUpdatePodSandbox", PostUpdatePodSandboxRequest, PostUpdatePodSandboxResponse),
     ("PostCreateContainer", PostCreateContainerRequest, PostCreateContainerResponse),
     ("StartContainer", StartContainerRequest, StartContainerResponse),
-    ("PostStartContainer", PostStartContainerRequest, PostStartContainerResponse),
     ("PostUpdateContainer", PostUpdateContainerRequest, PostUpdateContainerResponse),
 )
+
+
+def event_target(pod: PodSandbox, container: Container, *, running: bool, pid: int = 0) -> TargetContainer:
+    """A container of a lifecycle event (upb's message or betterproto2's) as a target; its cgroups path
+    and device rules read now (the event's message is not kept)."""
+    linux = ContainerLinux(container)
+    linux.facts()
+    return TargetContainer(
+        container.id, pod.uid, container.name, pod.namespace, pod.name, running, pid, linux
+    )
 
 
 def _acknowledge(response: type[betterproto2.Message]) -> Handler:

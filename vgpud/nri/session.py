@@ -6,7 +6,8 @@ from dataclasses import dataclass, field
 
 import trio
 
-from vgpud.nri.sync import SyncContainer, SyncPod
+from vgpud.nri.sync import SyncContainer, SyncPod, SyncTarget
+from vgpud.nri.targets import TargetContainer
 
 
 @dataclass
@@ -60,6 +61,10 @@ class SessionState:
     pods: list[SyncPod] = field(default_factory=list)
     #: the containers with a claim UID in their env, of the chunks received so far
     claimed: list[SyncContainer] = field(default_factory=list)
+    #: every container of the chunks received so far (the hot-plug targets), and those of them whose
+    #: pod was not in their chunk
+    targets: list[tuple[str, TargetContainer]] = field(default_factory=list)
+    unresolved: list[SyncTarget] = field(default_factory=list)
     #: every container those chunks reported, with or without a claim UID
     reported: int = 0
     synchronized: trio.Event = field(default_factory=trio.Event)

@@ -4,10 +4,11 @@ A Synchronize carries every pod and container of the node, and all its chunks sh
 a plugin that misses it is closed and injects nothing until it reconnects. betterproto2 decodes a
 4 MiB chunk in about 2 s on this hardware, protobuf's C decoder (upb) in about 15 ms, so this one
 message is decoded with the upb module generated beside the betterproto2 code (`make protos`), and
-only what the cache rebuild and the injection check need is kept: every pod, and of the containers
-only those with a claim UID in their env (a node reports thousands, most of them not vGPU ones; the
-others are only counted). upb rejects malformed input as strictly as `vgpud.wire` does (truncation,
-bad lengths, invalid UTF-8).
+only what the cache rebuild and the injection check need is kept: every pod; of every container the
+few facts a hot-plug target needs (`SyncTarget`: state, pid, cgroups path, device rules); and the
+env and mounts only of those with a claim UID in their env (a node reports thousands, most of them
+not vGPU ones). upb rejects malformed input as strictly as `vgpud.wire` does (truncation, bad
+lengths, invalid UTF-8).
 """
 
 from __future__ import annotations
@@ -22,10 +23,13 @@ from google.protobuf.message import DecodeError
 from vgpud._pb import nri_api_pb2
 from vgpud._pb.nri.pkg.api.v1alpha1 import ContainerState
 from vgpud.nri.envs import env_value
+from vgpud.nri.targets import ContainerLinux, TargetContainer
 from vgpud.partition.layout import ENV_CLAIM_UID
 from vgpud.wire import MalformedMessage
 
 CONTAINER_STOPPED = int(ContainerState.CONTAINER_STOPPED)
+#: the states in which a container has a live process (paused: frozen, still there)
+LIVE_STATES = frozenset({int(ContainerState.CONTAINER_RUNNING), int(ContainerState.CONTAINER_PAUSED)})
 
 
 # NamedTuples, not frozen dataclasses: as immutable, and a third of the cost to build (thousands each)
@@ -55,12 +59,31 @@ class SyncContainer(NamedTuple):
         return self.state == CONTAINER_STOPPED
 
 
+class SyncTarget(NamedTuple):
+    """A container whose pod was not in its chunk (a split Synchronize), as much of it as a hot-plug
+    needs: `target_of` makes the `TargetContainer` once its pod is known."""
+
+    id: str
+    pod_sandbox_id: str
+    name: str
+    #: the NRI ContainerState number
+    state: int
+    pid: int
+    #: its cgroups path and device rules, read when needed
+    linux: ContainerLinux
+
+
 class SyncBatch(NamedTuple):
-    """One Synchronize chunk, reduced to what identifies vGPU containers."""
+    """One Synchronize chunk, reduced to what identifies vGPU containers and hot-plug targets."""
 
     pods: tuple[SyncPod, ...] = ()
     #: the containers with a claim UID in their env
     claimed: tuple[SyncContainer, ...] = ()
+    #: (ID, target) of every container whose pod came in the same chunk (all of them, unless the
+    #: request was split)
+    targets: tuple[tuple[str, TargetContainer], ...] = ()
+    #: the others: their pods came in another chunk
+    unresolved: tuple[SyncTarget, ...] = ()
     #: how many containers the chunk reported, with and without a claim UID
     reported: int = 0
     more: bool = False
@@ -103,10 +126,27 @@ def decode_sync(data: bytes) -> SyncBatch:
         return _reduce(request)
 
 
+def target_of(t: SyncTarget, pod: SyncPod) -> TargetContainer:
+    return TargetContainer(
+        t.id, pod.uid, t.name, pod.namespace, pod.name, t.state in LIVE_STATES, t.pid, t.linux
+    )
+
+
 def _reduce(request: nri_api_pb2.SynchronizeRequest) -> SyncBatch:  # type: ignore[name-defined]
     containers = request.containers
-    claimed = []
+    pods = tuple([SyncPod(p.id, p.uid, p.name, p.namespace) for p in request.pods])
+    pod_of = {pod.id: pod for pod in pods}
+    claimed, targets, unresolved = [], [], []
+    live, new = LIVE_STATES, tuple.__new__  # a third of the NamedTuple constructor's cost
     for c in containers:  # one pass, no generator per container: a node reports thousands
+        cid, sandbox, name, state = c.id, c.pod_sandbox_id, c.name, c.state
+        linux = ContainerLinux(c)  # read when a hot-plug needs it (vgpud.nri.targets)
+        pod = pod_of.get(sandbox)
+        if pod is not None:
+            fields = (cid, pod.uid, name, pod.namespace, pod.name, state in live, c.pid, linux)
+            targets.append((cid, new(TargetContainer, fields)))
+        else:
+            unresolved.append(SyncTarget(cid, sandbox, name, state, c.pid, linux))
         env = c.env
         claim_uid = env_value(env, ENV_CLAIM_UID)
         if not claim_uid:
@@ -114,18 +154,13 @@ def _reduce(request: nri_api_pb2.SynchronizeRequest) -> SyncBatch:  # type: igno
         mounts = c.mounts
         claimed.append(
             SyncContainer(
-                c.id,
-                c.pod_sandbox_id,
-                c.name,
+                cid,
+                sandbox,
+                name,
                 claim_uid,
                 tuple(env),
                 tuple([(m.destination, m.source) for m in mounts]) if mounts else (),
-                c.state,
+                state,
             )
         )
-    return SyncBatch(
-        tuple([SyncPod(p.id, p.uid, p.name, p.namespace) for p in request.pods]),
-        tuple(claimed),
-        len(containers),
-        request.more,
-    )
+    return SyncBatch(pods, tuple(claimed), tuple(targets), tuple(unresolved), len(containers), request.more)

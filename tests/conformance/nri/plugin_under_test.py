@@ -3,6 +3,8 @@
 Only the DRA side is replaced: the claim UIDs given with --prepared-claim count as prepared vGPU claims.
 --delay-container NAME=SECONDS makes CreateContainer of that container slow, so the harness can check
 what the runtime does with a plugin slower than its request timeout (it drops it; we reconnect).
+--control PATH serves the harness's hot-plug requests on a unix socket (README.md, "Control"): the
+plugin's `RuntimeLink.update_devices` and its map of every container (`NriHooks.targets`).
 
     plugin_under_test.py --socket /tmp/x/nri.sock --manager-root /tmp/x/root --prepared-claim UID ...
 """
@@ -16,6 +18,7 @@ import signal
 import sys
 from functools import partial
 from pathlib import Path
+from typing import Any
 
 import trio
 
@@ -28,8 +31,10 @@ from vgpud._pb.nri.pkg.api.v1alpha1 import (  # noqa: E402
     CreateContainerResponse,
     SynchronizeResponse,
 )
+from vgpud.hotplug.devrules import DeviceRule  # noqa: E402
 from vgpud.nri.conn import Identity, run_session  # noqa: E402
 from vgpud.nri.hooks import NriHooks  # noqa: E402
+from vgpud.nri.runtime_link import RuntimeLink, RuntimeUpdateError  # noqa: E402
 from vgpud.nri.sync import SyncBatch  # noqa: E402
 from vgpud.partition.layout import Layout  # noqa: E402
 from vgpud.partition.lazy import LazyAssigner  # noqa: E402
@@ -55,6 +60,9 @@ def parse_args() -> argparse.Namespace:
         help="CreateContainer of this container sleeps first",
     )
     parser.add_argument("--sync-report", type=Path, help="append a JSON line after each complete Synchronize")
+    parser.add_argument(
+        "--control", type=Path, help="serve the harness's hot-plug requests on this unix socket"
+    )
     return parser.parse_args()
 
 
@@ -100,6 +108,51 @@ def with_sync_report(hooks: NriHooks, report: Path) -> None:
     hooks.methods["Synchronize"] = (decode, synchronize)
 
 
+async def control_reply(request: dict[str, Any], hooks: NriHooks, link: RuntimeLink) -> dict[str, Any]:
+    """One control request: {"op": "update_devices", "container_id", "rules", "timeout"} -> {"error"}
+    ("" on success); {"op": "target", "container_id"} -> {"target": {...} or null}."""
+    if request.get("op") == "update_devices":
+        rules = [
+            DeviceRule(r["allow"], r["type"], r["major"], r["minor"], r["access"]) for r in request["rules"]
+        ]
+        try:
+            await link.update_devices(request["container_id"], rules, float(request["timeout"]))
+        except (RuntimeUpdateError, ValueError) as err:
+            return {"error": str(err)}
+        return {"error": ""}
+    if request.get("op") == "target":
+        target = hooks.targets.by_id(request["container_id"])
+        if target is None:
+            return {"error": "", "target": None}
+        fields = ("container_id", "pod_uid", "container", "running", "pid", "cgroups_path")
+        return {"error": "", "target": {name: getattr(target, name) for name in fields}}
+    return {"error": f"unknown op {request.get('op')!r}"}
+
+
+async def control_listener(path: Path) -> trio.SocketListener:
+    sock = trio.socket.socket(trio.socket.AF_UNIX, trio.socket.SOCK_STREAM)
+    await sock.bind(str(path))
+    sock.listen()
+    return trio.SocketListener(sock)
+
+
+async def serve_control(listener: trio.SocketListener, hooks: NriHooks, link: RuntimeLink) -> None:
+    """One JSON request line per connection, one JSON reply line."""
+
+    async def handle(stream: trio.SocketStream) -> None:
+        async with stream:
+            data = b""
+            while not data.endswith(b"\n"):
+                chunk = await stream.receive_some(65536)
+                if not chunk:
+                    return
+                data += chunk
+            reply = await control_reply(json.loads(data), hooks, link)
+            await stream.send_all(json.dumps(reply).encode() + b"\n")
+
+    await trio.serve_listeners(handle, [listener])
+
+
 async def main(args: argparse.Namespace) -> None:
     prepared = frozenset(args.prepared_claim)
     hooks = NriHooks(
@@ -112,13 +165,17 @@ async def main(args: argparse.Namespace) -> None:
     )
     if args.sync_report is not None:
         with_sync_report(hooks, args.sync_report)
+    link = RuntimeLink()
     restart = Restart(Backoff(initial=args.backoff, factor=2, cap=max(args.backoff, 2.0)), healthy_after=30)
     with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
-        async with Supervisor(shutdown_timeout=5) as supervisor:
-            run = partial(run_session, args.socket, hooks, Identity(args.name, args.idx))
+        async with trio.open_nursery() as nursery, Supervisor(shutdown_timeout=5) as supervisor:
+            if args.control is not None:  # listening before the session starts: the harness waits for that
+                nursery.start_soon(serve_control, await control_listener(args.control), hooks, link)
+            run = partial(run_session, args.socket, hooks, Identity(args.name, args.idx), link=link)
             supervisor.supervise("nri-plugin", run, restart)
             async for _ in signals:
                 supervisor.cancel()
+                nursery.cancel_scope.cancel()
                 break
 
 

@@ -6,7 +6,7 @@ the Go harness's job (tests/conformance/test_nri_go.py, the real containerd/nri 
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager, suppress
 from dataclasses import replace
 from pathlib import Path
@@ -24,6 +24,8 @@ from vgpud._pb.nri.pkg.api.v1alpha1 import (
     RegisterPluginRequest,
     SynchronizeRequest,
     SynchronizeResponse,
+    UpdateContainersRequest,
+    UpdateContainersResponse,
 )
 from vgpud.nri import mux, ttrpc
 from vgpud.nri.adjust import adjustment
@@ -33,6 +35,9 @@ from vgpud.partition.layout import ENV_CLAIM_UID
 from vgpud.partition.lazy import LazyAssigner
 
 PLUGIN = "nri.pkg.api.v1alpha1.Plugin"
+
+#: what the runtime answers an UpdateContainers: a response, an error status, or None: no answer
+UpdateReply = Callable[[UpdateContainersRequest], UpdateContainersResponse | ttrpc.TtrpcError | None]
 
 
 class RuntimeConnection:
@@ -46,6 +51,10 @@ class RuntimeConnection:
         self._client = ttrpc.ClientConnection()
         self._replies: dict[int, trio.MemorySendChannel[ttrpc.Reply]] = {}
         self._registered = trio.Event()
+        #: the plugin's UpdateContainers requests, as received
+        self.updates: list[UpdateContainersRequest] = []
+        #: how they are answered (default: success, nothing failed)
+        self.update_reply: UpdateReply = lambda _request: UpdateContainersResponse()
 
     async def read(self) -> None:
         while data := await self.stream.receive_some(65536):
@@ -53,6 +62,9 @@ class RuntimeConnection:
                 if conn_id == mux.RUNTIME_CONN:
                     for request in self._server.receive(chunk):
                         assert isinstance(request, ttrpc.IncomingRequest), request
+                        if request.method == "UpdateContainers":
+                            await self._update(request)
+                            continue
                         assert request.method == "RegisterPlugin", request.method
                         self.registered = RegisterPluginRequest.parse(request.payload)
                         await self._send(
@@ -62,6 +74,17 @@ class RuntimeConnection:
                 else:
                     for reply in self._client.receive(chunk):
                         await self._replies.pop(reply.stream_id).send(reply)
+
+    async def _update(self, request: ttrpc.IncomingRequest) -> None:
+        update = UpdateContainersRequest.parse(request.payload)
+        self.updates.append(update)
+        reply = self.update_reply(update)
+        if isinstance(reply, ttrpc.TtrpcError):
+            await self._send(
+                mux.RUNTIME_CONN, self._server.fail(request.stream_id, reply.code, reply.message)
+            )
+        elif reply is not None:
+            await self._send(mux.RUNTIME_CONN, self._server.respond(request.stream_id, bytes(reply)))
 
     async def _send(self, conn_id: int, message: bytes) -> None:
         await self.stream.send_all(b"".join(mux.encode(conn_id, message)))

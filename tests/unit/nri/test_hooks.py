@@ -81,7 +81,8 @@ def test_event_masks() -> None:
 async def test_configure_subscribes_only_to_known_events(hooks: NriHooks) -> None:
     old = await hooks.configure(ConfigureRequest(runtime_name="containerd", runtime_version="1.7.24"))
     new = await hooks.configure(ConfigureRequest(runtime_name="containerd", NRI_version="v0.12.0"))
-    expected = (1 << 3) | (1 << 10) | (1 << 1) | (1 << 2)  # create, remove container; stop, remove sandbox
+    # create, post-start, stop, remove container; stop, remove sandbox
+    expected = (1 << 3) | (1 << 6) | (1 << 9) | (1 << 10) | (1 << 1) | (1 << 2)
     assert old.events == new.events == expected
     assert old.events & ~0x7FF == 0
 

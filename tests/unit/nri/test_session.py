@@ -56,7 +56,7 @@ async def test_register_configure_synchronize_create_remove(short_tmp: Path) -> 
             await ready.wait()
         assert runtime.registered is not None
         assert (runtime.registered.plugin_name, runtime.registered.plugin_idx) == ("manager.nvidia.com", "00")
-        assert configured.events == 1038
+        assert configured.events == 1614  # 1038 + post-start (64) + stop container (512)
         assert hooks.cache.synced and hooks.cache.get(POD_UID, "old") is not None
 
         reply = await runtime.call(

@@ -8,9 +8,21 @@ from pathlib import PurePosixPath
 
 import pytest
 
-from vgpud._pb.nri.pkg.api.v1alpha1 import Container, ContainerState, Mount, PodSandbox, SynchronizeRequest
+from vgpud._pb.nri.pkg.api.v1alpha1 import (
+    Container,
+    ContainerState,
+    LinuxContainer,
+    LinuxDeviceCgroup,
+    LinuxResources,
+    Mount,
+    OptionalInt64,
+    PodSandbox,
+    SynchronizeRequest,
+)
+from vgpud.hotplug.devrules import DeviceRule
 from vgpud.nri.cache import CacheEntry, NriCache
-from vgpud.nri.sync import SyncContainer, SyncPod, decode_sync, gc_paused
+from vgpud.nri.sync import SyncContainer, SyncPod, SyncTarget, decode_sync, gc_paused, target_of
+from vgpud.nri.targets import ContainerLinux, TargetContainer
 from vgpud.wire import MalformedMessage
 
 CLAIM = "5b0e7c1a-3f2d-4c8e-9a71-0d6f1e2b3c4d"
@@ -93,3 +105,51 @@ def test_a_bulk_replace_keeps_the_later_of_a_repeated_id_and_the_index_in_step()
     assert cache.instance("1") is second
     assert cache.instances("p", "main") == ["3"] and cache.instances("q", "main") == ["2", "1"]
     assert cache.get("q", "main") is second and cache.instances("p", "c") == []
+
+
+def test_every_container_is_kept_as_a_target_with_its_runtime_facts() -> None:
+    rules = [
+        LinuxDeviceCgroup(allow=False, type="a", access="rwm"),  # major and minor unset: any
+        LinuxDeviceCgroup(
+            allow=True, type="c", major=OptionalInt64(value=195), minor=OptionalInt64(value=0), access="rw"
+        ),
+        LinuxDeviceCgroup(allow=True, type="c", major=OptionalInt64(value=0), access="r"),  # 0 is a number
+    ]
+    containers = [
+        Container(
+            id="a",
+            pod_sandbox_id="s",
+            name="a",
+            state=ContainerState.CONTAINER_RUNNING,
+            pid=4242,
+            linux=LinuxContainer(cgroups_path="/kubepods/pod-u/a", resources=LinuxResources(devices=rules)),
+        ),
+        Container(id="b", pod_sandbox_id="s", name="b"),  # no linux at all
+        Container(id="c", pod_sandbox_id="elsewhere", name="c", state=ContainerState.CONTAINER_PAUSED, pid=7),
+    ]
+    pods = [PodSandbox(id="s", uid="u", name="p", namespace="ns")]
+    batch = decode_sync(bytes(SynchronizeRequest(pods=pods, containers=containers)))
+    assert batch.claimed == ()
+    want_rules = (
+        DeviceRule(False, "a", None, None, "rwm"),
+        DeviceRule(True, "c", 195, 0, "rw"),
+        DeviceRule(True, "c", 0, None, "r"),
+    )
+    assert batch.targets == (
+        (
+            "a",
+            TargetContainer(
+                "a", "u", "a", "ns", "p", True, 4242, ContainerLinux.of("/kubepods/pod-u/a", want_rules)
+            ),
+        ),
+        ("b", TargetContainer("b", "u", "b", "ns", "p", False, 0, ContainerLinux.of())),
+    )
+    # a split request: this container's pod came in another chunk, found when the last has arrived
+    (unresolved,) = batch.unresolved
+    assert unresolved == SyncTarget(
+        "c", "elsewhere", "c", int(ContainerState.CONTAINER_PAUSED), 7, ContainerLinux.of()
+    )
+    pod = SyncPod("elsewhere", "u2", "q", "ns2")
+    assert target_of(unresolved, pod) == TargetContainer(
+        "c", "u2", "c", "ns2", "q", True, 7, ContainerLinux.of()
+    )

@@ -9,6 +9,10 @@
 //     (or runtime) problem, not a vgpud one;
 //   - the Go side of bench/nri_latency.py: the same injection, done by NRI's own Go code.
 //
+// With --control it also answers the harness's hot-plug requests (../README.md, "Control"): an
+// unsolicited UpdateContainers of a container's device rules through the stub, and its map of
+// every container (running, pid, cgroups path) kept from the lifecycle events.
+//
 // It is built from go.mod (the newest NRI) only; the v0.12 stub answers both the dedicated
 // lifecycle RPCs and StateChange, and subscribes only to events that every runtime since v0.3
 // knows, so it works against the v0.6.1 harness too.
@@ -21,6 +25,7 @@ import (
 	"flag"
 	"fmt"
 	"log"
+	"net"
 	"os"
 	"os/signal"
 	"path/filepath"
@@ -60,13 +65,30 @@ type plugin struct {
 	mu sync.Mutex
 	// pod UID -> container name -> the container's directory
 	cache map[string]map[string]string
+	// container ID -> what the runtime last reported of it (every container)
+	targets map[string]target
+	// the connected session's stub (nil between sessions)
+	stub stub.Stub
+}
+
+type target struct {
+	ContainerID string `json:"container_id"`
+	PodUID      string `json:"pod_uid"`
+	Container   string `json:"container"`
+	Running     bool   `json:"running"`
+	Pid         uint32 `json:"pid"`
+	CgroupsPath string `json:"cgroups_path"`
+}
+
+func makeTarget(pod *api.PodSandbox, ctr *api.Container, running bool, pid uint32) target {
+	return target{ctr.GetId(), pod.GetUid(), ctr.GetName(), running, pid, ctr.GetLinux().GetCgroupsPath()}
 }
 
 func main() {
 	var (
-		socket, root, idx, name, syncReport string
-		backoff                             float64
-		prepared, delays                    multiFlag
+		socket, root, idx, name, syncReport, control string
+		backoff                                      float64
+		prepared, delays                             multiFlag
 	)
 	flag.StringVar(&socket, "socket", "", "the runtime's NRI socket (required)")
 	flag.StringVar(&root, "manager-root", "", "where claim directories go (required)")
@@ -76,6 +98,7 @@ func main() {
 	flag.Float64Var(&backoff, "backoff", 0.1, "first reconnect delay, seconds")
 	flag.Var(&delays, "delay-container", "NAME=SECONDS: CreateContainer of this container sleeps first")
 	flag.StringVar(&syncReport, "sync-report", "", "append one JSON line per completed Synchronize")
+	flag.StringVar(&control, "control", "", "serve the harness's hot-plug requests on this unix socket")
 	flag.Parse()
 	log.SetPrefix("goplugin: ")
 	log.SetFlags(log.Lmicroseconds)
@@ -92,6 +115,7 @@ func main() {
 		delays:     map[string]time.Duration{},
 		syncReport: syncReport,
 		cache:      map[string]map[string]string{},
+		targets:    map[string]target{},
 	}
 	for _, uid := range prepared {
 		p.prepared[uid] = true
@@ -107,6 +131,14 @@ func main() {
 
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 	defer stop()
+	if control != "" {
+		l, err := net.Listen("unix", control)
+		if err != nil {
+			log.Fatalf("--control: %v", err)
+		}
+		defer l.Close()
+		go p.serveControl(l)
+	}
 	initial := time.Duration(backoff * float64(time.Second))
 	maxDelay := max(initial, 2*time.Second)
 	delay := initial
@@ -117,7 +149,9 @@ func main() {
 			log.Fatalf("stub: %v", err)
 		}
 		began := time.Now()
+		p.setStub(s)
 		err = s.Run(ctx)
+		p.setStub(nil)
 		if ctx.Err() != nil {
 			break
 		}
@@ -165,8 +199,13 @@ func (p *plugin) Synchronize(_ context.Context, pods []*api.PodSandbox, ctrs []*
 		podUID[pod.GetId()] = pod.GetUid()
 	}
 	cache := map[string]map[string]string{}
+	targets := map[string]target{}
 	tracked := 0
 	for _, c := range ctrs {
+		if uid, ok := podUID[c.GetPodSandboxId()]; ok {
+			live := c.GetState() == api.ContainerState_CONTAINER_RUNNING || c.GetState() == api.ContainerState_CONTAINER_PAUSED
+			targets[c.GetId()] = target{c.GetId(), uid, c.GetName(), live, c.GetPid(), c.GetLinux().GetCgroupsPath()}
+		}
 		claim := envValue(c.GetEnv(), envClaimUID)
 		uid, ok := podUID[c.GetPodSandboxId()]
 		if claim == "" || !ok || !p.prepared[claim] {
@@ -185,6 +224,7 @@ func (p *plugin) Synchronize(_ context.Context, pods []*api.PodSandbox, ctrs []*
 	}
 	p.mu.Lock()
 	p.cache = cache
+	p.targets = targets
 	p.mu.Unlock()
 	log.Printf("synchronized: %d pods, %d containers, %d tracked", len(pods), len(ctrs), tracked)
 	if p.syncReport != "" {
@@ -205,6 +245,7 @@ func (p *plugin) CreateContainer(_ context.Context, pod *api.PodSandbox, ctr *ap
 	if d, ok := p.delays[ctr.GetName()]; ok {
 		time.Sleep(d) // deliberately deaf to cancellation: a plugin that is simply slow
 	}
+	p.setTarget(makeTarget(pod, ctr, false, 0))
 	claim := envValue(ctr.GetEnv(), envClaimUID)
 	if claim == "" || !p.prepared[claim] {
 		return nil, nil, nil
@@ -214,6 +255,7 @@ func (p *plugin) CreateContainer(_ context.Context, pod *api.PodSandbox, ctr *ap
 		err = makeDirs(dir)
 	}
 	if err != nil {
+		p.dropTarget(ctr.GetId())
 		return nil, nil, fmt.Errorf("goplugin: cannot set up the vGPU directory of container %s in pod %s/%s: %w",
 			ctr.GetName(), pod.GetNamespace(), pod.GetName(), err)
 	}
@@ -263,7 +305,18 @@ func makeDirs(dir string) error {
 	return f.Truncate(0)
 }
 
+func (p *plugin) PostStartContainer(_ context.Context, pod *api.PodSandbox, ctr *api.Container) error {
+	p.setTarget(makeTarget(pod, ctr, true, ctr.GetPid()))
+	return nil
+}
+
+func (p *plugin) StopContainer(_ context.Context, pod *api.PodSandbox, ctr *api.Container) ([]*api.ContainerUpdate, error) {
+	p.setTarget(makeTarget(pod, ctr, false, 0))
+	return nil, nil
+}
+
 func (p *plugin) RemoveContainer(_ context.Context, pod *api.PodSandbox, ctr *api.Container) error {
+	p.dropTarget(ctr.GetId())
 	p.mu.Lock()
 	dir, ok := p.cache[pod.GetUid()][ctr.GetName()]
 	delete(p.cache[pod.GetUid()], ctr.GetName())
@@ -294,6 +347,11 @@ func (p *plugin) forgetPod(pod *api.PodSandbox) error {
 	p.mu.Lock()
 	dirs := p.cache[pod.GetUid()]
 	delete(p.cache, pod.GetUid())
+	for id, t := range p.targets {
+		if t.PodUID == pod.GetUid() {
+			delete(p.targets, id)
+		}
+	}
 	p.mu.Unlock()
 	var errs []error
 	for _, dir := range dirs {
@@ -308,4 +366,104 @@ func removeDir(dir string) error {
 		return err
 	}
 	return nil
+}
+
+func (p *plugin) setTarget(t target) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.targets[t.ContainerID] = t
+}
+
+func (p *plugin) dropTarget(id string) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	delete(p.targets, id)
+}
+
+func (p *plugin) setStub(s stub.Stub) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.stub = s
+}
+
+type controlRequest struct {
+	Op          string `json:"op"`
+	ContainerID string `json:"container_id"`
+	Rules       []struct {
+		Allow  bool   `json:"allow"`
+		Type   string `json:"type"`
+		Major  *int64 `json:"major"`
+		Minor  *int64 `json:"minor"`
+		Access string `json:"access"`
+	} `json:"rules"`
+}
+
+// serveControl answers one JSON request line per connection with one JSON reply line.
+func (p *plugin) serveControl(l net.Listener) {
+	for {
+		conn, err := l.Accept()
+		if err != nil {
+			return
+		}
+		go func() {
+			defer conn.Close()
+			var req controlRequest
+			reply := map[string]interface{}{"error": ""}
+			if err := json.NewDecoder(conn).Decode(&req); err != nil {
+				reply["error"] = err.Error()
+			} else {
+				p.control(req, reply)
+			}
+			data, _ := json.Marshal(reply)
+			_, _ = conn.Write(append(data, '\n'))
+		}()
+	}
+}
+
+func (p *plugin) control(req controlRequest, reply map[string]interface{}) {
+	switch req.Op {
+	case "target":
+		p.mu.Lock()
+		t, ok := p.targets[req.ContainerID]
+		p.mu.Unlock()
+		if ok {
+			reply["target"] = t
+		} else {
+			reply["target"] = nil
+		}
+	case "update_devices":
+		p.mu.Lock()
+		s := p.stub
+		p.mu.Unlock()
+		if s == nil {
+			reply["error"] = "not connected"
+			return
+		}
+		var devices []*api.LinuxDeviceCgroup
+		for _, r := range req.Rules {
+			d := &api.LinuxDeviceCgroup{Allow: r.Allow, Type: r.Type, Access: r.Access}
+			if r.Major != nil {
+				d.Major = &api.OptionalInt64{Value: *r.Major}
+			}
+			if r.Minor != nil {
+				d.Minor = &api.OptionalInt64{Value: *r.Minor}
+			}
+			devices = append(devices, d)
+		}
+		update := &api.ContainerUpdate{ContainerId: req.ContainerID,
+			Linux: &api.LinuxContainerUpdate{Resources: &api.LinuxResources{Devices: devices}}}
+		failed, err := s.UpdateContainers([]*api.ContainerUpdate{update})
+		switch {
+		case err != nil:
+			reply["error"] = err.Error()
+		case len(failed) > 0:
+			var ids []string
+			for _, f := range failed {
+				ids = append(ids, f.GetContainerId())
+			}
+			reply["error"] = fmt.Sprintf("the runtime reports %s failed", strings.Join(ids, ", "))
+		}
+	default:
+		reply["error"] = fmt.Sprintf("unknown op %q", req.Op)
+	}
 }

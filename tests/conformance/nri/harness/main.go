@@ -59,6 +59,8 @@ var tests = []testing.InternalTest{
 	{Name: "TestPluginErrorFailsCreateContainer", F: TestPluginErrorFailsCreateContainer},
 	{Name: "TestSlowPluginDroppedAndReconnects", F: TestSlowPluginDroppedAndReconnects},
 	{Name: "TestLargeAdjustment", F: TestLargeAdjustment},
+	{Name: "TestUnsolicitedUpdate", F: TestUnsolicitedUpdate},
+	{Name: "TestTargets", F: TestTargets},
 	{Name: "TestBench", F: TestBench},
 	{Name: "TestObserve", F: TestObserve},
 }

@@ -30,6 +30,10 @@ func removeContainer(ctx context.Context, a *adaptation.Adaptation, pod *api.Pod
 	return a.RemoveContainer(ctx, &api.RemoveContainerRequest{Pod: pod, Container: ctr})
 }
 
+func postStartContainer(ctx context.Context, a *adaptation.Adaptation, pod *api.PodSandbox, ctr *api.Container) error {
+	return a.PostStartContainer(ctx, &api.PostStartContainerRequest{Pod: pod, Container: ctr})
+}
+
 func stopPodSandbox(ctx context.Context, a *adaptation.Adaptation, pod *api.PodSandbox) error {
 	return a.StopPodSandbox(ctx, &api.StopPodSandboxRequest{Pod: pod})
 }

@@ -26,6 +26,10 @@ func removeContainer(ctx context.Context, a *adaptation.Adaptation, pod *api.Pod
 	return a.RemoveContainer(ctx, &api.StateChangeEvent{Pod: pod, Container: ctr})
 }
 
+func postStartContainer(ctx context.Context, a *adaptation.Adaptation, pod *api.PodSandbox, ctr *api.Container) error {
+	return a.PostStartContainer(ctx, &api.StateChangeEvent{Pod: pod, Container: ctr})
+}
+
 func stopPodSandbox(ctx context.Context, a *adaptation.Adaptation, pod *api.PodSandbox) error {
 	return a.StopPodSandbox(ctx, &api.StateChangeEvent{Pod: pod})
 }

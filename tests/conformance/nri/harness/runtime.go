@@ -289,6 +289,7 @@ type envOptions struct {
 	cmdVar    string // the variable holding the plugin command line (default VGPUD_NRI_PLUGIN_CMD)
 	noPlugin  bool
 	extraArgs []string
+	control   bool // start the plugin with --control <dir>/control.sock (hotplug.go)
 }
 
 type env struct {
@@ -306,6 +307,9 @@ type env struct {
 	started bool // Start() has returned: syncFn calls are plugin connections
 	pods    []*api.PodSandbox
 	ctrs    []*api.Container
+	// the plugin's unsolicited UpdateContainers as the runtime's updateFn got them, and what it answers
+	updates     [][]*api.ContainerUpdate
+	updateReply func([]*api.ContainerUpdate) ([]*api.ContainerUpdate, error)
 }
 
 func newEnv(t testing.TB, opts envOptions) *env {
@@ -341,7 +345,19 @@ func newEnv(t testing.TB, opts envOptions) *env {
 		return err
 	}
 	updateFn := func(_ context.Context, u []*api.ContainerUpdate) ([]*api.ContainerUpdate, error) {
-		return nil, nil
+		e.stateMu.Lock()
+		got := make([]*api.ContainerUpdate, len(u))
+		for i, c := range u {
+			got[i] = proto.Clone(c).(*api.ContainerUpdate)
+		}
+		e.updates = append(e.updates, got)
+		reply := e.updateReply
+		e.stateMu.Unlock()
+		e.tr.get(func(tr *tracker) { tr.notify() })
+		if reply == nil {
+			return nil, nil
+		}
+		return reply(u)
 	}
 	ttrpcOpts := adaptation.WithTTRPCOptions(
 		[]ttrpc.ClientOpts{ttrpc.WithUnaryClientInterceptor(e.tr.clientInterceptor)},
@@ -376,7 +392,11 @@ func newEnv(t testing.TB, opts envOptions) *env {
 		if variable == "" {
 			variable = "VGPUD_NRI_PLUGIN_CMD"
 		}
-		e.startPlugin(pluginCommand(t, variable), opts.extraArgs...)
+		extra := opts.extraArgs
+		if opts.control {
+			extra = append([]string{"--control", e.controlPath()}, extra...)
+		}
+		e.startPlugin(pluginCommand(t, variable), extra...)
 	}
 	return e
 }

@@ -17,9 +17,10 @@ import (
 )
 
 // requiredEvents are what the plugin must subscribe to: creation to inject, and the events that
-// make a container's directory garbage (DESIGN.md §5).
+// make a container's directory garbage (DESIGN.md §5), start and stop for the hot-plug's targets.
 var requiredEvents = []api.Event{
 	api.Event_CREATE_CONTAINER, api.Event_REMOVE_CONTAINER, api.Event_STOP_POD_SANDBOX,
+	api.Event_POST_START_CONTAINER, api.Event_STOP_CONTAINER,
 }
 
 func smallState() ([]*api.PodSandbox, []*api.Container) {
