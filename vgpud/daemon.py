@@ -487,6 +487,9 @@ def start_hotplug(
         index=driver.index,
         recorder=recorder,
         cgroup=cgroup,
+        cdi_root=settings.cdi_root,
+        driver=settings.driver_name,
+        uuid_of_minor={gpu.minor: gpu.uuid for gpu in startup.gpus},
     )
 
 

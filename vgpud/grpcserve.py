@@ -32,7 +32,7 @@ from vgpud.wire import M, MalformedMessage, parse_strict
 log = logging.getLogger("vgpud.grpc")
 
 CLOSE_TIMEOUT = 2.0
-_PREFIX = struct.Struct(">?I")  # gRPC message framing: compressed flag, length
+MESSAGE_PREFIX = struct.Struct(">?I")  # gRPC message framing: compressed flag, length
 
 
 async def read_unary(stream: Any, message_type: type[M], limit: int) -> M:
@@ -46,12 +46,12 @@ async def read_unary(stream: Any, message_type: type[M], limit: int) -> M:
     """
     name = message_type.__name__
     try:
-        prefix = await recv_data(stream, _PREFIX.size)
+        prefix = await recv_data(stream, MESSAGE_PREFIX.size)
     except TruncatedData:
         raise GRPCError(Status.INVALID_ARGUMENT, "truncated message prefix") from None
-    if len(prefix) < _PREFIX.size:
+    if len(prefix) < MESSAGE_PREFIX.size:
         raise GRPCError(Status.INVALID_ARGUMENT, "no request message")
-    compressed, length = _PREFIX.unpack(prefix)
+    compressed, length = MESSAGE_PREFIX.unpack(prefix)
     if compressed:
         raise GRPCError(Status.UNIMPLEMENTED, "compressed messages are not supported")
     if length > limit:

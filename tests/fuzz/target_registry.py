@@ -1,11 +1,12 @@
-"""Fuzz target: the registry's request path, called directly: the gRPC message framing and strict decode
-(`vgpud.registry.server.read_request`, over grpclib's own receive buffer), the request's validation
-(`resolve.parse_query`), and the caller's identity from its cgroup text (`cgroup.parse_proc_cgroup`; a
-process may name its own sub-cgroups, so part of that text is the caller's).
+"""Fuzz target: the registry's request path, called directly: the gRPC message framing and strict
+decode (`vgpud.grpcserve.read_unary` as the registry calls it, over grpclib's own receive buffer), the
+request's validation (`resolve.parse_query`), and the caller's identity from its cgroup text
+(`cgroup.parse_proc_cgroup`; a process may name its own sub-cgroups, so part of that text is the
+caller's).
 
 Contract per input:
 
-* `read_request` gives a ContainerDeviceRequest or a GRPCError of INVALID_ARGUMENT, RESOURCE_EXHAUSTED
+* `read_unary` gives a ContainerDeviceRequest or a GRPCError of INVALID_ARGUMENT, RESOURCE_EXHAUSTED
   or UNIMPLEMENTED, and never waits for more bytes once the stream has ended;
 * `parse_query` gives a query with the request's fields, or `BadRequest` (INVALID_ARGUMENT);
 * `parse_proc_cgroup` gives None, a membership with a pod UID (and a 64-hex container ID when it names
@@ -26,9 +27,10 @@ from grpclib.protocol import Buffer
 from tests.fuzz.driver import ContractBroken, Target, kind_of, surface_inputs, text
 from tests.fuzz.messages import random_message
 from vgpud._pb.registry import ContainerDeviceRequest
+from vgpud.grpcserve import MESSAGE_PREFIX, read_unary
 from vgpud.registry.cgroup import CgroupParseError, is_pod_uid, parse_proc_cgroup
 from vgpud.registry.resolve import BadRequest, parse_query
-from vgpud.registry.server import _PREFIX, read_request
+from vgpud.registry.server import MAX_MESSAGE
 
 REQUEST, CGROUP = range(2)
 POOL_SIZE = 64
@@ -61,7 +63,7 @@ def _complete(coro: Coroutine[Any, Any, ContainerDeviceRequest]) -> ContainerDev
     except StopIteration as done:
         return done.value  # type: ignore[no-any-return]
     coro.close()
-    raise ContractBroken("read_request waits for bytes after the stream has ended")
+    raise ContractBroken("read_unary waits for bytes after the stream has ended")
 
 
 def _request(rng: random.Random) -> bytes:
@@ -77,7 +79,7 @@ def _request(rng: random.Random) -> bytes:
     else:
         message = random_message(rng, ContainerDeviceRequest)
     body = bytes(message)
-    return _PREFIX.pack(False, len(body)) + body
+    return MESSAGE_PREFIX.pack(False, len(body)) + body
 
 
 def _cgroup(rng: random.Random) -> bytes:
@@ -101,10 +103,10 @@ def _cgroup(rng: random.Random) -> bytes:
 
 def _check_request(chunks: list[bytes]) -> str:
     try:
-        request = _complete(read_request(_Stream(chunks)))
+        request = _complete(read_unary(_Stream(chunks), ContainerDeviceRequest, MAX_MESSAGE))
     except GRPCError as err:
         if err.status not in STATUSES:
-            raise ContractBroken(f"read_request answered {err.status.name}: {err.message}") from None
+            raise ContractBroken(f"read_unary answered {err.status.name}: {err.message}") from None
         return kind_of(err, f"{err.status.name} {err.message}")
     try:
         query = parse_query(request.pod_uid, request.container_name, request.register_uuid)

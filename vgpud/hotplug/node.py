@@ -11,7 +11,7 @@ list has arrived, then whenever a container instance stops or goes, a claim's pr
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from functools import partial
 from pathlib import Path
 
@@ -21,6 +21,7 @@ from vgpud.dra.claimindex import ClaimIndex
 from vgpud.grpcserve import serve
 from vgpud.hotplug.access import CgroupDeviceAccess, CgroupV1Devices, CgroupV2Devices, DeviceCgroup
 from vgpud.hotplug.claims import slave_claims
+from vgpud.hotplug.limits import ConfigLimits
 from vgpud.hotplug.rules import Attachment, AttachState
 from vgpud.hotplug.service import HotPlugService
 from vgpud.hotplug.store import HOTPLUG_FILE, AttachmentStore
@@ -101,6 +102,9 @@ def build_hotplug(
     index: ClaimIndex,
     recorder: Recorder,
     cgroup: DeviceCgroup,
+    cdi_root: Path,
+    driver: str,
+    uuid_of_minor: Mapping[int, str],
 ) -> HotPlug:
     """The component from the daemon's parts: `nri` is the NriHooks (its targets and runtime link)."""
     table = AttachmentTable(AttachmentStore(plugin_dir / HOTPLUG_FILE, boot_id))
@@ -119,7 +123,12 @@ def build_hotplug(
         targets=targets,
         runtime=nri.runtime_link,  # type: ignore[attr-defined]
         cgroup=cgroup,
-        limits=NotYet(),
+        limits=ConfigLimits(
+            directory=lambda cid: entry.directory if (entry := nri.cache.instance(cid)) else None,  # type: ignore[attr-defined]
+            cdi_root=cdi_root,
+            driver=driver,
+            uuid_of_minor=uuid_of_minor,
+        ),
         others=others,
     )
     service = HotPlugService(
