@@ -41,6 +41,7 @@ from vgpud.kube.informer import Informer, claim_informer, pod_informer
 from vgpud.nodesetup import NodeSetupError, cgroup_v2, prepare_manager_root
 from vgpud.nri.conn import Dialer, Identity, probe, run_session
 from vgpud.nri.hooks import NriHooks
+from vgpud.nri.runtime_link import RuntimeLink
 from vgpud.observe.app import ObserveApp
 from vgpud.observe.drift import DriftChecker
 from vgpud.observe.hub import StreamHub
@@ -110,6 +111,8 @@ class Node:
     health_watch: HealthWatcher | None
     #: the watch-fed caches of claims and this node's pods
     caches: Caches
+    #: the NRI plugin's calls to the runtime (the hot-plug's UpdateContainers)
+    nri_link: RuntimeLink | None = None
     #: the hot-plug API (--hotplug-socket, lazy mode only)
     hotplug: HotPlug | None = None
 
@@ -411,7 +414,8 @@ async def _main(startup: Startup) -> None:
                 ClaimWatch(caches.claims, driver.index)
             registry = build_registry(startup, assigner, driver, nri, recorder, caches=caches)
             health = HealthRegistry()
-            hotplug = start_hotplug(startup, nri, driver, recorder, health)
+            link = RuntimeLink()
+            hotplug = start_hotplug(startup, nri, link=link, driver=driver, recorder=recorder, health=health)
             if startup.nri_fallback:
                 health.register(NRI_COMPONENT, counts_for_health=False)
                 health.set(NRI_COMPONENT, HealthState.STOPPED, f"eager-mode fallback: {startup.nri_fallback}")
@@ -445,6 +449,7 @@ async def _main(startup: Startup) -> None:
                     device_health,
                     health_watch,
                     caches,
+                    link,
                     hotplug,
                 )
                 _start_components(node)
@@ -456,7 +461,13 @@ async def _main(startup: Startup) -> None:
 
 
 def start_hotplug(
-    startup: Startup, nri: NriHooks | None, driver: DraDriver, recorder: Recorder, health: HealthRegistry
+    startup: Startup,
+    nri: NriHooks | None,
+    *,
+    link: RuntimeLink,
+    driver: DraDriver,
+    recorder: Recorder,
+    health: HealthRegistry,
 ) -> HotPlug | None:
     """The hot-plug component when --hotplug-socket asks for it; when it cannot run (the NRI plugin
     fell back to eager mode, no devices cgroup to change) its health entry says why, and the rest of
@@ -484,6 +495,7 @@ def start_hotplug(
         plugin_dir=settings.plugin_dir,
         boot_id=startup.boot_id,
         nri=nri,
+        link=link,
         index=driver.index,
         recorder=recorder,
         cgroup=cgroup,
@@ -536,7 +548,8 @@ def _start_components(node: Node) -> None:
     if node.nri is not None:
         identity = Identity(settings.driver_name, settings.nri_plugin_idx)
         dialer = Dialer(str(settings.nri_socket), node.startup.nri_connection)
-        supervise(NRI_COMPONENT, partial(run_session, dialer, node.nri, identity), *policies)
+        session = partial(run_session, dialer, node.nri, identity, link=node.nri_link)
+        supervise(NRI_COMPONENT, session, *policies)
     if node.registry is not None:
         supervise("registry", node.registry.run, *policies)
     if node.hotplug is not None:

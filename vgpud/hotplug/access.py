@@ -42,6 +42,8 @@ STEP_NRI = "NRI UpdateContainers"
 STEP_CGROUP = "device cgroup"
 STEP_LIMITS = "vgpu.config"
 PROC_DEVICES = Path("/proc/devices")
+#: how long the runtime may take to answer an UpdateContainers (its own request timeout is 2 s)
+NRI_UPDATE_TIMEOUT = 5.0
 #: what a device cgroup step raises when it cannot change the cgroup (the cgroup is then unchanged)
 CGROUP_ERRORS = (OSError, cgroup1dev.DeviceCgroupError, DeviceFilterError, CgroupPathError)
 
@@ -64,7 +66,12 @@ class Targets(Protocol):
 class RuntimeUpdates(Protocol):
     """The NRI plugin's unsolicited calls to the runtime (`vgpud.nri.runtime_link.RuntimeLink`)."""
 
-    async def update_devices(self, container_id: str, rules: Sequence[DeviceRule]) -> None:
+    async def update_devices(
+        self,
+        container_id: str,
+        rules: Sequence[DeviceRule],
+        timeout: float,  # noqa: ASYNC109 (the link's own deadline, like NRI's request timeout)
+    ) -> None:
         """Raises when the runtime refuses, does not answer in time, or is not connected."""
         ...
 
@@ -194,7 +201,7 @@ class CgroupDeviceAccess:
 
     async def _nri(self, container_id: str, rules: Sequence[DeviceRule]) -> None:
         try:
-            await self.runtime.update_devices(container_id, rules)
+            await self.runtime.update_devices(container_id, rules, NRI_UPDATE_TIMEOUT)
         except Exception as err:  # RuntimeUpdateError; a broken link must not leave half a change either
             raise ApplyError(STEP_NRI, str(err)) from None
 
@@ -204,7 +211,9 @@ class CgroupDeviceAccess:
         if not rules:
             return
         try:
-            await self.runtime.update_devices(container_id, [r._replace(allow=False) for r in rules])
+            await self.runtime.update_devices(
+                container_id, [r._replace(allow=False) for r in rules], NRI_UPDATE_TIMEOUT
+            )
         except Exception as err:
             log.warning("hot-plug: NRI UpdateContainers (deny) for %s failed: %s", container_id, err)
 

@@ -12,8 +12,9 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Mapping
+from dataclasses import replace
 from functools import partial
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 
 import trio
 
@@ -22,10 +23,13 @@ from vgpud.grpcserve import serve
 from vgpud.hotplug.access import CgroupDeviceAccess, CgroupV1Devices, CgroupV2Devices, DeviceCgroup
 from vgpud.hotplug.claims import slave_claims
 from vgpud.hotplug.limits import ConfigLimits
-from vgpud.hotplug.rules import Attachment, AttachState
+from vgpud.hotplug.rules import Attachment, AttachState, KnownContainer
 from vgpud.hotplug.service import HotPlugService
 from vgpud.hotplug.store import HOTPLUG_FILE, AttachmentStore
 from vgpud.hotplug.table import AttachmentTable
+from vgpud.nri.hooks import NriHooks
+from vgpud.nri.runtime_link import RuntimeLink
+from vgpud.nri.targets import TargetContainer
 from vgpud.recorder import Recorder
 
 log = logging.getLogger("vgpud.hotplug")
@@ -93,12 +97,45 @@ class HotPlug:
             self._poked = trio.Event()
 
 
+class NriTargets:
+    """The NRI plugin's containers as the hot-plug sees them: a vGPU container is one the plugin gave
+    a directory (it is in the NRI cache)."""
+
+    def __init__(self, nri: NriHooks) -> None:
+        self.nri = nri
+
+    @property
+    def synced(self) -> bool:
+        return self.nri.targets.synced
+
+    def _known(self, found: TargetContainer | None) -> KnownContainer | None:
+        if found is None:
+            return None
+        return replace(found.known(), vgpu=found.container_id in self.nri.cache)
+
+    def container(self, pod_uid: str, container: str) -> KnownContainer | None:
+        instance = self.nri.targets.container(pod_uid, container)
+        return self._known(self.nri.targets.by_id(instance.container_id) if instance else None)
+
+    def instance(self, container_id: str) -> KnownContainer | None:
+        return self._known(self.nri.targets.by_id(container_id))
+
+    def by_id(self, container_id: str) -> TargetContainer | None:
+        return self.nri.targets.by_id(container_id)
+
+    def directory(self, container_id: str) -> PurePosixPath | None:
+        """The vGPU container's directory (None: not a vGPU container)."""
+        entry = self.nri.cache.instance(container_id)
+        return entry.directory if entry is not None else None
+
+
 def build_hotplug(
     *,
     socket: Path,
     plugin_dir: Path,
     boot_id: str,
-    nri: object,
+    nri: NriHooks,
+    link: RuntimeLink,
     index: ClaimIndex,
     recorder: Recorder,
     cgroup: DeviceCgroup,
@@ -106,7 +143,8 @@ def build_hotplug(
     driver: str,
     uuid_of_minor: Mapping[int, str],
 ) -> HotPlug:
-    """The component from the daemon's parts: `nri` is the NriHooks (its targets and runtime link)."""
+    """The component from the daemon's parts: the NRI plugin's containers and its link to the runtime,
+    the claim index, and the node's devices cgroup."""
     table = AttachmentTable(AttachmentStore(plugin_dir / HOTPLUG_FILE, boot_id))
 
     def others(attachment: Attachment) -> list[Attachment]:
@@ -141,5 +179,5 @@ def build_hotplug(
     )
     component = HotPlug(service, socket)
     index.listeners.append(component.poke)
-    nri.on_container_gone.append(component.on_container_gone)  # type: ignore[attr-defined]
+    nri.on_container_gone.append(component.on_container_gone)
     return component

@@ -171,12 +171,12 @@ class StateCollector(Collector):
             yield from self._nri()
         yield from self._drift_metrics()
         yield from self._usage_metrics()
+        attachments = _gauge(names.HOTPLUG_ATTACHMENTS)  # no samples while the API is not served
         if parts.hotplug is not None:
-            attachments = _gauge(names.HOTPLUG_ATTACHMENTS)
             by_state = Tally(a.state.value for a in parts.hotplug.service.table.attachments.values())
             for state in AttachState:
                 attachments.add_metric([state.value], by_state.get(state.value, 0))
-            yield attachments
+        yield attachments
         yield _gauge(names.STREAM_CLIENTS, self._stream.clients)
         closed = _counter(names.STREAM_DROPS)
         for reason, count in sorted(self._stream.closed.items()):

@@ -48,7 +48,7 @@ class World:
             )
         self.log.append((name, *what))
 
-    async def update_devices(self, container_id: str, rules: Sequence[DeviceRule]) -> None:
+    async def update_devices(self, container_id: str, rules: Sequence[DeviceRule], timeout: float) -> None:  # noqa: ASYNC109
         await trio.lowlevel.checkpoint()
         self._step("nri", container_id, *(("+" if r.allow else "-") + str(r) for r in rules))
 

@@ -20,6 +20,7 @@ from vgpud._pb.nri.pkg.api.v1alpha1 import (
     SynchronizeRequest,
 )
 from vgpud._pb.vgpud.hotplug.v1 import AttachRequest, DetachRequest
+from vgpud.hotplug.node import HotPlug
 from vgpud.hotplug.service import HotPlugService
 from vgpud.hotplug.store import HOTPLUG_FILE, AttachmentStore
 from vgpud.hotplug.table import AttachmentTable
@@ -229,9 +230,12 @@ async def test_hotplug_calls_are_counted_like_every_hook(short_tmp: Path) -> Non
         table=AttachmentTable(AttachmentStore(short_tmp / HOTPLUG_FILE, "boot")),
         targets=Targets(known={(TARGET, "app"): RUNNING}),
         claims=lambda pod: CLAIMS if pod == SLAVE else (),
+        prepared=lambda uid: True,
         access=Access(),
         recorder=node.parts.recorder,
     )
+    attachments = families(node)[family(names.HOTPLUG_ATTACHMENTS)]
+    assert attachments == []  # the API is not served: the family, without samples
     request = {"target_pod_uid": TARGET, "container_name": "app", "slave_pod_uid": SLAVE}
     await service.attach(AttachRequest(**request))
     for _ in range(2):
@@ -240,3 +244,7 @@ async def test_hotplug_calls_are_counted_like_every_hook(short_tmp: Path) -> Non
     calls = families(node)[family(names.HOOK_CALLS)]
     assert value(calls, "vgpud_hook_calls_total", component="hotplug", call="Attach", outcome="ok") == 1
     assert value(calls, "vgpud_hook_calls_total", component="hotplug", call="Detach", outcome="rejected") == 2
+    node.parts.hotplug = HotPlug(service, short_tmp / "hotplug.sock")
+    attachments = families(node)[family(names.HOTPLUG_ATTACHMENTS)]
+    by_state = {s.labels["state"]: s.value for s in attachments}
+    assert by_state == {"attaching": 0, "attached": 1, "detaching": 0}

@@ -5,6 +5,7 @@ the call filter shared by the routes, the stream and the CLI."""
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -12,6 +13,7 @@ import trio
 
 from tests import objects as o
 from tests.draharness import REF, single_container_claim
+from tests.unit.hotplug.world import CLAIMS, KEY, Access, Targets
 from tests.unit.nri.fakeruntime import fake_runtime, injected
 from tests.unit.observe.node import make_node
 from vgpud._pb.nri.pkg.api.v1alpha1 import (
@@ -23,11 +25,16 @@ from vgpud._pb.nri.pkg.api.v1alpha1 import (
     SynchronizeRequest,
 )
 from vgpud.dra.claimindex import ClaimRef
+from vgpud.hotplug.node import HotPlug
+from vgpud.hotplug.rules import Attachment, AttachState
+from vgpud.hotplug.service import HotPlugService
+from vgpud.hotplug.store import HOTPLUG_FILE, AttachmentStore
+from vgpud.hotplug.table import AttachmentTable
 from vgpud.nri.cache import RuntimeContainer
 from vgpud.nri.conn import Identity, SessionEnded, run_session
 from vgpud.nri.sync import decode_sync
 from vgpud.observe.filters import CallFilter
-from vgpud.observe.state import register_uuids_json
+from vgpud.observe.state import hotplug_json, register_uuids_json
 from vgpud.recorder import HookCall
 
 NS = o.NAMESPACE
@@ -96,9 +103,11 @@ async def test_lazy_state_maps_directories_to_containers(short_tmp: Path) -> Non
         "drift",
         "device_health",
         "usage",
+        "hotplug",
         "stream",
         "calls",
     }
+    assert state["hotplug"] is None  # not served
 
 
 async def test_the_runtime_view_follows_sync_and_events(short_tmp: Path) -> None:
@@ -232,3 +241,23 @@ def test_call_filter(query: str, matches: list[int]) -> None:
 def test_call_filter_refuses(query: str, message: str) -> None:
     with pytest.raises(ValueError, match=message):
         CallFilter.from_query(query)
+
+
+async def test_hotplug_section_lists_each_attachment_with_its_state(short_tmp: Path) -> None:
+    table = AttachmentTable(AttachmentStore(short_tmp / HOTPLUG_FILE, "boot"))
+    attachment = Attachment(KEY, "c" * 64, "team", "trainer", CLAIMS, 5.0)
+    await table.put(replace(attachment, state=AttachState.DETACHING))
+    service = HotPlugService(
+        table=table,
+        targets=Targets(),
+        claims=lambda pod: (),
+        prepared=lambda uid: True,
+        access=Access(),
+        recorder=make_node(short_tmp).parts.recorder,
+    )
+    state = hotplug_json(HotPlug(service, short_tmp / "hotplug.sock"))
+    assert state["socket"] == str(short_tmp / "hotplug.sock")
+    (row,) = state["attachments"]
+    assert (row["containerId"], row["targetPodName"], row["state"]) == ("c" * 64, "trainer", "detaching")
+    assert [c["devices"] for c in row["claims"]] == [["vgpu-0"]]
+    json.dumps(state)  # JSON-ready
