@@ -30,7 +30,7 @@ from vgpud.dra.claimedits import device_minor
 from vgpud.hotplug import cgroup1dev
 from vgpud.hotplug.cgpath import CgroupPathError, cgroup_dir
 from vgpud.hotplug.cgroup2dev import DeviceFilterError, replace_device_filter
-from vgpud.hotplug.devfilter import verdict
+from vgpud.hotplug.devfilter import check_rule, verdict
 from vgpud.hotplug.devrules import DeviceRule, container_rules, gpu_rules
 from vgpud.hotplug.rules import Attachment
 from vgpud.hotplug.service import ApplyError
@@ -107,6 +107,16 @@ def attachment_minors(attachment: Attachment) -> list[int]:
                 )
             minors.append(minor)
     return minors
+
+
+def _valid(rule: DeviceRule) -> bool:
+    """A rule the kernel could be given; others (an empty access) are logged and left out."""
+    try:
+        check_rule(rule)
+    except ValueError as err:
+        log.warning("hot-plug: the container's own %s", err)
+        return False
+    return True
 
 
 def read_proc_devices(path: Path = PROC_DEVICES) -> str:
@@ -196,7 +206,7 @@ class CgroupDeviceAccess:
         target: Target, rules: Sequence[DeviceRule], kept: Sequence[DeviceRule]
     ) -> list[DeviceRule]:
         """The granted rules no other attachment needs and the container's own rules do not allow."""
-        own = container_rules(target.device_rules, ())
+        own = [r for r in container_rules(target.device_rules, ()) if _valid(r)]
         return [r for r in rules if r not in kept and not verdict(own, r.type, r.major, r.minor, r.access)]
 
     async def _nri(self, container_id: str, rules: Sequence[DeviceRule]) -> None:

@@ -156,16 +156,13 @@ def build_hotplug(
             and a.state is not AttachState.DETACHING
         ]
 
-    targets = nri.targets  # type: ignore[attr-defined]
+    targets = NriTargets(nri)
     access = CgroupDeviceAccess(
         targets=targets,
-        runtime=nri.runtime_link,  # type: ignore[attr-defined]
+        runtime=link,
         cgroup=cgroup,
         limits=ConfigLimits(
-            directory=lambda cid: entry.directory if (entry := nri.cache.instance(cid)) else None,  # type: ignore[attr-defined]
-            cdi_root=cdi_root,
-            driver=driver,
-            uuid_of_minor=uuid_of_minor,
+            directory=targets.directory, cdi_root=cdi_root, driver=driver, uuid_of_minor=uuid_of_minor
         ),
         others=others,
     )

@@ -26,9 +26,13 @@ from vgpud.nri.cache import ContainerMap
 
 def device_rules(devices: Iterable[Any]) -> tuple[DeviceRule, ...]:
     """NRI LinuxDeviceCgroup messages (upb's or betterproto2's) as DeviceRules; an unset major or
-    minor is None (any)."""
+    minor is None (any), an unset type is `a` (every device: the OCI spec's default, and what
+    containerd's `deny all` rule leaves unset)."""
     return tuple(
-        [DeviceRule(d.allow, d.type, _optional(d, "major"), _optional(d, "minor"), d.access) for d in devices]
+        [
+            DeviceRule(d.allow, d.type or "a", _optional(d, "major"), _optional(d, "minor"), d.access)
+            for d in devices
+        ]
     )
 
 

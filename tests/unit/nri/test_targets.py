@@ -11,6 +11,7 @@ import betterproto2
 import pytest
 
 from tests.unit.nri.test_hooks import CLAIM, POD_UID, container, hooks, pod  # noqa: F401 (fixture)
+from vgpud._pb import nri_api_pb2
 from vgpud._pb.nri.pkg.api.v1alpha1 import (
     Container,
     ContainerState,
@@ -33,7 +34,7 @@ from vgpud.hotplug.devrules import DeviceRule
 from vgpud.hotplug.rules import KnownContainer
 from vgpud.hotplug.service import TargetLookup
 from vgpud.nri.hooks import NriHooks
-from vgpud.nri.targets import ContainerLinux, TargetContainer, TargetContainers
+from vgpud.nri.targets import ContainerLinux, TargetContainer, TargetContainers, device_rules
 
 CGROUP = "kubepods-besteffort-pod8f0c.slice:cri-containerd:ctr-main"
 #: containerd's defaults: deny everything, then a few; one rule with any minor
@@ -242,3 +243,12 @@ async def test_a_resync_tells_of_the_containers_that_ended_while_away(hooks: Nri
     await handler(decode(bytes(SynchronizeRequest(pods=[pod()], containers=later))))
     assert sorted(heard) == ["ctr-goes", "ctr-stops"]
     assert hooks.targets.by_id("ctr-goes") is None and not hooks.targets.by_id("ctr-stops").running
+
+
+def test_an_unset_device_type_is_every_device() -> None:
+    """containerd's `deny all` rule leaves the type unset (the OCI spec's default: `a`); upb and
+    betterproto2 messages give the same rules."""
+    rule = LinuxDeviceCgroup(allow=False, access="rwm")
+    assert device_rules([rule]) == (DeviceRule(False, "a", None, None, "rwm"),)
+    upb = nri_api_pb2.LinuxDeviceCgroup.FromString(bytes(rule))  # type: ignore[attr-defined]
+    assert device_rules([upb]) == (DeviceRule(False, "a", None, None, "rwm"),)
