@@ -28,6 +28,28 @@ def _refuse_non_regular(path: Path) -> None:
         raise OSError(errno.EINVAL, f"{path} is not a regular file (refused)")
 
 
+def read_regular(path: Path, limit: int) -> bytes | None:
+    """At most `limit` + 1 bytes of the regular file at `path` (so a caller sees a file over its
+    limit), None when there is none. Never through a symlink (OSError ELOOP), without blocking on a
+    FIFO; OSError (EINVAL) for anything else that is not a regular file. An OSError's strerror
+    starts with the path."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
+    except FileNotFoundError:
+        return None
+    except OSError as err:
+        if err.errno == errno.ELOOP:
+            raise OSError(errno.ELOOP, f"{path} is a symbolic link (refused, not followed)") from None
+        raise OSError(err.errno, f"{path}: {err.strerror}") from None
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise OSError(errno.EINVAL, f"{path} is not a regular file (refused)")
+        with os.fdopen(os.dup(fd), "rb") as reader:
+            return reader.read(limit + 1)
+    finally:
+        os.close(fd)
+
+
 def fsync_dir(directory: Path) -> None:
     """Make a rename or unlink in `directory` durable."""
     fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)

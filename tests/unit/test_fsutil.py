@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import errno
+import os
 from pathlib import Path
 
 import pytest
 
-from vgpud.fsutil import remove_tree
+from vgpud.fsutil import read_regular, remove_tree
 
 
 def test_a_tree_is_removed_and_a_missing_one_is_nothing_to_do(tmp_path: Path) -> None:
@@ -32,3 +33,21 @@ def test_a_symlink_at_the_top_is_refused_and_its_target_kept(tmp_path: Path) -> 
     dangling.symlink_to(tmp_path / "nothing")
     with pytest.raises(OSError, match="symlink"):
         remove_tree(dangling)
+
+
+def test_read_regular_reads_up_to_one_byte_over_its_limit_and_nothing_else(tmp_path: Path) -> None:
+    data = tmp_path / "data"
+    data.write_bytes(b"0123456789")
+    assert read_regular(data, 100) == b"0123456789"
+    assert read_regular(data, 4) == b"01234"  # one byte over: the caller sees the file is too large
+    assert read_regular(tmp_path / "missing", 4) is None
+    link = tmp_path / "link"
+    link.symlink_to(data)
+    with pytest.raises(OSError, match="is a symbolic link") as info:
+        read_regular(link, 100)
+    assert info.value.errno == errno.ELOOP
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    with pytest.raises(OSError, match="not a regular file") as info:
+        read_regular(fifo, 100)  # returns at once: a FIFO without a writer must not block
+    assert info.value.errno == errno.EINVAL

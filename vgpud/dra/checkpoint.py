@@ -29,11 +29,9 @@ store does no locking of its own; callers serialize read-modify-write under the 
 
 from __future__ import annotations
 
-import errno
 import json
 import logging
 import os
-import stat
 import time
 import zlib
 from collections.abc import Mapping
@@ -42,7 +40,7 @@ from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
-from vgpud.fsutil import write_atomic
+from vgpud.fsutil import read_regular, write_atomic
 
 log = logging.getLogger(__name__)
 
@@ -255,12 +253,6 @@ def decode(data: bytes) -> Checkpoint:
 # Files
 
 
-def _refusal(path: Path, err: OSError) -> str:
-    if err.errno == errno.ELOOP:
-        return f"{path} is a symbolic link (refused, not followed)"
-    return f"{path}: {err.strerror or err}"
-
-
 def read_boot_id(path: Path = BOOT_ID_PATH) -> str:
     """The kernel's boot id: it changes on every boot, so it tells a restart from a reboot."""
     boot_id = path.read_text(encoding="ascii").strip()
@@ -280,20 +272,10 @@ class CheckpointStore:
         return Checkpoint(boot_id=self.boot_id)
 
     def _read(self) -> bytes | None:
-        flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK  # a FIFO must not block us
         try:
-            fd = os.open(self.path, flags)
-        except FileNotFoundError:
-            return None
+            return read_regular(self.path, MAX_CHECKPOINT_BYTES)
         except OSError as err:
-            raise CheckpointError(f"cannot read checkpoint: {_refusal(self.path, err)}") from None
-        try:
-            if not stat.S_ISREG(os.fstat(fd).st_mode):
-                raise CheckpointError(f"cannot read checkpoint: {self.path} is not a regular file (refused)")
-            with os.fdopen(os.dup(fd), "rb") as reader:
-                return reader.read(MAX_CHECKPOINT_BYTES + 1)
-        finally:
-            os.close(fd)
+            raise CheckpointError(f"cannot read checkpoint: {err.strerror}") from None
 
     def load(self) -> Checkpoint:
         """The saved checkpoint; empty when missing, from another boot, or corrupt (moved aside).

@@ -33,6 +33,7 @@ from typing import Any
 import trio
 
 from vgpud.dra.cdi import spec_path
+from vgpud.fsutil import read_regular
 from vgpud.hotplug.vgpuconfig import ConfigError, entry_bytes
 from vgpud.partition import libfiles as F
 
@@ -81,13 +82,11 @@ def read_claim_spec(cdi_root: Path, driver: str, claim_uid: str) -> dict[str, An
     when it is missing, too large or not a spec. Blocking: run it in a thread."""
     path = spec_path(cdi_root, driver, claim_uid)
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
+        data = read_regular(path, MAX_SPEC_BYTES)
     except OSError as err:
-        raise ConfigError(f"CDI spec of claim {claim_uid}: {path}: {err.strerror}") from None
-    with os.fdopen(fd, "rb") as f:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            raise ConfigError(f"CDI spec of claim {claim_uid}: {path} is not a regular file")
-        data = f.read(MAX_SPEC_BYTES + 1)
+        raise ConfigError(f"CDI spec of claim {claim_uid}: {err.strerror}") from None
+    if data is None:
+        raise ConfigError(f"CDI spec of claim {claim_uid}: {path}: No such file or directory")
     if len(data) > MAX_SPEC_BYTES:
         raise ConfigError(f"CDI spec of claim {claim_uid}: {path} is over {MAX_SPEC_BYTES} bytes")
     try:

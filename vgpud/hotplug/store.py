@@ -18,13 +18,12 @@ from __future__ import annotations
 import json
 import logging
 import os
-import stat
 import time
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from vgpud.fsutil import write_atomic
+from vgpud.fsutil import read_regular, write_atomic
 from vgpud.hotplug.rules import (
     MAX_ATTACHMENTS,
     AttachKey,
@@ -178,22 +177,10 @@ class AttachmentStore:
         self.boot_id = boot_id
 
     def _read(self) -> bytes | None:
-        flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK  # a FIFO must not block us
         try:
-            fd = os.open(self.path, flags)
-        except FileNotFoundError:
-            return None
+            return read_regular(self.path, MAX_FILE_BYTES)
         except OSError as err:
-            raise StoreError(
-                f"cannot read {self.path}: {err.strerror or err} (a symlink is refused)"
-            ) from None
-        try:
-            if not stat.S_ISREG(os.fstat(fd).st_mode):
-                raise StoreError(f"cannot read {self.path}: not a regular file (refused)")
-            with os.fdopen(os.dup(fd), "rb") as reader:
-                return reader.read(MAX_FILE_BYTES + 1)
-        finally:
-            os.close(fd)
+            raise StoreError(f"cannot read {err.strerror}") from None
 
     def load(self) -> dict[AttachKey, Attachment]:
         """The saved attachments; empty when missing, from another boot, or corrupt (moved aside).

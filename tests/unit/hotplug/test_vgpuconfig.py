@@ -248,7 +248,7 @@ def test_the_spec_is_read_from_vgpud_s_own_file(tmp_path: Path) -> None:
         C.read_claim_spec(tmp_path, DRIVER, CLAIM)
     path.unlink()
     path.symlink_to(tmp_path / "elsewhere.json")
-    with pytest.raises(ConfigError, match="symbolic links"):
+    with pytest.raises(ConfigError, match="is a symbolic link"):
         C.read_claim_spec(tmp_path, DRIVER, CLAIM)
 
 
