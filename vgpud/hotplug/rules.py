@@ -78,7 +78,7 @@ class KnownContainer:
     running: bool
     #: a vGPU container of this node (vgpud made its directory): only there does a control library
     #: enforce the slave's limits
-    vgpu: bool = True
+    vgpu: bool = False
 
 
 @dataclass(frozen=True, order=True)

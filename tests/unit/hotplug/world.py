@@ -15,7 +15,7 @@ SLAVE = "aaaaaaaa-bbbb-cccc-dddd-eeeeeeeeeeee"
 OTHER_SLAVE = "aaaaaaaa-bbbb-cccc-dddd-ffffffffffff"
 CLAIM = "cccccccc-0000-0000-0000-000000000001"
 KEY = AttachKey(TARGET, "app", SLAVE)
-RUNNING = KnownContainer("c" * 64, TARGET, "app", "team", "trainer", running=True)
+RUNNING = KnownContainer("c" * 64, TARGET, "app", "team", "trainer", running=True, vgpu=True)
 CLAIMS = (SlaveClaim("team", "slave-gpu", CLAIM, ("vgpu-0",), frozenset({SLAVE})),)
 
 
