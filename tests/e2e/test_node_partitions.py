@@ -23,11 +23,6 @@ def reserved_for(node: LocalNode, ns: str, claim: str) -> list[str]:
     return [r["name"] for r in status.get("reservedFor", [])]
 
 
-def vgpu_limits(env: dict[str, str]) -> dict[str, str]:
-    prefixes = ("CUDA_MEM_LIMIT_", "CUDA_CORE_LIMIT_", "MANAGER_VISIBLE_DEVICE_")
-    return {k: v for k, v in env.items() if k.startswith(prefixes) and v}
-
-
 def cleanup(node: LocalNode, ns: str, pods: list[str], claim: str, uid: str) -> None:
     for pod in pods:
         w.delete_pod(node, ns, pod)
@@ -75,7 +70,7 @@ def _two_pods(node: LocalNode, ns: str) -> None:
         for name, memory in (("pa", "1024m"), ("pb", "2048m")):
             cid = w.container_id(pods[name], "main")
             env = w.container_env(node, cid)
-            assert memory in vgpu_limits(env).values(), env
+            assert memory in w.vgpu_limits(env).values(), env
             assert env["VGPU_POD_UID"] == pods[name]["metadata"]["uid"]
             reg = w.register_from_container(node, cid, hold_s=3)
             assert reg.returncode == 0, reg.output
@@ -125,7 +120,7 @@ def test_one_container_two_requests_of_one_claim(node: LocalNode) -> None:
         cid = w.container_id(pod, "main")
         assert w.claim_subdirs(node, uid) == [f"{pod['metadata']['uid']}_main"]
         env = w.container_env(node, cid)
-        limits = vgpu_limits(env)
+        limits = w.vgpu_limits(env)
         assert limits["CUDA_MEM_LIMIT_0"] == "2048m" and limits["CUDA_CORE_LIMIT_0"] == "10", limits
         assert limits["CUDA_MEM_LIMIT_1"] == "3072m" and limits["CUDA_CORE_LIMIT_1"] == "15", limits
         assert limits["MANAGER_VISIBLE_DEVICE_0"] != limits["MANAGER_VISIBLE_DEVICE_1"]
@@ -146,7 +141,7 @@ def test_one_container_two_requests_of_one_claim(node: LocalNode) -> None:
         assert len(subdirs) == 1 and subdirs[0].endswith("-app/main"), subdirs
         env = w.container_env(node, cid)
         assert env["MANAGER_CLIENT_REGISTER_UUID"]
-        limits = vgpu_limits(env)
+        limits = w.vgpu_limits(env)
         assert limits["CUDA_MEM_LIMIT_0"] == "2048m" and limits["CUDA_MEM_LIMIT_1"] == "3072m", limits
         reg = w.register_from_container(node, cid, hold_s=3)
         assert reg.returncode == 0, reg.output
@@ -179,7 +174,7 @@ def test_bug2_container_after_prepare(node: LocalNode) -> None:
     pod_b = w.wait_running(node, ns, "pb")
     cid = w.container_id(pod_b, "main")
     env = w.container_env(node, cid)
-    limits = vgpu_limits(env)
+    limits = w.vgpu_limits(env)
     assert limits["CUDA_MEM_LIMIT_0"] == "2048m" and limits["CUDA_MEM_LIMIT_1"] == "3072m", limits
     mounts = [
         (d, src) for d, src in w.oci_mounts(node, cid) if d.startswith(("/etc/vgpu-manager", "/tmp/.v"))
@@ -255,7 +250,7 @@ def test_kill_vgpud_during_prepare(node: LocalNode) -> None:
     pod = w.wait_running(node, ns, "p")
     cid = w.container_id(pod, "main")
     env = w.container_env(node, cid)
-    assert "1024m" in vgpu_limits(env).values(), env
+    assert "1024m" in w.vgpu_limits(env).values(), env
     reg = w.register_from_container(node, cid, hold_s=3)
     assert reg.returncode == 0, reg.output
     assert reg.shell_host_pid in reg.pids
@@ -304,7 +299,7 @@ def test_kill_vgpud_racing_prepare(node: LocalNode) -> None:
     if state == "PrepareStarted":
         assert _rollbacks(node) > rollbacks_before, "no rollback of the interrupted Prepare in vgpud's log"
     cid = w.container_id(pod, "main")
-    assert "1024m" in vgpu_limits(w.container_env(node, cid)).values()
+    assert "1024m" in w.vgpu_limits(w.container_env(node, cid)).values()
     reg = w.register_from_container(node, cid, hold_s=3)
     assert reg.returncode == 0, reg.output
     assert reg.shell_host_pid in reg.pids

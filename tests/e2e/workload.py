@@ -211,6 +211,12 @@ def container_env(node: LocalNode, cid: str) -> dict[str, str]:
     return dict(item.split("=", 1) for item in out.split("\0") if "=" in item)
 
 
+def vgpu_limits(env: dict[str, str]) -> dict[str, str]:
+    """The per-GPU limits and visibility a container's env carries (the set ones)."""
+    prefixes = ("CUDA_MEM_LIMIT_", "CUDA_CORE_LIMIT_", "MANAGER_VISIBLE_DEVICE_")
+    return {k: v for k, v in env.items() if k.startswith(prefixes) and v}
+
+
 def container_mounts(node: LocalNode, cid: str) -> dict[str, str]:
     """Mount point -> options for the container's mounts."""
     mounts = {}

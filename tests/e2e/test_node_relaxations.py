@@ -1,0 +1,331 @@
+"""The webhook relaxations on a real node, both tracks (issue 22): `vgpud webhook` with both switches on
+(as the chart's `webhook.relaxations` sets them) in front of the node's API server, scoped to this
+module's namespace.
+
+- The ResourceSlice says which mode the node runs in (`nriMode`).
+- Two claims in one container, each selecting NRI nodes: admitted; on the NRI node the pod runs with
+  both limits, one directory and one registration; on the eager node the scheduler finds no device
+  (the selector keeps the pod off it).
+- The same pod without the selector: denied, the message naming the rule and the fix.
+- Forced onto the eager node (the claims allocated there by hand, the pod bound by name): the node's
+  Prepare refuses each claim with the reason, and counts it; the same shapes run on the NRI node.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import pytest
+
+from tests.e2e import workload as w
+from tests.e2e.admission import DENIED, call, configuration
+from tests.e2e.node import DRIVER, LocalNode
+from tests.kubeapi import free_port
+from tests.unit.webhook.process import WebhookProcess
+from vgpud.relaxations import NRI_MODE_ATTRIBUTE, Relaxation, nri_selector
+
+RESOURCE = "/apis/resource.k8s.io/v1"
+REFUSALS = "vgpud_prepare_refusals_total"
+#: what an eager node's Prepare says of a use that needs NRI mode
+NEEDS_NRI = "needs a node in NRI mode"
+
+
+@dataclass
+class Relaxed:
+    """The module's namespace, whose pods and claims the relaxing webhook reviews."""
+
+    node: LocalNode
+    ns: str
+    webhook: WebhookProcess
+
+
+@pytest.fixture(scope="module")
+def relaxed(node: LocalNode, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Relaxed]:
+    assert node.api is not None
+    ns = w.namespace(node, "relax")
+    webhook = WebhookProcess(
+        tmp_path_factory.mktemp("webhook"),
+        port=free_port(),
+        kubeconfig=node.api.kubeconfig,
+        extra=["--allow-multiple-vgpu-claims-per-container", "--allow-vgpu-claims-across-pods"],
+    )
+    name = f"vgpud-relax-{uuid.uuid4().hex[:8]}"
+    path = f"/apis/admissionregistration.k8s.io/v1/validatingwebhookconfigurations/{name}"
+    try:
+        webhook.wait_serving()
+        created = call(
+            node.api,
+            "POST",
+            "/apis/admissionregistration.k8s.io/v1/validatingwebhookconfigurations",
+            configuration(name, ns, webhook.url, webhook.ca_bundle()),
+        )
+        assert created.status == 201, created.body
+        _wait_in_effect(node, ns, webhook)
+        yield Relaxed(node, ns, webhook)
+    finally:
+        call(node.api, "DELETE", path)
+        webhook.kill()
+
+
+def _wait_in_effect(node: LocalNode, ns: str, webhook: WebhookProcess) -> None:
+    """The API server loads a new configuration asynchronously: a dry-run pod that breaks a rule the
+    switches leave on (two app containers on one request) is denied once it is in effect."""
+    assert node.api is not None
+    w.create_claim(node, ns, "probe", [w.vgpu_request("gpu", "1Gi", "5")])
+    probe = pod_body("probe", {"probe": "probe"}, [("a", ["probe"]), ("b", ["probe"])])
+
+    def denied() -> bool:
+        assert node.api is not None
+        answer = call(node.api, "POST", f"/api/v1/namespaces/{ns}/pods?dryRun=All", probe)
+        return answer.status == 403 and DENIED in answer.message
+
+    try:
+        w.wait_for(denied, what="the webhook configuration in effect")
+    except AssertionError:
+        raise AssertionError(f"the webhook never took effect:\n{webhook.output()}") from None
+
+
+# --------------------------------------------------------------------------------------------------
+# Building blocks
+
+
+def nri_only(request: dict[str, Any]) -> dict[str, Any]:
+    """`request` with the selector that keeps it on NRI nodes (added to its other selectors)."""
+    selectors = request["exactly"].setdefault("selectors", [])
+    selectors.append({"cel": {"expression": nri_selector(DRIVER)}})
+    return request
+
+
+def pod_body(
+    name: str,
+    claims: dict[str, str],
+    containers: list[tuple[str, list[str]]],
+    *,
+    node_name: str | None = None,
+    requests: dict[str, str] | None = None,
+) -> dict[str, Any]:
+    """A sleeping pod; `claims`: pod claim -> ResourceClaim; `containers`: (name, pod claims it uses);
+    `requests`: pod claim -> the one request its containers use (whole claim otherwise)."""
+    wanted = requests or {}
+    spec: dict[str, Any] = {
+        "hostNetwork": True,
+        "terminationGracePeriodSeconds": 1,
+        "containers": [w.container(ctr, [(c, wanted.get(c)) for c in refs]) for ctr, refs in containers],
+        "resourceClaims": [{"name": k, "resourceClaimName": v} for k, v in claims.items()],
+    }
+    if node_name:
+        spec["nodeName"] = node_name
+    return {"metadata": {"name": name}, "spec": spec}
+
+
+def create_pod(relaxed: Relaxed, body: dict[str, Any]) -> dict[str, Any]:
+    assert relaxed.node.api is not None
+    answer = call(relaxed.node.api, "POST", f"/api/v1/namespaces/{relaxed.ns}/pods", body)
+    assert answer.status == 201, answer.body
+    return answer.body
+
+
+def slice_devices(node: LocalNode) -> list[dict[str, Any]]:
+    """The devices vgpud publishes for this node."""
+    slices = node.get(f"{RESOURCE}/resourceslices")["items"]
+    return [
+        device
+        for item in slices
+        if item["spec"].get("driver") == DRIVER and item["spec"].get("nodeName") == node.name
+        for device in item["spec"].get("devices", [])
+    ]
+
+
+def refusals(node: LocalNode, reason: Relaxation) -> float:
+    return sum(v for labels, v in node.metric_samples(REFUSALS) if labels.get("reason") == reason.value)
+
+
+def allocate_by_hand(
+    relaxed: Relaxed, claim: str, devices: dict[str, str], pods: list[dict[str, Any]]
+) -> None:
+    """Allocate `claim` (request -> device of this node) and reserve it for `pods`, as the scheduler
+    would, whatever the claim's selectors say."""
+    node = relaxed.node
+    assert node.api is not None
+    path = f"{RESOURCE}/namespaces/{relaxed.ns}/resourceclaims/{claim}"
+    body = node.get(path)
+    capacity = {r["name"]: r["exactly"]["capacity"]["requests"] for r in body["spec"]["devices"]["requests"]}
+    body["status"] = {
+        "allocation": {
+            "devices": {
+                "results": [
+                    {
+                        "request": request,
+                        "driver": DRIVER,
+                        "pool": node.name,
+                        "device": device,
+                        "shareID": str(uuid.uuid4()),
+                        "consumedCapacity": capacity[request],
+                    }
+                    for request, device in devices.items()
+                ]
+            }
+        },
+        "reservedFor": [
+            {"resource": "pods", "name": p["metadata"]["name"], "uid": p["metadata"]["uid"]} for p in pods
+        ],
+    }
+    answer = call(node.api, "PUT", f"{path}/status", body)
+    assert answer.status == 200, answer.body
+
+
+def cleanup(relaxed: Relaxed, pods: list[str], claims: dict[str, str]) -> None:
+    """Pods gone, then every claim's directory, CDI spec and checkpoint entry, then the claims."""
+    node = relaxed.node
+    for pod in pods:
+        w.delete_pod(node, relaxed.ns, pod)
+    for name, uid in claims.items():
+        w.wait_for(lambda uid=uid: not node.claim_dir(uid).exists(), what=f"claim {name}: directory removed")
+        w.wait_for(lambda uid=uid: not node.cdi_spec(uid).exists(), what=f"claim {name}: CDI spec removed")
+        w.wait_for(lambda uid=uid: uid not in w.checkpoint_claims(node), what=f"claim {name}: checkpoint")
+        w.release_claim(node, relaxed.ns, name)
+
+
+def _two_claims(relaxed: Relaxed, prefix: str, gpus: tuple[int, int], *, selected: bool) -> dict[str, str]:
+    """Claims `<prefix>-a` (1Gi, 10 cores) and `<prefix>-b` (2Gi, 20 cores) on GPUs `gpus`; their UIDs."""
+    uids = {}
+    for suffix, memory, cores, gpu in (("a", "1Gi", "10", gpus[0]), ("b", "2Gi", "20", gpus[1])):
+        request = w.on_gpu(w.vgpu_request("gpu", memory, cores), gpu)
+        created = w.create_claim(
+            relaxed.node, relaxed.ns, f"{prefix}-{suffix}", [nri_only(request) if selected else request]
+        )
+        uids[f"{prefix}-{suffix}"] = created["metadata"]["uid"]
+    return uids
+
+
+# --------------------------------------------------------------------------------------------------
+# The tests
+
+
+def test_the_resource_slice_says_which_mode_the_node_runs(node: LocalNode) -> None:
+    devices = slice_devices(node)
+    assert devices, "vgpud published no device"
+    for device in devices:
+        assert device["attributes"][NRI_MODE_ATTRIBUTE] == {"bool": node.nri}, device
+
+
+@pytest.mark.parametrize("gpus", [(0, 1), (0, 0)], ids=["two-gpus", "one-gpu"])
+def test_two_claims_in_one_container(relaxed: Relaxed, gpus: tuple[int, int]) -> None:
+    """NRI: it runs, each claim's limit applied (on one GPU: the two shares added up), one directory,
+    one registration. Eager: the selector leaves the scheduler no device."""
+    node, ns = relaxed.node, relaxed.ns
+    prefix = w.unique("two")
+    claims = _two_claims(relaxed, prefix, gpus, selected=True)
+    names = {"a": f"{prefix}-a", "b": f"{prefix}-b"}
+    try:
+        create_pod(relaxed, pod_body(prefix, names, [("main", ["a", "b"])]))
+        if not node.nri:
+            w.wait_for(
+                lambda: any(e["reason"] == "FailedScheduling" for e in w.pod_events(node, ns, prefix)),
+                what="the scheduler's FailedScheduling event",
+            )
+            assert not w.get_pod(node, ns, prefix)["spec"].get("nodeName")
+            for name in names.values():
+                assert not w.get_claim(node, ns, name).get("status", {}).get("allocation"), name
+            return
+        pod = w.wait_running(node, ns, prefix)
+        pod_uid, cid = pod["metadata"]["uid"], w.container_id(pod, "main")
+        limits = w.vgpu_limits(w.container_env(node, cid))
+        if gpus == (0, 1):
+            assert limits["CUDA_MEM_LIMIT_0"] == "1024m" and limits["CUDA_CORE_LIMIT_0"] == "10", limits
+            assert limits["CUDA_MEM_LIMIT_1"] == "2048m" and limits["CUDA_CORE_LIMIT_1"] == "20", limits
+        else:
+            assert limits["CUDA_MEM_LIMIT_0"] == "3072m" and limits["CUDA_CORE_LIMIT_0"] == "30", limits
+            assert "CUDA_MEM_LIMIT_1" not in limits, limits
+        directories = {name: w.claim_subdirs(node, uid) for name, uid in claims.items()}
+        assert sorted(d for dirs in directories.values() for d in dirs) == [f"{pod_uid}_main"], directories
+        registration = w.register_from_container(node, cid, hold_s=3)
+        assert registration.returncode == 0, registration.output
+        assert registration.shell_host_pid in registration.pids
+    finally:
+        cleanup(relaxed, [prefix], claims)
+
+
+def test_without_the_selector_the_pod_is_denied(relaxed: Relaxed) -> None:
+    node, ns = relaxed.node, relaxed.ns
+    assert node.api is not None
+    prefix = w.unique("plain")
+    claims = _two_claims(relaxed, prefix, (0, 1), selected=False)
+    try:
+        body = pod_body(prefix, {"a": f"{prefix}-a", "b": f"{prefix}-b"}, [("main", ["a", "b"])])
+        answer = call(node.api, "POST", f"/api/v1/namespaces/{ns}/pods", body)
+        assert answer.status == 403, answer.body
+        assert answer.message.startswith(
+            f'{DENIED}pod {ns}/{prefix}: app container "main" uses 2 vGPU claims'
+        )
+        assert nri_selector(DRIVER) in answer.message, answer.message
+        assert call(node.api, "GET", f"/api/v1/namespaces/{ns}/pods/{prefix}").status == 404
+    finally:
+        for name in claims:
+            w.release_claim(node, ns, name)
+
+
+@pytest.mark.parametrize("shape", list(Relaxation))
+def test_forced_onto_a_node_the_eager_prepare_refuses(relaxed: Relaxed, shape: Relaxation) -> None:
+    """Claims that select NRI nodes, allocated by hand to this node's devices and the pods bound to it:
+    an eager node refuses each claim at Prepare (the pod waits, the event names the reason, the counter
+    goes up) and creates nothing for it; the NRI node runs the pods."""
+    node, ns = relaxed.node, relaxed.ns
+    prefix = w.unique("forced")
+    if shape is Relaxation.MULTIPLE_CLAIMS_PER_CONTAINER:
+        claims = _two_claims(relaxed, prefix, (0, 1), selected=True)
+        pod = create_pod(
+            relaxed,
+            pod_body(
+                prefix, {"a": f"{prefix}-a", "b": f"{prefix}-b"}, [("main", ["a", "b"])], node_name=node.name
+            ),
+        )
+        pods = [pod]
+        allocations = {f"{prefix}-a": ({"gpu": "vgpu-0"}, pods), f"{prefix}-b": ({"gpu": "vgpu-1"}, pods)}
+    else:
+        requests = [nri_only(w.on_gpu(w.vgpu_request(r, "1Gi", "10"), i)) for i, r in enumerate(("r0", "r1"))]
+        claims = {prefix: w.create_claim(node, ns, prefix, requests)["metadata"]["uid"]}
+        pods = [
+            create_pod(
+                relaxed,
+                pod_body(
+                    f"{prefix}-{r}",
+                    {"gpu": prefix},
+                    [("main", ["gpu"])],
+                    node_name=node.name,
+                    requests={"gpu": r},
+                ),
+            )
+            for r in ("r0", "r1")
+        ]
+        allocations = {prefix: ({"r0": "vgpu-0", "r1": "vgpu-1"}, pods)}
+    names = [p["metadata"]["name"] for p in pods]
+    before = refusals(node, shape) if not node.nri else 0.0
+    try:
+        for claim, (devices, reserved) in allocations.items():
+            allocate_by_hand(relaxed, claim, devices, reserved)
+        if node.nri:
+            for name in names:
+                w.wait_running(node, ns, name)
+            return
+        for name in names:
+            events = w.wait_for(
+                lambda name=name: [
+                    e for e in w.pod_events(node, ns, name) if NEEDS_NRI in e.get("message", "")
+                ],
+                timeout=60,
+                what=f"pod {name}: the refused Prepare as an event",
+            )
+            assert {e["reason"] for e in events} == {"FailedPrepareDynamicResources"}, events
+            assert shape.value in " ".join(e["message"] for e in events), events
+            assert w.get_pod(node, ns, name)["status"]["phase"] == "Pending"
+        assert refusals(node, shape) > before
+        for uid in claims.values():
+            assert not node.claim_dir(uid).exists()
+            assert not node.cdi_spec(uid).exists()
+            assert uid not in w.checkpoint_claims(node)
+    finally:
+        cleanup(relaxed, names, claims)
