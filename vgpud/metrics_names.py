@@ -173,6 +173,15 @@ PARTITION_CONFLICTS = MetricName(
     "Containers whose vGPU devices come from more than one eager partition (last self-check).",
 )
 
+#: vGPU claims an eager node's Prepare refused because their use needs NRI mode, by reason (the
+#: relaxation, vgpud.relaxations.Relaxation): vgpu-claim-across-pods (reserved for several pods),
+#: multiple-vgpu-claims-per-container (a container also uses another vGPU claim)
+PREPARE_REFUSALS = MetricName(
+    "vgpud_prepare_refusals_total",
+    "vGPU claims an eager-mode Prepare refused because their use needs a node in NRI mode, by reason.",
+    ("reason",),
+)
+
 #: component health as a state set: one series per component and state, 1 for the current state
 COMPONENT_HEALTH = MetricName(
     "vgpud_component_health",
@@ -328,6 +337,7 @@ ALL: tuple[MetricName, ...] = (
     NRI_REJECTED_CONTAINERS,
     NRI_OTHER_MODE_CONTAINERS,
     PARTITION_CONFLICTS,
+    PREPARE_REFUSALS,
     COMPONENT_HEALTH,
     DEVICE_HEALTHY,
     DEVICE_XIDS,

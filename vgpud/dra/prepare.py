@@ -7,6 +7,10 @@ annotations and CDI spec; record PrepareCompleted. A failure after PrepareStarte
 so a refused claim leaves nothing behind; a crash leaves PrepareStarted, which the next Prepare or the
 periodic cleanup rolls back.
 
+Eager mode refuses a claim whose use needs NRI mode (`vgpud.partition.nrionly`: reserved for several
+pods, or a container that also uses another vGPU claim), per claim, before any side effect; each
+refusal is counted by its relaxation (`DraContext.refusals`). A claim prepared already replays.
+
 Every per-claim failure is a message in that claim's reply entry, never a whole-call error.
 """
 
@@ -35,10 +39,12 @@ from vgpud.dra.claimedits import PrepareError, build_claim_spec, gpu_for
 from vgpud.dra.claimindex import ClaimRef
 from vgpud.dra.context import DraContext, PrepareOutcome, state_error
 from vgpud.dra.nodelock import NodeLockTimeout
+from vgpud.dra.nrionly import nri_only_refusal
 from vgpud.fsutil import remove_tree
 from vgpud.kube import KubeError, NotFound
 from vgpud.partition.assigner import Mode, PartitionError, PrepareResult
 from vgpud.partition.model import ClaimView, ModelError, PodView, parse_claim, parse_pod
+from vgpud.partition.nrionly import NriOnlyUse
 from vgpud.partition.pidsfile import PidsFileError, create_pids_file
 from vgpud.recorder import HookCall, Outcome
 
@@ -58,15 +64,24 @@ REPLAYED = "already prepared: the recorded devices"
 async def prepare(ctx: DraContext, claims: Sequence[ClaimRef]) -> dict[str, PrepareOutcome]:
     outcomes: dict[str, PrepareOutcome] = {}
     fetched: list[Fetched] = []
+    #: claim UID -> why an eager node refuses it (decided under the lock: a prepared claim replays)
+    refusals: dict[str, NriOnlyUse] = {}
     for ref in claims:  # API reads before the lock, as the Go helper does
         try:
-            fetched.append((ref, *await read_claim(ctx, ref)))
+            claim, pods = await read_claim(ctx, ref)
+            refused = None
+            if ctx.assigner.mode is Mode.EAGER and claim.devices:
+                refused = await nri_only_refusal(ctx, claim, pods)
+            if refused is not None:
+                refusals[ref.uid] = refused
         except PrepareError as err:
             outcomes[ref.uid] = ctx.failed("Prepare", ref, err)
+            continue
+        fetched.append((ref, claim, pods))
     if fetched:
         try:
             async with ctx.node_lock():
-                await _prepare_locked(ctx, fetched, outcomes)
+                await _prepare_locked(ctx, fetched, outcomes, refusals)
         except (NodeLockTimeout, CheckpointError) as err:
             for ref, _, _ in fetched:
                 if ref.uid not in outcomes:
@@ -75,10 +90,14 @@ async def prepare(ctx: DraContext, claims: Sequence[ClaimRef]) -> dict[str, Prep
 
 
 async def _prepare_locked(
-    ctx: DraContext, fetched: list[Fetched], outcomes: dict[str, PrepareOutcome]
+    ctx: DraContext,
+    fetched: list[Fetched],
+    outcomes: dict[str, PrepareOutcome],
+    refusals: dict[str, NriOnlyUse],
 ) -> None:
     """Two checkpoint writes per call, not per claim: every claim to prepare is marked
-    PrepareStarted before any side effect, and the results are recorded together at the end."""
+    PrepareStarted before any side effect, and the results are recorded together at the end. A claim
+    in `refusals` that is not prepared already is refused before any side effect."""
     checkpoint = await ctx.load()
     # the batch's own PrepareStarted entries below prepare no devices, so this stays true for the loop
     prepared = _prepared_index(checkpoint)
@@ -92,8 +111,10 @@ async def _prepare_locked(
             log.info("claim %s/%s (%s) %s", ref.namespace, ref.name, ref.uid, REPLAYED)
             continue
         try:
+            if ref.uid in refusals:
+                raise refusals[ref.uid]
             _check_devices(ctx, claim, prepared)
-        except PrepareError as err:
+        except (PrepareError, NriOnlyUse) as err:
             outcomes[ref.uid] = ctx.failed("Prepare", ref, err)
             continue
         if entry is not None:
@@ -125,14 +146,7 @@ async def _prepare_locked(
             outcomes[ref.uid] = PrepareOutcome(devices=planned.prepared_devices)
             _record(ctx, ref, seconds)
             continue
-        if not isinstance(failure, EXPECTED):
-            log.error(
-                "claim %s/%s: unexpected Prepare failure",
-                ref.namespace,
-                ref.name,
-                exc_info=(type(failure), failure, failure.__traceback__),
-            )
-        message = f"claim {ref.namespace}/{ref.name}: {failure}"
+        message = _failure_message(ctx, ref, failure)
         started = time.perf_counter()
         problem = await ctx.try_remove_artifacts(ref)
         if problem:  # PrepareStarted stays, so the next Prepare or the cleanup rolls back
@@ -150,6 +164,22 @@ async def _prepare_locked(
                 outcomes[ref.uid] = ctx.failed(
                     "Prepare", ref, PrepareError(f"claim {ref.namespace}/{ref.name}: {state_error(err)}")
                 )
+
+
+def _failure_message(ctx: DraContext, ref: ClaimRef, failure: Exception) -> str:
+    """The reply text of a claim that failed after PrepareStarted; a refusal is counted, anything
+    unexpected logged with its traceback."""
+    if not isinstance(failure, EXPECTED):
+        log.error(
+            "claim %s/%s: unexpected Prepare failure",
+            ref.namespace,
+            ref.name,
+            exc_info=(type(failure), failure, failure.__traceback__),
+        )
+    if isinstance(failure, NriOnlyUse):  # its message names the claim already
+        ctx.count_refusal(failure)
+        return str(failure)
+    return f"claim {ref.namespace}/{ref.name}: {failure}"
 
 
 #: one claim's completed checkpoint entry or what failed it (then the entry is None), and the seconds

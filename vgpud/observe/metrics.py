@@ -31,6 +31,7 @@ from vgpud.hotplug.rules import AttachState
 from vgpud.observe.drift import DriftKind
 from vgpud.observe.state import NodeParts, StreamStats, build_info
 from vgpud.recorder import HookCall, Outcome
+from vgpud.relaxations import Relaxation
 
 if TYPE_CHECKING:
     from vgpud.observe.drift import DriftChecker
@@ -161,6 +162,10 @@ class StateCollector(Collector):
         for prepared in ("eager", "lazy"):
             mismatches.add_metric([prepared], by_mode[prepared])
         yield mismatches
+        refusals = _counter(names.PREPARE_REFUSALS)
+        for relaxation in Relaxation:  # every reason, 0 until the first refusal
+            refusals.add_metric([relaxation.value], parts.driver.refusals.get(relaxation.value, 0))
+        yield refusals
         health = _gauge(names.COMPONENT_HEALTH)
         for component, entry in sorted(parts.health.snapshot().items()):
             for state in type(entry.state):  # every state of the enum, 1 for the current one

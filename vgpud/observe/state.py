@@ -7,6 +7,8 @@ Shape (every key always present; a section that does not apply to this node is n
     nri_fallback: {reason}: NRISupport on but the NRI socket did not answer at start (else null)
     claim_modes: {current, mismatches: [{claim_uid, namespace, name, prepared, current, consequence}],
                   unrecorded: [claim UIDs whose entry has no mode: treated as the current mode]}
+    prepare_refusals: {reason: n}: claims Prepare refused because their use needs NRI mode, by
+                  relaxation (every reason, 0 until one; only an eager node refuses)
     components:  {name: {state, reason, for_seconds, counts_for_health}}
     nri:         {session: {connected, runtime, nri_version, registration_timeout_ms,
                             request_timeout_ms, synchronized, sessions, last_close, last_sync_time},
@@ -59,6 +61,7 @@ import trio
 from vgpud import __version__
 from vgpud.partition.layout import Layout
 from vgpud.recorder import Recorder
+from vgpud.relaxations import Relaxation
 
 if TYPE_CHECKING:
     from vgpud.dra.claimindex import ClaimIndex, ClaimRef
@@ -286,6 +289,7 @@ class DebugState:
             "time": time.time(),
             "healthy": parts.health.all_healthy(),
             "claim_modes": claim_modes_json(parts.driver.index),
+            "prepare_refusals": {r.value: parts.driver.refusals.get(r.value, 0) for r in Relaxation},
             "components": health_json(parts.health.snapshot(), trio.current_time()),
             "nri": nri_json(parts.nri) if parts.nri is not None else None,
             "partitions": None,
