@@ -1,16 +1,21 @@
 """The NRI-mode attribute in the ResourceSlice against a real kube-apiserver: a node published in eager
 mode and restarted in NRI mode has every device say `nriMode: true` (the server keeps the bool as
-sent), with the next pool generation; restarted in eager mode again, false."""
+sent), with the next pool generation; restarted in eager mode again, false. And the daemon publishes
+the mode it decided: NRISupport on with no NRI socket falls back to eager (false); with a socket that
+answers, NRI mode (true)."""
 
 from __future__ import annotations
 
+import socket
+import time
 import uuid
+from pathlib import Path
 from typing import Any
 
 import trio
 
-from tests.kubeapi import ApiServer
-from tests.vgpudproc import ensure_node, node_slices
+from tests.kubeapi import ApiServer, free_port
+from tests.vgpudproc import Vgpud, ensure_node, node_slices
 from vgpud.dra.slices import SliceKeeper
 from vgpud.gpu import open_inventory
 from vgpud.gpu.mock import PROFILES_DIR
@@ -68,3 +73,47 @@ async def test_a_restart_in_the_other_mode_updates_every_device(kube_apiserver: 
     assert again["spec"]["pool"]["generation"] == nri["spec"]["pool"]["generation"] + 1
     same = await publish(api, node, driver, nri_mode=False)
     assert same["spec"]["pool"]["generation"] == again["spec"]["pool"]["generation"], "nothing changed"
+
+
+def daemon_modes(api: ApiServer, root: Path, node: str, *, after: str = "") -> dict[str, Any]:
+    """Run `vgpud run` (NRISupport on, mock GPUs) until its slice is published with a pool generation
+    above `after`'s; the devices' attribute then. The daemon need not become SERVING: nothing here
+    answers its NRI plugin."""
+    d = Vgpud(
+        root,
+        node=node,
+        port=free_port(),
+        kubeconfig=api.kubeconfig,
+        extra=["--feature-gates", "NRISupport=true"],
+    )
+    try:
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            assert d.proc.poll() is None, d.output()
+            slices = node_slices(api, node)
+            if slices and slices[0]["spec"]["pool"]["generation"] > int(after or 0):
+                return {
+                    "generation": slices[0]["spec"]["pool"]["generation"],
+                    "modes": modes(slices[0]),
+                    "log": d.output(),
+                }
+            time.sleep(0.1)
+        raise AssertionError(f"no ResourceSlice published:\n{d.output()}")
+    finally:
+        d.kill()
+
+
+def test_the_daemon_publishes_the_mode_it_decided(kube_apiserver: ApiServer, short_tmp: Path) -> None:
+    api, node = kube_apiserver, f"decided-{uuid.uuid4().hex[:8]}"
+    ensure_node(api, node)
+    fallback = daemon_modes(api, short_tmp, node)
+    assert "NRISupport is on but the NRI socket" in fallback["log"], "the premise: it fell back"
+    assert fallback["modes"] == {"vgpu-0": {"bool": False}, "vgpu-1": {"bool": False}}
+    nri_socket = short_tmp / "var/run/nri/nri.sock"
+    nri_socket.parent.mkdir(parents=True, exist_ok=True)
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as listener:
+        listener.bind(str(nri_socket))  # the probe's connect succeeds from the backlog: NRI mode
+        listener.listen(8)
+        lazy = daemon_modes(api, short_tmp, node, after=str(fallback["generation"]))
+    assert "lazy mode" in lazy["log"], "the premise: it chose NRI mode"
+    assert lazy["modes"] == {"vgpu-0": {"bool": True}, "vgpu-1": {"bool": True}}
