@@ -173,12 +173,13 @@ PARTITION_CONFLICTS = MetricName(
     "Containers whose vGPU devices come from more than one eager partition (last self-check).",
 )
 
-#: vGPU claims an eager node's Prepare refused because their use needs NRI mode, by reason (the
-#: relaxation, vgpud.relaxations.Relaxation): vgpu-claim-across-pods (reserved for several pods),
-#: multiple-vgpu-claims-per-container (a container also uses another vGPU claim)
+#: vGPU claims Prepare refused because this node cannot serve their use, by reason
+#: (vgpud.partition.nrionly.RefusalReason): in eager mode vgpu-claim-across-pods (reserved for several
+#: pods) and multiple-vgpu-claims-per-container (a container also uses another vGPU claim); in NRI
+#: mode vgpu-claims-share-a-gpu (a container's vGPU claims have devices on the same GPU)
 PREPARE_REFUSALS = MetricName(
     "vgpud_prepare_refusals_total",
-    "vGPU claims an eager-mode Prepare refused because their use needs a node in NRI mode, by reason.",
+    "vGPU claims Prepare refused because this node's mode cannot serve their use, by reason.",
     ("reason",),
 )
 

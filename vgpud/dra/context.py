@@ -22,7 +22,7 @@ from vgpud.dra.nodelock import NodeLockTimeout, node_lock
 from vgpud.fsutil import remove_tree
 from vgpud.kube import KubeApi
 from vgpud.partition.assigner import PartitionAssigner
-from vgpud.partition.nrionly import NriOnlyUse
+from vgpud.partition.nrionly import PrepareRefusal
 from vgpud.recorder import HookCall, Outcome, Recorder, TimedCall
 
 log = logging.getLogger("vgpud.dra")
@@ -49,7 +49,7 @@ class DraContext:
     recorder: Recorder
     lock_timeout: float = NODE_LOCK_TIMEOUT
     index: ClaimIndex = field(init=False)
-    #: claims an eager Prepare refused because their use needs NRI mode, by relaxation (its value)
+    #: claims Prepare refused because this node cannot serve their use, by reason (its value)
     refusals: Counter[str] = field(default_factory=Counter)
 
     def __post_init__(self) -> None:
@@ -65,10 +65,10 @@ class DraContext:
     def timed(self, call: str, ref: ClaimRef) -> TimedCall:
         return self.recorder.timed("dra", call, claim_uid=ref.uid, pod_namespace=ref.namespace)
 
-    def failed(self, call: str, ref: ClaimRef, err: PrepareError | NriOnlyUse) -> PrepareOutcome:
+    def failed(self, call: str, ref: ClaimRef, err: PrepareError | PrepareRefusal) -> PrepareOutcome:
         """Log and record a claim that failed before any side effect; its reply entry. A refusal of
-        a use that needs NRI mode is counted too."""
-        if isinstance(err, NriOnlyUse):
+        a use this node cannot serve is counted too."""
+        if isinstance(err, PrepareRefusal):
             self.count_refusal(err)
         log.warning("%s", err)
         self.recorder.record(
@@ -83,8 +83,8 @@ class DraContext:
         )
         return PrepareOutcome(error=str(err))
 
-    def count_refusal(self, err: NriOnlyUse) -> None:
-        self.refusals[err.relaxation.value] += 1
+    def count_refusal(self, err: PrepareRefusal) -> None:
+        self.refusals[err.reason.value] += 1
 
     async def remove_artifacts(self, claim_uid: str) -> None:
         """Remove everything Prepare may have created for the claim: its directory and CDI spec (in

@@ -63,7 +63,7 @@ class DraDriver:
 
     @property
     def refusals(self) -> Mapping[str, int]:
-        """Claims Prepare refused because their use needs NRI mode, by relaxation (eager mode)."""
+        """Claims Prepare refused because this node's mode cannot serve their use, by reason."""
         return self.ctx.refusals
 
     async def load(self) -> Checkpoint:

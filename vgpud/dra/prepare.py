@@ -8,8 +8,10 @@ so a refused claim leaves nothing behind; a crash leaves PrepareStarted, which t
 periodic cleanup rolls back.
 
 Eager mode refuses a claim whose use needs NRI mode (`vgpud.partition.nrionly`: reserved for several
-pods, or a container that also uses another vGPU claim), per claim, before any side effect; each
-refusal is counted by its relaxation (`DraContext.refusals`). A claim prepared already replays.
+pods, or a container that also uses another vGPU claim); NRI mode refuses a container whose vGPU
+claims have devices on the same GPU (one limit per GPU reaches it). Per claim, before any side
+effect; each refusal is counted by its reason (`DraContext.refusals`). A claim prepared already
+replays.
 
 Every per-claim failure is a message in that claim's reply entry, never a whole-call error.
 """
@@ -39,12 +41,12 @@ from vgpud.dra.claimedits import PrepareError, build_claim_spec, gpu_for
 from vgpud.dra.claimindex import ClaimRef
 from vgpud.dra.context import DraContext, PrepareOutcome, state_error
 from vgpud.dra.nodelock import NodeLockTimeout
-from vgpud.dra.nrionly import nri_only_refusal
+from vgpud.dra.nrionly import gpu_neighbours, nri_only_refusal, shared_gpu_refusal
 from vgpud.fsutil import remove_tree
 from vgpud.kube import KubeError, NotFound
 from vgpud.partition.assigner import Mode, PartitionError, PrepareResult
 from vgpud.partition.model import ClaimView, ModelError, PodView, parse_claim, parse_pod
-from vgpud.partition.nrionly import NriOnlyUse
+from vgpud.partition.nrionly import PrepareRefusal
 from vgpud.partition.pidsfile import PidsFileError, create_pids_file
 from vgpud.recorder import HookCall, Outcome
 
@@ -63,20 +65,24 @@ REPLAYED = "already prepared: the recorded devices"
 
 async def prepare(ctx: DraContext, claims: Sequence[ClaimRef]) -> dict[str, PrepareOutcome]:
     outcomes: dict[str, PrepareOutcome] = {}
-    fetched: list[Fetched] = []
-    #: claim UID -> why an eager node refuses it (decided under the lock: a prepared claim replays)
-    refusals: dict[str, NriOnlyUse] = {}
+    read: list[Fetched] = []
     for ref in claims:  # API reads before the lock, as the Go helper does
         try:
-            claim, pods = await read_claim(ctx, ref)
-            refused = None
-            if ctx.assigner.mode is Mode.EAGER and claim.devices:
-                refused = await nri_only_refusal(ctx, claim, pods)
-            if refused is not None:
-                refusals[ref.uid] = refused
+            read.append((ref, *await read_claim(ctx, ref)))
+        except PrepareError as err:
+            outcomes[ref.uid] = ctx.failed("Prepare", ref, err)
+    fetched: list[Fetched] = []
+    #: claim UID -> why this node refuses it (decided under the lock: a prepared claim replays)
+    refusals: dict[str, PrepareRefusal] = {}
+    batch = [claim for _, claim, _ in read]
+    for ref, claim, pods in read:
+        try:
+            refused = await _refusal(ctx, claim, pods, batch)
         except PrepareError as err:
             outcomes[ref.uid] = ctx.failed("Prepare", ref, err)
             continue
+        if refused is not None:
+            refusals[ref.uid] = refused
         fetched.append((ref, claim, pods))
     if fetched:
         try:
@@ -89,11 +95,27 @@ async def prepare(ctx: DraContext, claims: Sequence[ClaimRef]) -> dict[str, Prep
     return outcomes
 
 
+async def _refusal(
+    ctx: DraContext, claim: ClaimView, pods: list[PodView], batch: Sequence[ClaimView]
+) -> PrepareRefusal | None:
+    """Why this node refuses a vGPU claim's use, or None; a lookup that fails is a PrepareError. Eager:
+    the uses that need NRI mode. NRI: a container whose vGPU claims share a GPU, judged (reading the
+    reserved pods) only when another claim of the batch or a prepared one is on one of its GPUs."""
+    if not claim.devices:
+        return None
+    if ctx.assigner.mode is Mode.EAGER:
+        return await nri_only_refusal(ctx, claim, pods)
+    neighbours = gpu_neighbours(ctx, claim, batch)
+    if not neighbours:
+        return None
+    return await shared_gpu_refusal(ctx, claim, await _reserved_pods(ctx, claim), neighbours)
+
+
 async def _prepare_locked(
     ctx: DraContext,
     fetched: list[Fetched],
     outcomes: dict[str, PrepareOutcome],
-    refusals: dict[str, NriOnlyUse],
+    refusals: dict[str, PrepareRefusal],
 ) -> None:
     """Two checkpoint writes per call, not per claim: every claim to prepare is marked
     PrepareStarted before any side effect, and the results are recorded together at the end. A claim
@@ -114,7 +136,7 @@ async def _prepare_locked(
             if ref.uid in refusals:
                 raise refusals[ref.uid]
             _check_devices(ctx, claim, prepared)
-        except (PrepareError, NriOnlyUse) as err:
+        except (PrepareError, PrepareRefusal) as err:
             outcomes[ref.uid] = ctx.failed("Prepare", ref, err)
             continue
         if entry is not None:
@@ -176,7 +198,7 @@ def _failure_message(ctx: DraContext, ref: ClaimRef, failure: Exception) -> str:
             ref.name,
             exc_info=(type(failure), failure, failure.__traceback__),
         )
-    if isinstance(failure, NriOnlyUse):  # its message names the claim already
+    if isinstance(failure, PrepareRefusal):  # its message names the claim already
         ctx.count_refusal(failure)
         return str(failure)
     return f"claim {ref.namespace}/{ref.name}: {failure}"

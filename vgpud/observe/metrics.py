@@ -30,8 +30,8 @@ from vgpud import metrics_names as names
 from vgpud.hotplug.rules import AttachState
 from vgpud.observe.drift import DriftKind
 from vgpud.observe.state import NodeParts, StreamStats, build_info
+from vgpud.partition.nrionly import RefusalReason
 from vgpud.recorder import HookCall, Outcome
-from vgpud.relaxations import Relaxation
 
 if TYPE_CHECKING:
     from vgpud.observe.drift import DriftChecker
@@ -163,8 +163,8 @@ class StateCollector(Collector):
             mismatches.add_metric([prepared], by_mode[prepared])
         yield mismatches
         refusals = _counter(names.PREPARE_REFUSALS)
-        for relaxation in Relaxation:  # every reason, 0 until the first refusal
-            refusals.add_metric([relaxation.value], parts.driver.refusals.get(relaxation.value, 0))
+        for reason in RefusalReason:  # every reason, 0 until the first refusal
+            refusals.add_metric([reason.value], parts.driver.refusals.get(reason.value, 0))
         yield refusals
         health = _gauge(names.COMPONENT_HEALTH)
         for component, entry in sorted(parts.health.snapshot().items()):

@@ -12,24 +12,51 @@ with the relaxation on and no selector check). Eager partitions are decided per 
 
 The rules need the reserved pods and, for the second, the other claims those containers use; the
 lookups are the caller's (`vgpud.dra.nrionly`): `other_claims` says which, `multiple_claims` judges.
+
+An NRI (lazy) node serves both relaxations but one use of the first: a container whose vGPU claims
+have devices on the same GPU (`claims_share_a_gpu`, `RefusalReason.CLAIMS_SHARE_A_GPU`). The limits a
+container gets are named per GPU host index (`vgpud.partition.edits`), and containerd applies the
+claims' CDI env replace-by-name, so one value per name (the later claim's) reaches the container and
+vgpud's NRI hook: the earlier claim's share of that GPU would go unenforced (docs/decisions.md).
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from enum import StrEnum
 
 from vgpud.partition.assigner import ClaimRefused
 from vgpud.partition.model import ClaimView, ContainerRef, PodView, claim_consumers, container_requests
 from vgpud.relaxations import Relaxation, nri_selector
 
 
-class NriOnlyUse(ClaimRefused):
-    """A claim whose use needs NRI mode, refused by an eager Prepare; `relaxation` names the rule (the
-    label it is counted under)."""
+class RefusalReason(StrEnum):
+    """Why a Prepare refused a vGPU claim: the `reason` label of vgpud_prepare_refusals_total (the
+    one place these values are spelled)."""
+
+    #: eager mode: a container uses more than one vGPU claim
+    MULTIPLE_CLAIMS_PER_CONTAINER = Relaxation.MULTIPLE_CLAIMS_PER_CONTAINER.value
+    #: eager mode: a vGPU claim is reserved for more than one pod
+    CLAIM_ACROSS_PODS = Relaxation.CLAIM_ACROSS_PODS.value
+    #: NRI mode: a container's vGPU claims have devices on the same GPU
+    CLAIMS_SHARE_A_GPU = "vgpu-claims-share-a-gpu"
+
+
+class PrepareRefusal(ClaimRefused):
+    """A claim whose use this node cannot serve, refused by Prepare before any side effect; `reason`
+    is the label it is counted under."""
+
+    def __init__(self, reason: RefusalReason, message: str) -> None:
+        super().__init__(message)
+        self.reason = reason
+
+
+class NriOnlyUse(PrepareRefusal):
+    """A claim whose use needs NRI mode, refused by an eager Prepare; `relaxation` names the rule."""
 
     def __init__(self, relaxation: Relaxation, message: str) -> None:
-        super().__init__(message)
+        super().__init__(RefusalReason(relaxation.value), message)
         self.relaxation = relaxation
 
 
@@ -107,5 +134,42 @@ def multiple_claims(
             f"(pod claim {use.pod_claim}): several vGPU claims in one container "
             f"({Relaxation.MULTIPLE_CLAIMS_PER_CONTAINER}) {fix(driver)} (on an eager node their "
             "partitions would mount at the same paths)",
+        )
+    return None
+
+
+def claims_share_a_gpu(
+    claim: ClaimView,
+    uses: Sequence[OtherClaim],
+    others: Mapping[str, ClaimView],
+    driver: str,
+    gpu_names: Mapping[str, str] | None = None,
+) -> PrepareRefusal | None:
+    """NRI mode: the refusal of a container whose vGPU requests of this claim and of another claim of
+    `driver` have devices on the same GPU (same pool and device: one DRA device per GPU), or None.
+    `uses` is `other_claims`; `others` holds the claims the caller looked up by name (one not there
+    is not judged: the caller decides which could share a GPU). Only the requests the container
+    references count, on either side. `gpu_names` describes a device name in the message."""
+    for use in uses:
+        other = others.get(use.claim_name) if use.claim_name is not None else None
+        if other is None or not other.devices:
+            continue
+        theirs = container_requests(other, use.pod).get(use.container, ())
+        ours = container_requests(claim, use.pod).get(use.container, ())
+        mine = {(d.pool, d.device) for d in claim.devices if d.request in ours}
+        shared = sorted(mine & {(d.pool, d.device) for d in other.devices if d.request in theirs})
+        if not shared:
+            continue
+        device = shared[0][1]
+        gpu = (gpu_names or {}).get(device, device)
+        return PrepareRefusal(
+            RefusalReason.CLAIMS_SHARE_A_GPU,
+            f"claim {claim.namespace}/{claim.name}: container {use.container.name} of pod "
+            f"{use.pod.namespace}/{use.pod.name} also uses vGPU claim {other.namespace}/{other.name} "
+            f"(pod claim {use.pod_claim}) on the same GPU {gpu} ({RefusalReason.CLAIMS_SHARE_A_GPU}): "
+            "a container gets one limit per GPU (the per-GPU env names are applied replace-by-name), "
+            "so the later claim's limits would replace the earlier's; give the requests different "
+            f"GPUs (a CEL selector on device.attributes['{driver}'].minor or .uuid) or use one request "
+            "with the summed capacity",
         )
     return None

@@ -129,7 +129,7 @@ async def test_exposition_has_every_node_family_with_its_labels(short_tmp: Path)
 
 
 async def test_prepare_refusals_are_counted_by_reason_in_the_metrics_and_the_state(short_tmp: Path) -> None:
-    """An eager node refuses a claim reserved for two pods: counted under its relaxation, every other
+    """An eager node refuses a claim reserved for two pods: counted under its reason, every other
     reason exported at 0."""
     node = make_node(short_tmp, lazy=False)
     pods = [
@@ -147,8 +147,13 @@ async def test_prepare_refusals_are_counted_by_reason_in_the_metrics_and_the_sta
     total = "vgpud_prepare_refusals_total"
     assert value(refusals, total, reason="vgpu-claim-across-pods") == 1
     assert value(refusals, total, reason="multiple-vgpu-claims-per-container") == 0
+    assert value(refusals, total, reason="vgpu-claims-share-a-gpu") == 0
     state = await node.state.snapshot()
-    assert state["prepare_refusals"] == {"multiple-vgpu-claims-per-container": 0, "vgpu-claim-across-pods": 1}
+    assert state["prepare_refusals"] == {
+        "multiple-vgpu-claims-per-container": 0,
+        "vgpu-claim-across-pods": 1,
+        "vgpu-claims-share-a-gpu": 0,
+    }
     (call,) = node.harness.recorder.recent(component="dra")
     assert (call.call, call.outcome, call.detail) == ("Prepare", Outcome.ERROR, out[o.CLAIM_UID].error)
 
