@@ -1,6 +1,6 @@
 """Prepare's lookups for the rules of `vgpud.partition.nrionly`: the other claims the containers of
 a claim's reserved pods use, read through the API before the node lock. Eager mode reads every one
-(`nri_only_refusal`); NRI mode only those that could share a GPU with the claim (`gpu_neighbours`,
+(`nri_only_refusal`); NRI mode only those that could share a GPU with the claim (`GpuNeighbours`,
 `shared_gpu_refusal`)."""
 
 from __future__ import annotations
@@ -40,35 +40,46 @@ async def nri_only_refusal(ctx: DraContext, claim: ClaimView, pods: Sequence[Pod
     return multiple_claims(claim, uses, others, ctx.driver)
 
 
-def gpu_neighbours(
-    ctx: DraContext, claim: ClaimView, batch: Sequence[ClaimView]
-) -> dict[str, ClaimView | None]:
-    """NRI mode: the other vGPU claims of the claim's namespace with a device on one of its GPUs, by
-    name: those of this NodePrepareResources call (their view, read already) and those prepared here
-    before (None: to be read). Empty in the common case, and then no pod is read. The kubelet sends
-    every unprepared claim of a pod in one call, so of two claims one container uses, the later one
-    to arrive finds the other here, whichever order they come in."""
-    node = ctx.facts.node_name
-    mine = {d.device for d in claim.devices if d.pool == node}
-    found: dict[str, ClaimView | None] = {}
-    for uid, namespace in ctx.index.vgpu_claim_namespaces().items():
-        ref = ctx.index.prepared_claim(uid)
-        if ref is None or uid == claim.uid or namespace != claim.namespace:
-            continue
-        if mine & set(ctx.index.prepared_devices(uid)):
-            found[ref.name] = None
-    for other in batch:
-        same = other.uid != claim.uid and other.namespace == claim.namespace
-        if same and mine & {d.device for d in other.devices if d.pool == node}:
-            found[other.name] = other
-    return found
+class GpuNeighbours:
+    """NRI mode: the vGPU claims on each GPU of this node, by namespace, built once per
+    NodePrepareResources call: those of the call (their view, read already) and those prepared here
+    before (None: to be read). The kubelet sends every unprepared claim of a pod in one call, so of
+    two claims one container uses, the later one to arrive finds the other here, whichever order they
+    come in."""
+
+    def __init__(self, ctx: DraContext, batch: Sequence[ClaimView]) -> None:
+        self._node = ctx.facts.node_name
+        #: (namespace, device) -> claim UID -> (name, view or None)
+        self._on: dict[tuple[str, str], dict[str, tuple[str, ClaimView | None]]] = {}
+        for uid, namespace in ctx.index.vgpu_claim_namespaces().items():
+            ref = ctx.index.prepared_claim(uid)
+            if ref is None:
+                continue
+            for device in ctx.index.prepared_devices(uid):
+                self._on.setdefault((namespace, device), {})[uid] = (ref.name, None)
+        for claim in batch:
+            for device in self._devices(claim):
+                self._on.setdefault((claim.namespace, device), {})[claim.uid] = (claim.name, claim)
+
+    def _devices(self, claim: ClaimView) -> set[str]:
+        return {d.device for d in claim.devices if d.pool == self._node}
+
+    def of(self, claim: ClaimView) -> dict[str, ClaimView | None]:
+        """The other claims of the claim's namespace with a device on one of its GPUs, by name (a
+        view read in this call, else None). Empty in the common case, and then no pod is read."""
+        found: dict[str, ClaimView | None] = {}
+        for device in sorted(self._devices(claim)):
+            for uid, (name, view) in self._on.get((claim.namespace, device), {}).items():
+                if uid != claim.uid and found.get(name) is None:
+                    found[name] = view
+        return found
 
 
 async def shared_gpu_refusal(
     ctx: DraContext, claim: ClaimView, pods: Sequence[PodView], neighbours: Mapping[str, ClaimView | None]
 ) -> PrepareRefusal | None:
     """NRI mode: the refusal of a container of the claim's reserved `pods` whose vGPU requests of it
-    and of a neighbour (`gpu_neighbours`) it also uses are on the same GPU, or None. A neighbour
+    and of a neighbour (`GpuNeighbours.of`) it also uses are on the same GPU, or None. A neighbour
     prepared before is read again through the API (its allocation as the pod sees it); one that
     cannot be read is a PrepareError (the kubelet retries), never an accept."""
     uses = [use for use in other_claims(claim, pods) if use.claim_name in neighbours]

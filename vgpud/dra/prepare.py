@@ -11,7 +11,7 @@ Eager mode refuses a claim whose use needs NRI mode (`vgpud.partition.nrionly`: 
 pods, or a container that also uses another vGPU claim); NRI mode refuses a container whose vGPU
 claims have devices on the same GPU (one limit per GPU reaches it). Per claim, before any side
 effect; each refusal is counted by its reason (`DraContext.refusals`). A claim prepared already
-replays.
+replays, with none of these lookups (an API error must not fail a replay).
 
 Every per-claim failure is a message in that claim's reply entry, never a whole-call error.
 """
@@ -41,7 +41,7 @@ from vgpud.dra.claimedits import PrepareError, build_claim_spec, gpu_for
 from vgpud.dra.claimindex import ClaimRef
 from vgpud.dra.context import DraContext, PrepareOutcome, state_error
 from vgpud.dra.nodelock import NodeLockTimeout
-from vgpud.dra.nrionly import gpu_neighbours, nri_only_refusal, shared_gpu_refusal
+from vgpud.dra.nrionly import GpuNeighbours, nri_only_refusal, shared_gpu_refusal
 from vgpud.fsutil import remove_tree
 from vgpud.kube import KubeError, NotFound
 from vgpud.partition.assigner import Mode, PartitionError, PrepareResult
@@ -72,12 +72,21 @@ async def prepare(ctx: DraContext, claims: Sequence[ClaimRef]) -> dict[str, Prep
         except PrepareError as err:
             outcomes[ref.uid] = ctx.failed("Prepare", ref, err)
     fetched: list[Fetched] = []
-    #: claim UID -> why this node refuses it (decided under the lock: a prepared claim replays)
-    refusals: dict[str, PrepareRefusal] = {}
-    batch = [claim for _, claim, _ in read]
+    #: claim UID -> why it fails unless it is prepared already (under the lock: a prepared claim replays)
+    refusals: dict[str, PrepareRefusal | PrepareError] = {}
+    neighbours = (
+        GpuNeighbours(ctx, [claim for _, claim, _ in read]) if ctx.assigner.mode is Mode.LAZY else None
+    )
     for ref, claim, pods in read:
+        if ctx.index.prepared_claim(ref.uid) is not None:  # a replay: no lookups, which could fail it
+            refusals[ref.uid] = PrepareError(
+                f"claim {ref.namespace}/{ref.name} was unprepared while this Prepare ran, "
+                "before its use was checked: try again"
+            )
+            fetched.append((ref, claim, pods))
+            continue
         try:
-            refused = await _refusal(ctx, claim, pods, batch)
+            refused = await _refusal(ctx, claim, pods, neighbours)
         except PrepareError as err:
             outcomes[ref.uid] = ctx.failed("Prepare", ref, err)
             continue
@@ -96,26 +105,27 @@ async def prepare(ctx: DraContext, claims: Sequence[ClaimRef]) -> dict[str, Prep
 
 
 async def _refusal(
-    ctx: DraContext, claim: ClaimView, pods: list[PodView], batch: Sequence[ClaimView]
+    ctx: DraContext, claim: ClaimView, pods: list[PodView], neighbours: GpuNeighbours | None
 ) -> PrepareRefusal | None:
     """Why this node refuses a vGPU claim's use, or None; a lookup that fails is a PrepareError. Eager:
-    the uses that need NRI mode. NRI: a container whose vGPU claims share a GPU, judged (reading the
-    reserved pods) only when another claim of the batch or a prepared one is on one of its GPUs."""
+    the uses that need NRI mode. NRI (`neighbours` given): a container whose vGPU claims share a GPU,
+    judged (reading the reserved pods) only when another claim of the call or a prepared one of the
+    namespace is on one of its GPUs."""
     if not claim.devices:
         return None
-    if ctx.assigner.mode is Mode.EAGER:
+    if neighbours is None:
         return await nri_only_refusal(ctx, claim, pods)
-    neighbours = gpu_neighbours(ctx, claim, batch)
-    if not neighbours:
+    near = neighbours.of(claim)
+    if not near:
         return None
-    return await shared_gpu_refusal(ctx, claim, await _reserved_pods(ctx, claim), neighbours)
+    return await shared_gpu_refusal(ctx, claim, await _reserved_pods(ctx, claim), near)
 
 
 async def _prepare_locked(
     ctx: DraContext,
     fetched: list[Fetched],
     outcomes: dict[str, PrepareOutcome],
-    refusals: dict[str, PrepareRefusal],
+    refusals: dict[str, PrepareRefusal | PrepareError],
 ) -> None:
     """Two checkpoint writes per call, not per claim: every claim to prepare is marked
     PrepareStarted before any side effect, and the results are recorded together at the end. A claim

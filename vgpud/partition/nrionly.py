@@ -1,4 +1,5 @@
-"""The uses of a vGPU claim that only an NRI node can serve, as an eager Prepare refuses them (pure).
+"""The uses of a vGPU claim a node's mode cannot serve, as Prepare refuses them (pure): those only an
+NRI node can serve, on an eager node, and one no node can serve, on an NRI node.
 
 The webhook lifts two rules only for claims that select NRI nodes (`vgpud.relaxations`); an eager
 node's Prepare refuses such a use anyway, in case a claim got there (allocated by hand, or a webhook

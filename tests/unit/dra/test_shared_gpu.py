@@ -170,3 +170,32 @@ async def test_a_lookup_that_fails_is_a_per_claim_error_never_an_accept(
     assert out[o.CLAIM_UID].error == message
     assert not h.driver.refusals, "not a refusal: the kubelet retries"
     assert nothing_prepared(h, o.CLAIM_UID)
+
+
+async def test_a_replay_makes_no_lookup_and_an_unprepare_meanwhile_is_an_error(tmp_path: Path) -> None:
+    """The kubelet asks again for a prepared claim (after its restart): the recorded devices, with no
+    read that could fail it; should the claim be unprepared before the lock, it was not checked, so
+    it fails (the kubelet retries) rather than be prepared unchecked."""
+    h = Harness(tmp_path, lazy=True)
+    h.kube = kube = FlakyClaims()
+    kube.add_node({"metadata": {"name": "node-a"}})
+    h.driver = h.new_driver()
+    pod = pod_of(o.container("main", o.ref("gpu")), o.container("side", o.ref("more")))
+    kube.add_pod(pod)
+    add_claims(h, pod)
+    assert (await h.driver.prepare([SECOND]))[SECOND_UID].error == ""
+    first = await h.driver.prepare([REF])
+    assert first[o.CLAIM_UID].error == ""
+    assert kube.calls["get_pod"] == 1, "a neighbour on vgpu-0: the pod was read"
+    kube.failing = "second"
+    kube.fail_next("get_pod", KubeError("etcdserver: request timed out"))
+    again = await h.driver.prepare([REF])
+    assert again[o.CLAIM_UID] == first[o.CLAIM_UID]
+    assert kube.calls["get_pod"] == 1
+    store = h.driver.ctx.store
+    store.save(store.load().without_claim(o.CLAIM_UID))  # an Unprepare the index has not seen yet
+    out = await h.driver.prepare([REF])
+    assert out[o.CLAIM_UID].error == (
+        "claim default/gpu-claim was unprepared while this Prepare ran, before its use was checked: try again"
+    )
+    assert not h.driver.refusals
