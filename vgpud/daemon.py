@@ -531,6 +531,8 @@ def _start_components(node: Node) -> None:
         gpus=node.startup.gpus,
         cores_ratio=settings.device_cores_ratio,
         memory_ratio=settings.device_memory_ratio,
+        # the mode decided at start (an NRI start that fell back to eager publishes false)
+        nri_mode=node.startup.mode is Mode.LAZY,
         # mock GPUs have made-up PCI addresses: never look them up in this host's sysfs
         sysfs=None if settings.gpu_backend == "mock" else Path("/sys"),
         health=node.watched_health,

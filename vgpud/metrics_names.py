@@ -173,6 +173,16 @@ PARTITION_CONFLICTS = MetricName(
     "Containers whose vGPU devices come from more than one eager partition (last self-check).",
 )
 
+#: vGPU claims Prepare refused because this node cannot serve their use, by reason
+#: (vgpud.partition.nrionly.RefusalReason): in eager mode vgpu-claim-across-pods (reserved for several
+#: pods) and multiple-vgpu-claims-per-container (a container also uses another vGPU claim); in NRI
+#: mode vgpu-claims-share-a-gpu (a container's vGPU claims have devices on the same GPU)
+PREPARE_REFUSALS = MetricName(
+    "vgpud_prepare_refusals_total",
+    "vGPU claims Prepare refused because this node's mode cannot serve their use, by reason.",
+    ("reason",),
+)
+
 #: component health as a state set: one series per component and state, 1 for the current state
 COMPONENT_HEALTH = MetricName(
     "vgpud_component_health",
@@ -328,6 +338,7 @@ ALL: tuple[MetricName, ...] = (
     NRI_REJECTED_CONTAINERS,
     NRI_OTHER_MODE_CONTAINERS,
     PARTITION_CONFLICTS,
+    PREPARE_REFUSALS,
     COMPONENT_HEALTH,
     DEVICE_HEALTHY,
     DEVICE_XIDS,

@@ -78,6 +78,7 @@ async def run_keeper(
         gpus=GPUS,
         cores_ratio=100,
         memory_ratio=100,
+        nri_mode=False,
         sysfs=None,
         health=board,
     )

@@ -21,7 +21,8 @@ PACKAGE = REPO / "vgpud"
 #: the wiring: the only modules outside observe/ that may import it
 WIRING = {"vgpud.daemon", "vgpud.cli"}
 PURE = {
-    *(f"vgpud.partition.{m}" for m in ("assigner", "eager", "edits", "layout", "lazy", "model")),
+    *(f"vgpud.partition.{m}" for m in ("assigner", "eager", "edits", "layout", "lazy", "model", "nrionly")),
+    "vgpud.relaxations",
     "vgpud.wire",
     "vgpud.grpccodec",
     "vgpud.nri.ttrpc",

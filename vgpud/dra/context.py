@@ -7,6 +7,7 @@ store (whose every save re-indexes the `ClaimIndex`), the CDI root, the node loc
 from __future__ import annotations
 
 import logging
+from collections import Counter
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -21,6 +22,7 @@ from vgpud.dra.nodelock import NodeLockTimeout, node_lock
 from vgpud.fsutil import remove_tree
 from vgpud.kube import KubeApi
 from vgpud.partition.assigner import PartitionAssigner
+from vgpud.partition.nrionly import PrepareRefusal
 from vgpud.recorder import HookCall, Outcome, Recorder, TimedCall
 
 log = logging.getLogger("vgpud.dra")
@@ -47,6 +49,8 @@ class DraContext:
     recorder: Recorder
     lock_timeout: float = NODE_LOCK_TIMEOUT
     index: ClaimIndex = field(init=False)
+    #: claims Prepare refused because this node cannot serve their use, by reason (its value)
+    refusals: Counter[str] = field(default_factory=Counter)
 
     def __post_init__(self) -> None:
         self.index = ClaimIndex(self.assigner.mode)
@@ -61,8 +65,11 @@ class DraContext:
     def timed(self, call: str, ref: ClaimRef) -> TimedCall:
         return self.recorder.timed("dra", call, claim_uid=ref.uid, pod_namespace=ref.namespace)
 
-    def failed(self, call: str, ref: ClaimRef, err: PrepareError) -> PrepareOutcome:
-        """Log and record a claim that failed before any side effect; its reply entry."""
+    def failed(self, call: str, ref: ClaimRef, err: PrepareError | PrepareRefusal) -> PrepareOutcome:
+        """Log and record a claim that failed before any side effect; its reply entry. A refusal of
+        a use this node cannot serve is counted too."""
+        if isinstance(err, PrepareRefusal):
+            self.count_refusal(err)
         log.warning("%s", err)
         self.recorder.record(
             HookCall(
@@ -75,6 +82,9 @@ class DraContext:
             )
         )
         return PrepareOutcome(error=str(err))
+
+    def count_refusal(self, err: PrepareRefusal) -> None:
+        self.refusals[err.reason.value] += 1
 
     async def remove_artifacts(self, claim_uid: str) -> None:
         """Remove everything Prepare may have created for the claim: its directory and CDI spec (in

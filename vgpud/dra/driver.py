@@ -8,7 +8,7 @@ plugin, the registry and the observability ask (`claimindex`). All share one `Dr
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 from vgpud.dra import cleanup, partitions
@@ -60,6 +60,11 @@ class DraDriver:
     def index(self) -> ClaimIndex:
         """The prepared claims, for the NRI plugin, the registry and the observability."""
         return self.ctx.index
+
+    @property
+    def refusals(self) -> Mapping[str, int]:
+        """Claims Prepare refused because this node's mode cannot serve their use, by reason."""
+        return self.ctx.refusals
 
     async def load(self) -> Checkpoint:
         """Read the checkpoint at start (a corrupt one is quarantined by the store) and index it."""

@@ -7,6 +7,12 @@ annotations and CDI spec; record PrepareCompleted. A failure after PrepareStarte
 so a refused claim leaves nothing behind; a crash leaves PrepareStarted, which the next Prepare or the
 periodic cleanup rolls back.
 
+Eager mode refuses a claim whose use needs NRI mode (`vgpud.partition.nrionly`: reserved for several
+pods, or a container that also uses another vGPU claim); NRI mode refuses a container whose vGPU
+claims have devices on the same GPU (one limit per GPU reaches it). Per claim, before any side
+effect; each refusal is counted by its reason (`DraContext.refusals`). A claim prepared already
+replays, with none of these lookups (an API error must not fail a replay).
+
 Every per-claim failure is a message in that claim's reply entry, never a whole-call error.
 """
 
@@ -35,10 +41,12 @@ from vgpud.dra.claimedits import PrepareError, build_claim_spec, gpu_for
 from vgpud.dra.claimindex import ClaimRef
 from vgpud.dra.context import DraContext, PrepareOutcome, state_error
 from vgpud.dra.nodelock import NodeLockTimeout
+from vgpud.dra.nrionly import GpuNeighbours, nri_only_refusal, shared_gpu_refusal
 from vgpud.fsutil import remove_tree
 from vgpud.kube import KubeError, NotFound
 from vgpud.partition.assigner import Mode, PartitionError, PrepareResult
 from vgpud.partition.model import ClaimView, ModelError, PodView, parse_claim, parse_pod
+from vgpud.partition.nrionly import PrepareRefusal
 from vgpud.partition.pidsfile import PidsFileError, create_pids_file
 from vgpud.recorder import HookCall, Outcome
 
@@ -57,16 +65,38 @@ REPLAYED = "already prepared: the recorded devices"
 
 async def prepare(ctx: DraContext, claims: Sequence[ClaimRef]) -> dict[str, PrepareOutcome]:
     outcomes: dict[str, PrepareOutcome] = {}
-    fetched: list[Fetched] = []
+    read: list[Fetched] = []
     for ref in claims:  # API reads before the lock, as the Go helper does
         try:
-            fetched.append((ref, *await read_claim(ctx, ref)))
+            read.append((ref, *await read_claim(ctx, ref)))
         except PrepareError as err:
             outcomes[ref.uid] = ctx.failed("Prepare", ref, err)
+    fetched: list[Fetched] = []
+    #: claim UID -> why it fails unless it is prepared already (under the lock: a prepared claim replays)
+    refusals: dict[str, PrepareRefusal | PrepareError] = {}
+    neighbours = (
+        GpuNeighbours(ctx, [claim for _, claim, _ in read]) if ctx.assigner.mode is Mode.LAZY else None
+    )
+    for ref, claim, pods in read:
+        if ctx.index.prepared_claim(ref.uid) is not None:  # a replay: no lookups, which could fail it
+            refusals[ref.uid] = PrepareError(
+                f"claim {ref.namespace}/{ref.name} was unprepared while this Prepare ran, "
+                "before its use was checked: try again"
+            )
+            fetched.append((ref, claim, pods))
+            continue
+        try:
+            refused = await _refusal(ctx, claim, pods, neighbours)
+        except PrepareError as err:
+            outcomes[ref.uid] = ctx.failed("Prepare", ref, err)
+            continue
+        if refused is not None:
+            refusals[ref.uid] = refused
+        fetched.append((ref, claim, pods))
     if fetched:
         try:
             async with ctx.node_lock():
-                await _prepare_locked(ctx, fetched, outcomes)
+                await _prepare_locked(ctx, fetched, outcomes, refusals)
         except (NodeLockTimeout, CheckpointError) as err:
             for ref, _, _ in fetched:
                 if ref.uid not in outcomes:
@@ -74,11 +104,32 @@ async def prepare(ctx: DraContext, claims: Sequence[ClaimRef]) -> dict[str, Prep
     return outcomes
 
 
+async def _refusal(
+    ctx: DraContext, claim: ClaimView, pods: list[PodView], neighbours: GpuNeighbours | None
+) -> PrepareRefusal | None:
+    """Why this node refuses a vGPU claim's use, or None; a lookup that fails is a PrepareError. Eager:
+    the uses that need NRI mode. NRI (`neighbours` given): a container whose vGPU claims share a GPU,
+    judged (reading the reserved pods) only when another claim of the call or a prepared one of the
+    namespace is on one of its GPUs."""
+    if not claim.devices:
+        return None
+    if neighbours is None:
+        return await nri_only_refusal(ctx, claim, pods)
+    near = neighbours.of(claim)
+    if not near:
+        return None
+    return await shared_gpu_refusal(ctx, claim, await _reserved_pods(ctx, claim), near)
+
+
 async def _prepare_locked(
-    ctx: DraContext, fetched: list[Fetched], outcomes: dict[str, PrepareOutcome]
+    ctx: DraContext,
+    fetched: list[Fetched],
+    outcomes: dict[str, PrepareOutcome],
+    refusals: dict[str, PrepareRefusal | PrepareError],
 ) -> None:
     """Two checkpoint writes per call, not per claim: every claim to prepare is marked
-    PrepareStarted before any side effect, and the results are recorded together at the end."""
+    PrepareStarted before any side effect, and the results are recorded together at the end. A claim
+    in `refusals` that is not prepared already is refused before any side effect."""
     checkpoint = await ctx.load()
     # the batch's own PrepareStarted entries below prepare no devices, so this stays true for the loop
     prepared = _prepared_index(checkpoint)
@@ -92,8 +143,10 @@ async def _prepare_locked(
             log.info("claim %s/%s (%s) %s", ref.namespace, ref.name, ref.uid, REPLAYED)
             continue
         try:
+            if ref.uid in refusals:
+                raise refusals[ref.uid]
             _check_devices(ctx, claim, prepared)
-        except PrepareError as err:
+        except (PrepareError, PrepareRefusal) as err:
             outcomes[ref.uid] = ctx.failed("Prepare", ref, err)
             continue
         if entry is not None:
@@ -125,14 +178,7 @@ async def _prepare_locked(
             outcomes[ref.uid] = PrepareOutcome(devices=planned.prepared_devices)
             _record(ctx, ref, seconds)
             continue
-        if not isinstance(failure, EXPECTED):
-            log.error(
-                "claim %s/%s: unexpected Prepare failure",
-                ref.namespace,
-                ref.name,
-                exc_info=(type(failure), failure, failure.__traceback__),
-            )
-        message = f"claim {ref.namespace}/{ref.name}: {failure}"
+        message = _failure_message(ctx, ref, failure)
         started = time.perf_counter()
         problem = await ctx.try_remove_artifacts(ref)
         if problem:  # PrepareStarted stays, so the next Prepare or the cleanup rolls back
@@ -150,6 +196,22 @@ async def _prepare_locked(
                 outcomes[ref.uid] = ctx.failed(
                     "Prepare", ref, PrepareError(f"claim {ref.namespace}/{ref.name}: {state_error(err)}")
                 )
+
+
+def _failure_message(ctx: DraContext, ref: ClaimRef, failure: Exception) -> str:
+    """The reply text of a claim that failed after PrepareStarted; a refusal is counted, anything
+    unexpected logged with its traceback."""
+    if not isinstance(failure, EXPECTED):
+        log.error(
+            "claim %s/%s: unexpected Prepare failure",
+            ref.namespace,
+            ref.name,
+            exc_info=(type(failure), failure, failure.__traceback__),
+        )
+    if isinstance(failure, PrepareRefusal):  # its message names the claim already
+        ctx.count_refusal(failure)
+        return str(failure)
+    return f"claim {ref.namespace}/{ref.name}: {failure}"
 
 
 #: one claim's completed checkpoint entry or what failed it (then the entry is None), and the seconds

@@ -10,6 +10,12 @@ standard attributes of `k8s.io/dynamic-resource-allocation/deviceattribute`:
   first element under /sys/devices of the device's /sys/bus/pci/devices link);
 - `resource.kubernetes.io/numaNode`: an int, only when the platform reports NUMA affinity.
 
+In the driver's own domain (unqualified names) besides the GPU's facts: `coreRatio` and `memoryRatio`
+(the oversubscription settings), and `NRI_MODE_ATTRIBUTE` (`nriMode`, a bool): true when the daemon
+runs NRI (lazy) mode, false in eager mode, including an NRI start that fell back to eager. Claims that
+need NRI select on it (`vgpud.relaxations`); a restart in the other mode republishes the slice with
+the new value (the slice differs, so it is applied with the next pool generation).
+
 Kubelet deletes every slice of its node when it starts, and a driver's slices 30 s after the driver
 loses its last endpoint (dra-kubelet-plugin.md §1): publishing once is not enough, so `SliceKeeper`
 watches the slice and puts it back. The slice has a fixed name, because server-side apply needs one.
@@ -40,6 +46,7 @@ from vgpud.gpu.health import DeviceHealth, HealthBoard
 from vgpud.gpu.model import GpuInfo
 from vgpud.kube import RESOURCE_API, JsonObject, KubeApi, NotFound, WatchEvent, WatchEventType
 from vgpud.quantity import parse_quantity
+from vgpud.relaxations import NRI_MODE_ATTRIBUTE
 
 log = logging.getLogger("vgpud.dra.slices")
 
@@ -143,11 +150,12 @@ def _string(value: str) -> dict[str, str]:
 
 
 def device_attributes(
-    gpu: GpuInfo, *, cores_ratio: int, memory_ratio: int, pcie_root: str | None = None
+    gpu: GpuInfo, *, cores_ratio: int, memory_ratio: int, nri_mode: bool, pcie_root: str | None = None
 ) -> dict[str, dict[str, Any]]:
     """The device's attributes in the v1 JSON shape. Unqualified names belong to the driver's domain
     (CEL: `device.attributes["manager.nvidia.com"].type`); the PCI / NUMA ones are the standard names,
-    so claims can align GPUs with NICs or CPUs of other drivers. Unknown values are left out."""
+    so claims can align GPUs with NICs or CPUs of other drivers. Unknown values are left out.
+    `nri_mode`: the mode the daemon runs in (true: NRI/lazy), published as `NRI_MODE_ATTRIBUTE`."""
     attributes: dict[str, dict[str, Any]] = {
         "type": _string("vgpu"),
         "uuid": _string(gpu.uuid.lower()),
@@ -167,6 +175,7 @@ def device_attributes(
             attributes[name] = {"version": version}
     attributes["coreRatio"] = {"int": cores_ratio}
     attributes["memoryRatio"] = {"int": memory_ratio}
+    attributes[NRI_MODE_ATTRIBUTE] = {"bool": nri_mode}
     if _BDF.fullmatch(gpu.pci_bus_id):
         attributes[PCI_BUS_ID_ATTRIBUTE] = _string(gpu.pci_bus_id)
     if pcie_root is not None:
@@ -212,6 +221,7 @@ def build_slice(
     node_name: str,
     node_uid: str,
     gpus: Sequence[GpuInfo],
+    nri_mode: bool,
     cores_ratio: int = 100,
     memory_ratio: int = 100,
     generation: int = 1,
@@ -220,9 +230,10 @@ def build_slice(
     left_out: Collection[str] = (),
 ) -> JsonObject:
     """The whole slice, owned by the Node (garbage-collected with it). `pcie_roots` maps a GPU's PCI bus
-    id to its root complex (see `read_pcie_roots`). `taints` maps a GPU UUID to the taint its device
-    carries; the GPUs in `left_out` (UUIDs) are not published at all. No GPUs -> an empty slice, which
-    still tells the scheduler that this node's pool exists and is empty."""
+        id to its root complex (see `read_pcie_roots`). `taints` maps a GPU UUID to the taint its device
+        carries; the GPUs in `left_out` (UUIDs) are not published at all. `nri_mode` is the daemon's mode
+    (`device_attributes`). No GPUs -> an empty slice, which
+        still tells the scheduler that this node's pool exists and is empty."""
     roots = pcie_roots or {}
     taints = taints or {}
     devices = []
@@ -232,7 +243,11 @@ def build_slice(
         device: JsonObject = {
             "name": device_name(gpu),
             "attributes": device_attributes(
-                gpu, cores_ratio=cores_ratio, memory_ratio=memory_ratio, pcie_root=roots.get(gpu.pci_bus_id)
+                gpu,
+                cores_ratio=cores_ratio,
+                memory_ratio=memory_ratio,
+                nri_mode=nri_mode,
+                pcie_root=roots.get(gpu.pci_bus_id),
             ),
             "capacity": device_capacity(gpu, cores_ratio=cores_ratio, memory_ratio=memory_ratio),
             "allowMultipleAllocations": True,
@@ -380,18 +395,22 @@ class SliceKeeper:
         gpus: Sequence[GpuInfo],
         cores_ratio: int,
         memory_ratio: int,
+        nri_mode: bool,
         field_manager: str = "vgpud",
         resync_interval: float = 300.0,
         sysfs: Path | None = Path("/sys"),
         health: HealthBoard | None = None,
     ) -> None:
-        """`sysfs` is where PCIe roots are read; None publishes none (mock GPUs have no sysfs entry)."""
+        """`sysfs` is where PCIe roots are read; None publishes none (mock GPUs have no sysfs entry).
+        `nri_mode`: the partition mode this process decided at start (true: NRI/lazy; an NRI start
+        that fell back to eager is false), published on every device."""
         self._kube = kube
         self.driver = driver
         self.node_name = node_name
         self._gpus = tuple(gpus)
         self._cores_ratio = cores_ratio
         self._memory_ratio = memory_ratio
+        self._nri_mode = nri_mode
         self._field_manager = field_manager
         self._resync_interval = resync_interval
         self._sysfs = sysfs
@@ -433,6 +452,7 @@ class SliceKeeper:
                 node_name=self.node_name,
                 node_uid=node_uid,
                 gpus=self._gpus,
+                nri_mode=self._nri_mode,
                 cores_ratio=self._cores_ratio,
                 memory_ratio=self._memory_ratio,
                 generation=generation,

@@ -11,7 +11,11 @@ cache survives reconnects, while the split-Synchronize buffer is per session (`b
   (a pod may set that env itself; seed §12.12.1). A claim prepared in eager mode: left to its CDI
   spec, recorded as skipped and counted. Admission and directory creation run under the claim's
   guard, so an Unprepare cannot fall between them. A directory that cannot be made: an error, so the
-  container is not created (fail-closed).
+  container is not created (fail-closed). A container with several vGPU claims carries one claim UID
+  (containerd applies CDI env replace-by-name: the last claim's): only that claim's admission is
+  checked (the kubelet prepared and reserved every claim of the pod before creating a container),
+  and the directory lies under that claim's UID. Prepare refuses such claims when their devices are
+  on the same GPU, whose limits would replace each other (docs/decisions.md).
 - Synchronize: the cache is rebuilt from the containers' env with the same validation; a container
   that does not validate is skipped and counted, and the sync itself still succeeds. A valid live
   one whose mounts and env lack the injection (created while vgpud was down, or after the runtime
@@ -378,7 +382,9 @@ class NriHooks:
 
     async def create_container(self, request: CreateContainerRequest) -> CreateContainerResponse:
         """The session passes upb's message of the same name (`vgpud.nri.fastcodec`): only fields
-        both have are read."""
+        both have are read. The env holds one `MANAGER_VGPU_CLAIM_UID` however many vGPU claims the
+        container uses (CDI env is applied replace-by-name: the last claim's); that claim is the one
+        admitted, and the container's directory lies under its UID."""
         pod, container = request.pod or PodSandbox(), request.container or Container()
         self.targets.set(container.id, event_target(pod, container, running=False))
         claim_uid = env_value(container.env, ENV_CLAIM_UID)

@@ -30,6 +30,7 @@ from vgpud import metrics_names as names
 from vgpud.hotplug.rules import AttachState
 from vgpud.observe.drift import DriftKind
 from vgpud.observe.state import NodeParts, StreamStats, build_info
+from vgpud.partition.nrionly import RefusalReason
 from vgpud.recorder import HookCall, Outcome
 
 if TYPE_CHECKING:
@@ -161,6 +162,10 @@ class StateCollector(Collector):
         for prepared in ("eager", "lazy"):
             mismatches.add_metric([prepared], by_mode[prepared])
         yield mismatches
+        refusals = _counter(names.PREPARE_REFUSALS)
+        for reason in RefusalReason:  # every reason, 0 until the first refusal
+            refusals.add_metric([reason.value], parts.driver.refusals.get(reason.value, 0))
+        yield refusals
         health = _gauge(names.COMPONENT_HEALTH)
         for component, entry in sorted(parts.health.snapshot().items()):
             for state in type(entry.state):  # every state of the enum, 1 for the current one

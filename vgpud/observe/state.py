@@ -7,6 +7,8 @@ Shape (every key always present; a section that does not apply to this node is n
     nri_fallback: {reason}: NRISupport on but the NRI socket did not answer at start (else null)
     claim_modes: {current, mismatches: [{claim_uid, namespace, name, prepared, current, consequence}],
                   unrecorded: [claim UIDs whose entry has no mode: treated as the current mode]}
+    prepare_refusals: {reason: n}: claims Prepare refused because this node's mode cannot serve
+                  their use, by reason (every RefusalReason, 0 until one)
     components:  {name: {state, reason, for_seconds, counts_for_health}}
     nri:         {session: {connected, runtime, nri_version, registration_timeout_ms,
                             request_timeout_ms, synchronized, sessions, last_close, last_sync_time},
@@ -58,6 +60,7 @@ import trio
 
 from vgpud import __version__
 from vgpud.partition.layout import Layout
+from vgpud.partition.nrionly import RefusalReason
 from vgpud.recorder import Recorder
 
 if TYPE_CHECKING:
@@ -286,6 +289,7 @@ class DebugState:
             "time": time.time(),
             "healthy": parts.health.all_healthy(),
             "claim_modes": claim_modes_json(parts.driver.index),
+            "prepare_refusals": {r.value: parts.driver.refusals.get(r.value, 0) for r in RefusalReason},
             "components": health_json(parts.health.snapshot(), trio.current_time()),
             "nri": nri_json(parts.nri) if parts.nri is not None else None,
             "partitions": None,

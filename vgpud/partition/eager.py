@@ -25,7 +25,6 @@ from dataclasses import dataclass, field
 
 from vgpud.partition.assigner import (
     Candidate,
-    ClaimRefused,
     Cleanup,
     ContainerContext,
     DeviceEdits,
@@ -56,6 +55,7 @@ from vgpud.partition.layout import (
     partition_mounts,
 )
 from vgpud.partition.model import ClaimView, ContainerRef, PodView, claim_consumers
+from vgpud.partition.nrionly import claim_across_pods
 
 
 @dataclass(frozen=True)
@@ -240,11 +240,11 @@ class EagerAssigner:
         self.new_uuid = new_uuid
 
     def prepare(self, claim: ClaimView, pods: Sequence[PodView]) -> PrepareResult:
-        if claim.devices and len(claim.reserved_for) > 1:
-            raise ClaimRefused(
-                f"claim {claim.namespace}/{claim.name} is reserved for {len(claim.reserved_for)} pods; "
-                "without NRI a vGPU claim serves one pod (partitions cannot span pods safely)"
-            )
+        """Refuses (`NriOnlyUse`) a vGPU claim reserved for several pods. A container that also uses
+        another vGPU claim is refused by the DRA side, which can look that claim up
+        (`vgpud.dra.nrionly`)."""
+        if (refused := claim_across_pods(claim, pods, self.driver)) is not None:
+            raise refused
         info = resolve_partitions(claim, pods)
         uuids = (
             mint_register_uuids(info.partitions, claim.annotations, self.driver, self.new_uuid)

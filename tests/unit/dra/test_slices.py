@@ -33,6 +33,7 @@ from vgpud.gpu import GpuInfo, open_inventory
 from vgpud.gpu.mock import PROFILES_DIR
 from vgpud.kube import KubeError, NotFound
 from vgpud.kube.fake import FakeKube
+from vgpud.relaxations import NRI_MODE_ATTRIBUTE
 
 DRIVER = "manager.nvidia.com"
 NODE = "node-a"
@@ -53,6 +54,7 @@ SEMVER = re.compile(
 
 
 def build(gpus: list[GpuInfo], **kwargs: Any) -> dict[str, Any]:
+    kwargs.setdefault("nri_mode", False)
     return build_slice(driver=DRIVER, node_name=NODE, node_uid=NODE_UID, gpus=gpus, **kwargs)
 
 
@@ -99,6 +101,7 @@ def test_a100_slice_exactly() -> None:
             "cudaDriverVersion": {"version": "12.4.0"},
             "coreRatio": {"int": 100},
             "memoryRatio": {"int": 100},
+            "nriMode": {"bool": False},
             "resource.kubernetes.io/pciBusID": {"string": "0000:87:00.0"},
             "resource.kubernetes.io/numaNode": {"int": 1},
         },
@@ -129,14 +132,27 @@ def test_h100_devices_are_named_by_minor_not_index() -> None:
 def test_cores_ratio(ratio: int, value: int, limit: int) -> None:
     cores = device_capacity(A100[0], cores_ratio=ratio, memory_ratio=100)["cores"]
     assert cores == {"value": str(value), "requestPolicy": policy(limit, 0, limit, 1)}
-    assert device_attributes(A100[0], cores_ratio=ratio, memory_ratio=100)["coreRatio"] == {"int": ratio}
+    assert device_attributes(A100[0], cores_ratio=ratio, memory_ratio=100, nri_mode=False)["coreRatio"] == {
+        "int": ratio
+    }
 
 
 def test_memory_ratio_scales_the_value() -> None:
     memory = device_capacity(A100[0], cores_ratio=100, memory_ratio=150)["memory"]
     full = 42949672960 * 3 // 2  # 60 GiB, MiB-aligned
     assert memory == {"value": str(full), "requestPolicy": policy(full, MIB, full, MIB)}
-    assert device_attributes(A100[0], cores_ratio=100, memory_ratio=150)["memoryRatio"] == {"int": 150}
+    assert device_attributes(A100[0], cores_ratio=100, memory_ratio=150, nri_mode=False)["memoryRatio"] == {
+        "int": 150
+    }
+
+
+@pytest.mark.parametrize("nri_mode", [True, False])
+def test_every_device_says_whether_the_node_runs_nri_mode(nri_mode: bool) -> None:
+    slice_ = build(H100, nri_mode=nri_mode)
+    assert [d["attributes"][NRI_MODE_ATTRIBUTE] for d in slice_["spec"]["devices"]] == [
+        {"bool": nri_mode}
+    ] * 8
+    assert NRI_MODE_ATTRIBUTE == "nriMode", "unqualified: the driver's domain, like `type`"
 
 
 def test_memory_policy_stays_on_mib_steps_when_the_value_does_not() -> None:
@@ -161,15 +177,19 @@ def test_empty_gpu_list_publishes_an_empty_slice() -> None:
 
 def test_optional_attributes() -> None:
     gpu = replace(A100[0], addressing_mode="HMM", numa_node=None, pci_bus_id="not-a-bdf")
-    attributes = device_attributes(gpu, cores_ratio=100, memory_ratio=100, pcie_root="pci0000:00")
+    attributes = device_attributes(
+        gpu, cores_ratio=100, memory_ratio=100, nri_mode=False, pcie_root="pci0000:00"
+    )
     assert attributes["addressingMode"] == {"string": "HMM"}
     assert attributes["resource.kubernetes.io/pcieRoot"] == {"string": "pci0000:00"}
     assert "resource.kubernetes.io/numaNode" not in attributes
     assert "resource.kubernetes.io/pciBusID" not in attributes
     long_name = replace(A100[0], product_name="X" * 100)
-    assert device_attributes(long_name, cores_ratio=1, memory_ratio=1)["productName"] == {"string": "X" * 64}
+    assert device_attributes(long_name, cores_ratio=1, memory_ratio=1, nri_mode=False)["productName"] == {
+        "string": "X" * 64
+    }
     odd = replace(A100[0], driver_version="unknown")
-    assert "driverVersion" not in device_attributes(odd, cores_ratio=1, memory_ratio=1)
+    assert "driverVersion" not in device_attributes(odd, cores_ratio=1, memory_ratio=1, nri_mode=False)
 
 
 @pytest.mark.parametrize(
@@ -292,16 +312,8 @@ def kube() -> FakeKube:
 
 
 def keeper_for(kube: FakeKube, gpus: list[GpuInfo] = A100, **kwargs: Any) -> SliceKeeper:
-    return SliceKeeper(
-        kube,
-        driver=DRIVER,
-        node_name=NODE,
-        gpus=gpus,
-        cores_ratio=100,
-        memory_ratio=100,
-        sysfs=None,
-        **kwargs,
-    )
+    settings: dict[str, Any] = {"cores_ratio": 100, "memory_ratio": 100, "nri_mode": False, "sysfs": None}
+    return SliceKeeper(kube, driver=DRIVER, node_name=NODE, gpus=gpus, **(settings | kwargs))
 
 
 async def start(nursery: trio.Nursery, keeper: SliceKeeper) -> None:
@@ -424,12 +436,24 @@ async def test_restart_with_other_ratios_bumps_the_generation(
     kube: FakeKube, autojump_clock: trio.abc.Clock
 ) -> None:
     await kube.apply_resource_slice(build(A100, generation=5), field_manager="vgpud")
-    keeper = SliceKeeper(
-        kube, driver=DRIVER, node_name=NODE, gpus=A100, cores_ratio=200, memory_ratio=100, sysfs=None
-    )
+    keeper = keeper_for(kube, cores_ratio=200)
     async with trio.open_nursery() as nursery:
         await start(nursery, keeper)
         assert same_slice(stored(kube) or {}, build(A100, cores_ratio=200, generation=6))
+        nursery.cancel_scope.cancel()
+
+
+@pytest.mark.parametrize(("before", "after"), [(False, True), (True, False)])
+async def test_restart_in_the_other_mode_republishes_the_attribute(
+    kube: FakeKube, autojump_clock: trio.abc.Clock, before: bool, after: bool
+) -> None:
+    await kube.apply_resource_slice(build(A100, nri_mode=before, generation=5), field_manager="vgpud")
+    keeper = keeper_for(kube, nri_mode=after)
+    async with trio.open_nursery() as nursery:
+        await start(nursery, keeper)
+        stored_now = stored(kube) or {}
+        assert same_slice(stored_now, build(A100, nri_mode=after, generation=6))
+        assert {d["attributes"]["nriMode"]["bool"] for d in stored_now["spec"]["devices"]} == {after}
         nursery.cancel_scope.cancel()
 
 

@@ -10,6 +10,8 @@ from grpclib.exceptions import GRPCError
 from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.samples import Sample
 
+from tests import objects as o
+from tests.draharness import REF
 from tests.unit.hotplug.world import CLAIMS, RUNNING, SLAVE, TARGET, Access, Targets
 from tests.unit.observe.node import Node, make_node
 from vgpud import metrics_names as names
@@ -124,6 +126,36 @@ async def test_exposition_has_every_node_family_with_its_labels(short_tmp: Path)
     assert value(found[family(names.STREAM_CLIENTS)], "vgpud_debug_stream_clients") == 0
     (build,) = found[family(names.BUILD_INFO)]
     assert build.value == 1 and build.labels["version"]
+
+
+async def test_prepare_refusals_are_counted_by_reason_in_the_metrics_and_the_state(short_tmp: Path) -> None:
+    """An eager node refuses a claim reserved for two pods: counted under its reason, every other
+    reason exported at 0."""
+    node = make_node(short_tmp, lazy=False)
+    pods = [
+        o.pod(f"p{i}", uid, containers=[o.container("main", o.ref("gpu"))])
+        for i, uid in enumerate((o.POD1_UID, o.POD2_UID))
+    ]
+    for pod in pods:
+        node.harness.kube.add_pod(pod)
+    node.harness.kube.add_claim(
+        o.claim(requests=[o.exactly("r1")], results=[o.result("r1")], reserved_for=o.reserved(*pods))
+    )
+    out = await node.harness.driver.prepare([REF])
+    assert "(vgpu-claim-across-pods) needs a node in NRI mode" in out[o.CLAIM_UID].error
+    refusals = families(node)[family(names.PREPARE_REFUSALS)]
+    total = "vgpud_prepare_refusals_total"
+    assert value(refusals, total, reason="vgpu-claim-across-pods") == 1
+    assert value(refusals, total, reason="multiple-vgpu-claims-per-container") == 0
+    assert value(refusals, total, reason="vgpu-claims-share-a-gpu") == 0
+    state = await node.state.snapshot()
+    assert state["prepare_refusals"] == {
+        "multiple-vgpu-claims-per-container": 0,
+        "vgpu-claim-across-pods": 1,
+        "vgpu-claims-share-a-gpu": 0,
+    }
+    (call,) = node.harness.recorder.recent(component="dra")
+    assert (call.call, call.outcome, call.detail) == ("Prepare", Outcome.ERROR, out[o.CLAIM_UID].error)
 
 
 async def test_eager_mode_fallback_and_no_nri_families(short_tmp: Path) -> None:

@@ -94,6 +94,7 @@ async def test_lazy_state_maps_directories_to_containers(short_tmp: Path) -> Non
         "time",
         "healthy",
         "claim_modes",
+        "prepare_refusals",
         "components",
         "nri",
         "partitions",
