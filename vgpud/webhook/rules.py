@@ -572,7 +572,8 @@ def _claim_shared_text(
 
 
 def uses_named_vgpu_claim(claims: Mapping[str, Mapping[str, Any]], policy: Policy) -> bool:
-    """Whether any of these ResourceClaims is a vGPU claim: only then rule 4 needs the namespace's pods."""
+    """Whether any of these ResourceClaims is a vGPU claim: only then rules 4 and 5 need the
+    namespace's pods."""
     return any(claim_vgpu_requests(claim, policy) for claim in claims.values())
 
 
