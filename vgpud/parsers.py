@@ -73,13 +73,19 @@ def dns_subdomain(raw: str) -> str:
     return raw
 
 
-def dns_subdomains(raw: str) -> tuple[str, ...]:
-    """A non-empty comma-separated list of DNS subdomains, duplicates dropped, order kept."""
+def dns_subdomain_list(raw: str) -> tuple[str, ...]:
+    """A comma-separated list of DNS subdomains, possibly empty, duplicates dropped, order kept."""
     names = tuple(dict.fromkeys(part.strip() for part in raw.split(",") if part.strip()))
-    if not names:
-        raise ValueError("the list is empty")
     for name in names:
         dns_subdomain(name)
+    return names
+
+
+def dns_subdomains(raw: str) -> tuple[str, ...]:
+    """A non-empty `dns_subdomain_list`."""
+    names = dns_subdomain_list(raw)
+    if not names:
+        raise ValueError("the list is empty")
     return names
 
 

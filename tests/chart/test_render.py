@@ -34,8 +34,11 @@ from tests.chart.chart import (
 )
 from tests.support import REPO
 from vgpud.config import OPTIONS, Settings, settings_from
+from vgpud.relaxations import Relaxation, nri_selector
 from vgpud.webhook.config import WEBHOOK_OPTIONS, WebhookSettings, webhook_settings_from
 
+#: the chart's default driver name
+DRIVER = yaml.safe_load((CHART / "values.yaml").read_text())["driverName"]
 #: env the chart sets that is not a vgpud setting: the pod IP for $(POD_IP), the API server override
 NOT_SETTINGS = {"POD_IP", "KUBERNETES_SERVICE_HOST", "KUBERNETES_SERVICE_PORT"}
 ids = [v.name for v in VARIANTS]
@@ -164,6 +167,14 @@ def test_webhook_env_is_what_vgpud_webhook_reads_and_accepts(variant: Variant) -
     classes = [c["name"] for c in values["deviceClasses"]]
     assert settings.policy.vgpu_classes == frozenset(classes)
     assert {m["metadata"]["name"] for m in find(manifests, "DeviceClass")} == set(classes)
+    switches = values["webhook"]["relaxations"]
+    relaxations = {
+        Relaxation.MULTIPLE_CLAIMS_PER_CONTAINER: switches["multipleClaimsPerContainer"],
+        Relaxation.CLAIM_ACROSS_PODS: switches["claimsAcrossPods"],
+    }
+    assert settings.policy.relaxations == {r for r, on in relaxations.items() if on}
+    nri = {c["name"] for c in values["deviceClasses"] if c.get("nriOnly")}
+    assert settings.policy.nri_classes == (nri if settings.policy.relaxations else frozenset())
     assert settings.address == POD_IP and settings.port == values["webhook"]["port"]
     assert settings.driver_name == values["driverName"]
     ctr = container(deployment)
@@ -254,6 +265,62 @@ def test_cert_manager_issues_the_same_secret_and_injects_the_ca() -> None:
         "cert-manager.io/inject-ca-from": f"{NAMESPACE}/{certificate['metadata']['name']}"
     }
     assert "caBundle" not in config["webhooks"][0]["clientConfig"]
+
+
+def selectors(device_class: Manifest) -> list[str]:
+    return [s["cel"]["expression"] for s in device_class["spec"]["selectors"]]
+
+
+def test_default_device_classes_and_relaxations() -> None:
+    """Two classes by default, the second only for devices of NRI nodes; both relaxations off, so the
+    webhook is not told of NRI classes (it refuses them without a relaxation)."""
+    manifests = render()
+    vgpu = f"device.driver == '{DRIVER}' && device.attributes['{DRIVER}'].type == 'vgpu'"
+    classes = {m["metadata"]["name"]: selectors(m) for m in find(manifests, "DeviceClass")}
+    assert classes == {"vgpu-manager": [vgpu], "vgpu-manager-nri": [vgpu, nri_selector(DRIVER)]}
+    env = env_of(one(manifests, "Deployment", "-webhook"))
+    assert (env["ALLOW_MULTIPLE_VGPU_CLAIMS_PER_CONTAINER"], env["ALLOW_VGPU_CLAIMS_ACROSS_PODS"]) == (
+        "false",
+        "false",
+    )
+    assert "VGPU_NRI_DEVICE_CLASSES" not in env
+    assert env["VGPU_DEVICE_CLASSES"] == "vgpu-manager,vgpu-manager-nri"
+
+
+@pytest.mark.parametrize(
+    ("switches", "relaxations"),
+    [
+        ({"multipleClaimsPerContainer": True}, {Relaxation.MULTIPLE_CLAIMS_PER_CONTAINER}),
+        ({"claimsAcrossPods": True}, {Relaxation.CLAIM_ACROSS_PODS}),
+        ({"multipleClaimsPerContainer": True, "claimsAcrossPods": True}, set(Relaxation)),
+    ],
+)
+def test_relaxations_on_reach_the_webhook_with_the_nri_classes(
+    switches: dict[str, bool], relaxations: set[Relaxation]
+) -> None:
+    classes = [
+        {"name": "vgpu-manager"},
+        {
+            "name": "vgpu-a100-nri",
+            "nriOnly": True,
+            "extraSelectors": ["device.attributes['x'].model == 'A100'"],
+        },
+        {"name": "vgpu-manager-nri", "nriOnly": True},
+    ]
+    manifests = render({"deviceClasses": classes, "webhook": {"relaxations": switches}})
+    env = resolved_env(one(manifests, "Deployment", "-webhook"))
+    assert env["VGPU_NRI_DEVICE_CLASSES"] == "vgpu-a100-nri,vgpu-manager-nri"
+    policy = webhook_settings_from(argparse.Namespace(), env).policy
+    assert policy.relaxations == relaxations
+    assert policy.nri_classes == {"vgpu-a100-nri", "vgpu-manager-nri"}
+    by_name = {m["metadata"]["name"]: selectors(m) for m in find(manifests, "DeviceClass")}
+    assert by_name["vgpu-a100-nri"][1:] == [nri_selector(DRIVER), "device.attributes['x'].model == 'A100'"]
+    assert nri_selector(DRIVER) not in by_name["vgpu-manager"]
+    # without an nriOnly class the webhook still runs: claims select NRI nodes by the selector
+    plain = render({"deviceClasses": classes[:1], "webhook": {"relaxations": switches}})
+    env = resolved_env(one(plain, "Deployment", "-webhook"))
+    assert env["VGPU_NRI_DEVICE_CLASSES"] == ""
+    assert webhook_settings_from(argparse.Namespace(), env).policy.nri_classes == frozenset()
 
 
 @pytest.mark.parametrize("host_network", [False, True])

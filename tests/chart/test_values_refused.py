@@ -43,6 +43,32 @@ REFUSED: list[tuple[str, dict[str, Any], str]] = [
     ("unknown GPU backend", {"node": {"gpu": {"backend": "rocm"}}}, "/node/gpu/backend'"),
     ("bad driver name", {"driverName": "Manager_NVIDIA"}, "/driverName'"),
     ("no DeviceClass", {"deviceClasses": []}, "/deviceClasses'"),
+    (
+        "unknown DeviceClass key",
+        {"deviceClasses": [{"name": "vgpu-manager", "nri": True}]},
+        "additional properties 'nri' not allowed",
+    ),
+    ("nriOnly not a bool", {"deviceClasses": [{"name": "v", "nriOnly": "yes"}]}, "/deviceClasses/0/nriOnly'"),
+    (
+        "unknown relaxation",
+        {"webhook": {"relaxations": {"multipleClaims": True}}},
+        "additional properties 'multipleClaims' not allowed",
+    ),
+    (
+        "the old relaxation value",
+        {"webhook": {"allowMultipleVgpuClaimsPerContainer": True}},
+        "additional properties 'allowMultipleVgpuClaimsPerContainer' not allowed",
+    ),
+    (
+        "relaxation not a bool",
+        {"webhook": {"relaxations": {"claimsAcrossPods": "true"}}},
+        "/webhook/relaxations/claimsAcrossPods'",
+    ),
+    (
+        "relaxation without the webhook",
+        {"webhook": {"enabled": False, "relaxations": {"claimsAcrossPods": True}}},
+        "webhook.relaxations lift webhook rules: they need webhook.enabled",
+    ),
     ("bad NRI index", {"node": {"nriPluginIdx": "5"}}, "/node/nriPluginIdx'"),
     (
         "mock without profile",

@@ -2,14 +2,16 @@
 (self-signed, 127.0.0.1), and the API server itself rejects what breaks the vGPU rules with our message
 and admits the equivalent valid objects. Scoped to one namespace of its own, because the session's API
 server is shared: nothing outside that namespace ever reaches the webhook, and the configuration is
-deleted at the end."""
+deleted at the end. A second webhook with both relaxations on (its own namespace) admits the relaxed
+shapes for claims that select NRI nodes and denies them, with the fix, for claims that do not."""
 
 from __future__ import annotations
 
 import json
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -20,21 +22,23 @@ from tests.e2e.admission import DENIED, Answer, call, configuration
 from tests.kubeapi import ApiServer, free_port
 from tests.unit.webhook.builders import review
 from tests.unit.webhook.process import WebhookProcess
+from vgpud.relaxations import nri_selector
 from vgpud.webhook.tls import ensure_self_signed
 
 DRIVER = "manager.nvidia.com"
 NODE = "webhook-e2e-node"
 RESOURCE = "/apis/resource.k8s.io/v1"
+NRI_CLASS = "vgpu-manager-nri"
 
 
-def gpu_claim(name: str, *requests: str) -> dict[str, Any]:
+def gpu_claim(name: str, *requests: str, nri: bool = False) -> dict[str, Any]:
+    """A vGPU claim; `nri`: each request selects NRI nodes by its own selector."""
+    exactly: dict[str, Any] = {"deviceClassName": "vgpu-manager"}
+    if nri:
+        exactly["selectors"] = [{"cel": {"expression": nri_selector(DRIVER)}}]
     return {
         "metadata": {"name": name},
-        "spec": {
-            "devices": {
-                "requests": [{"name": r, "exactly": {"deviceClassName": "vgpu-manager"}} for r in requests]
-            }
-        },
+        "spec": {"devices": {"requests": [{"name": r, "exactly": exactly} for r in requests]}},
     }
 
 
@@ -85,22 +89,20 @@ def _wait_in_effect(cluster: Cluster, deadline: float = 30) -> None:
     raise AssertionError(f"the webhook configuration never took effect:\n{cluster.webhook.output()}")
 
 
-@pytest.fixture(scope="module")
-def cluster(kube_apiserver: ApiServer, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
-    api = kube_apiserver
+@contextmanager
+def webhook_cluster(
+    api: ApiServer, tmp_path_factory: pytest.TempPathFactory, extra: Sequence[str] = ()
+) -> Iterator[Cluster]:
+    """A namespace of its own whose pods and claims go to a `vgpud webhook` run with `extra` flags."""
     suffix = uuid.uuid4().hex[:8]
     namespace = f"vgpud-webhook-{suffix}"
     _ensure(api, "/api/v1/namespaces", {"metadata": {"name": namespace}})
-    _ensure(
-        api,
-        f"{RESOURCE}/deviceclasses",
-        {
-            "metadata": {"name": "vgpu-manager"},
-            "spec": {"selectors": [{"cel": {"expression": f"device.driver == '{DRIVER}'"}}]},
-        },
-    )
+    for name, selectors in (("vgpu-manager", []), (NRI_CLASS, [nri_selector(DRIVER)])):
+        expressions = [f"device.driver == '{DRIVER}'", *selectors]
+        spec = {"selectors": [{"cel": {"expression": e}} for e in expressions]}
+        _ensure(api, f"{RESOURCE}/deviceclasses", {"metadata": {"name": name}, "spec": spec})
     workdir: Path = tmp_path_factory.mktemp("webhook")
-    webhook = WebhookProcess(workdir, port=free_port(), kubeconfig=api.kubeconfig)
+    webhook = WebhookProcess(workdir, port=free_port(), kubeconfig=api.kubeconfig, extra=extra)
     config_name = f"vgpud-e2e-{suffix}"
     config_path = f"/apis/admissionregistration.k8s.io/v1/validatingwebhookconfigurations/{config_name}"
     try:
@@ -121,6 +123,13 @@ def cluster(kube_apiserver: ApiServer, tmp_path_factory: pytest.TempPathFactory)
         call(api, "DELETE", config_path)
         webhook.kill()
         call(api, "DELETE", f"/api/v1/namespaces/{namespace}")  # stays Terminating: no controllers here
+
+
+@pytest.fixture(scope="module")
+def cluster(kube_apiserver: ApiServer, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
+    """The webhook as deployed by default: no relaxation."""
+    with webhook_cluster(kube_apiserver, tmp_path_factory) as cluster:
+        yield cluster
 
 
 def test_the_api_server_rejects_a_violating_pod_with_our_message(cluster: Cluster) -> None:
@@ -168,6 +177,29 @@ def test_a_template_claim_is_checked_from_the_template(cluster: Cluster) -> None
     assert call(cluster.api, "POST", cluster.path("pods"), body).status == 201
 
 
+def allocation(requests: Sequence[str]) -> list[dict[str, Any]]:
+    """Allocation results of our driver for `requests`, one device each (an allocation is immutable
+    once made: the same results are sent with every reservation)."""
+    return [
+        {"request": r, "driver": DRIVER, "pool": NODE, "device": f"vgpu-{n}", "shareID": str(uuid.uuid4())}
+        for n, r in enumerate(requests)
+    ]
+
+
+def reserve_for(
+    cluster: Cluster, claim: str, results: list[dict[str, Any]], pods: Sequence[dict[str, Any]]
+) -> Answer:
+    """The scheduler's status update: the claim allocated with `results` and reserved for `pods`."""
+    body = call(cluster.api, "GET", cluster.path("resourceclaims", claim)).body
+    body["status"] = {
+        "allocation": {"devices": {"results": results}},
+        "reservedFor": [
+            {"resource": "pods", "name": p["metadata"]["name"], "uid": p["metadata"]["uid"]} for p in pods
+        ],
+    }
+    return call(cluster.api, "PUT", cluster.path("resourceclaims", claim) + "/status", body)
+
+
 def test_a_reservation_is_rechecked_against_the_allocation(cluster: Cluster) -> None:
     """Pods created before their claim exists are admitted with a warning; when the scheduler would
     reserve the claim for two pods on one request, the API server refuses the status update."""
@@ -183,31 +215,10 @@ def test_a_reservation_is_rechecked_against_the_allocation(cluster: Cluster) -> 
     claim = call(api, "POST", cluster.path("resourceclaims"), gpu_claim("late-claim", "r0"))
     assert claim.status == 201, claim.body
 
-    share_id = str(uuid.uuid4())  # an allocation is immutable once made
+    results = allocation(("r0",))
 
     def reserve(*names: str) -> Answer:
-        body = dict(claim.body)
-        body["status"] = {
-            "allocation": {
-                "devices": {
-                    "results": [
-                        {
-                            "request": "r0",
-                            "driver": DRIVER,
-                            "pool": NODE,
-                            "device": "vgpu-0",
-                            "shareID": share_id,
-                        }
-                    ]
-                }
-            },
-            "reservedFor": [
-                {"resource": "pods", "name": n, "uid": pods[n]["metadata"]["uid"]} for n in names
-            ],
-        }
-        current = call(api, "GET", cluster.path("resourceclaims", "late-claim")).body
-        body["metadata"] = current["metadata"]
-        return call(api, "PUT", cluster.path("resourceclaims", "late-claim") + "/status", body)
+        return reserve_for(cluster, "late-claim", results, [pods[n] for n in names])
 
     both = reserve("early-a", "early-b")
     assert both.status == 403, both.body
@@ -299,3 +310,141 @@ def test_a_wrong_ca_bundle_is_logged_by_the_webhook_with_its_cause(cluster: Clus
     finally:
         call(api, "DELETE", config_path)
         call(api, "DELETE", f"/api/v1/namespaces/{namespace}")
+
+
+# --------------------------------------------------------------------------------------------------
+# Both relaxations on
+
+RELAXED_FLAGS = (
+    "--allow-multiple-vgpu-claims-per-container",
+    "--allow-vgpu-claims-across-pods",
+    "--vgpu-device-classes",
+    f"vgpu-manager,{NRI_CLASS}",
+    "--nri-device-classes",
+    NRI_CLASS,
+)
+SELECTOR = nri_selector(DRIVER)
+
+
+@pytest.fixture(scope="module")
+def relaxed(kube_apiserver: ApiServer, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
+    with webhook_cluster(kube_apiserver, tmp_path_factory, RELAXED_FLAGS) as cluster:
+        yield cluster
+
+
+def two_claims_pod(name: str, first: str, second: str) -> dict[str, Any]:
+    """One container on two named claims (one request of each)."""
+    return {
+        "metadata": {"name": name},
+        "spec": {
+            "containers": [
+                {
+                    "name": "main",
+                    "image": "busybox",
+                    "resources": {
+                        "claims": [{"name": "one", "request": "r0"}, {"name": "two", "request": "r0"}]
+                    },
+                }
+            ],
+            "resourceClaims": [
+                {"name": "one", "resourceClaimName": first},
+                {"name": "two", "resourceClaimName": second},
+            ],
+        },
+    }
+
+
+def create_claims(cluster: Cluster, *claims: dict[str, Any]) -> None:
+    for claim in claims:
+        answer = call(cluster.api, "POST", cluster.path("resourceclaims"), claim)
+        assert answer.status == 201, answer.body
+
+
+def test_relaxed_two_claims_in_a_container_need_the_selector(relaxed: Cluster) -> None:
+    by_class = {
+        "metadata": {"name": "nri-b"},
+        "spec": {"devices": {"requests": [{"name": "r0", "exactly": {"deviceClassName": NRI_CLASS}}]}},
+    }
+    create_claims(
+        relaxed,
+        gpu_claim("nri-a", "r0", nri=True),
+        by_class,
+        gpu_claim("nri-c", "r0", nri=True),
+        gpu_claim("plain-a", "r0"),
+    )
+    admitted = call(relaxed.api, "POST", relaxed.path("pods"), two_claims_pod("nri", "nri-a", "nri-b"))
+    assert admitted.status == 201, admitted.body
+
+    denied = call(relaxed.api, "POST", relaxed.path("pods"), two_claims_pod("mixed", "nri-c", "plain-a"))
+    assert denied.status == 403, denied.body
+    assert denied.message == (
+        f'{DENIED}pod {relaxed.namespace}/mixed: app container "main" uses 2 vGPU claims (claim "nri-c" '
+        '(request "r0"), claim "plain-a" (request "r0")); a container may use several vGPU claims only when '
+        f'each selects NRI nodes, and claim "plain-a" does not: add the selector "{SELECTOR}" to each of '
+        f'its vGPU requests, or request the NRI DeviceClass "{NRI_CLASS}"'
+    )
+    assert call(relaxed.api, "GET", relaxed.path("pods", "mixed")).status == 404
+
+
+def test_relaxed_a_claim_across_pods_needs_the_selector_and_each_request_stays_one_pods(
+    relaxed: Cluster,
+) -> None:
+    api = relaxed.api
+    create_claims(relaxed, gpu_claim("shared", "r0", "r1", nri=True), gpu_claim("plain", "r0", "r1"))
+    first = call(api, "POST", relaxed.path("pods"), pod("first", "shared", ("main", "r0")))
+    assert first.status == 201, first.body
+    second = call(api, "POST", relaxed.path("pods"), pod("second", "shared", ("main", "r1")))
+    assert second.status == 201, second.body
+    same = call(api, "POST", relaxed.path("pods"), pod("same", "shared", ("main", "r0")))
+    assert same.status == 403, same.body
+    assert same.message.endswith("a vGPU request may be used by one pod only"), same.message
+
+    assert call(api, "POST", relaxed.path("pods"), pod("plain-1", "plain", ("main", "r0"))).status == 201
+    denied = call(api, "POST", relaxed.path("pods"), pod("plain-2", "plain", ("main", "r1")))
+    assert denied.status == 403, denied.body
+    assert denied.message == (
+        f'{DENIED}pod {relaxed.namespace}/plain-2: app container "main" uses request "r1" of vGPU claim '
+        f'"plain", whose request "r0" app container "main" of pod {relaxed.namespace}/plain-1 uses; several '
+        f'pods may use one vGPU claim only when it selects NRI nodes, and claim "plain" does not: add the '
+        f'selector "{SELECTOR}" to each of its vGPU requests, or request the NRI DeviceClass "{NRI_CLASS}"'
+    )
+
+
+def test_default_a_claim_across_pods_is_denied_naming_the_switch(cluster: Cluster) -> None:
+    api = cluster.api
+    create_claims(cluster, gpu_claim("nri-shared", "r0", "r1", nri=True))
+    assert call(api, "POST", cluster.path("pods"), pod("holder", "nri-shared", ("main", "r0"))).status == 201
+    denied = call(api, "POST", cluster.path("pods"), pod("other", "nri-shared", ("main", "r1")))
+    assert denied.status == 403, denied.body
+    assert denied.message == (
+        f'{DENIED}pod {cluster.namespace}/other: app container "main" uses request "r1" of vGPU claim '
+        f'"nri-shared", whose request "r0" app container "main" of pod {cluster.namespace}/holder uses; a '
+        "vGPU claim may be used by one pod only; the webhook's switch --allow-vgpu-claims-across-pods lifts "
+        "this for claims that select NRI nodes"
+    )
+
+
+def test_relaxed_a_reservation_for_several_pods_needs_the_selector(relaxed: Cluster) -> None:
+    """Pods created before their claims (admitted with a warning); the scheduler's reservation of a
+    claim for two pods, one request each, is admitted for a claim that selects NRI nodes only."""
+    api = relaxed.api
+    pods = {}
+    for name, claim, request in (
+        ("la", "late-nri", "r0"),
+        ("lb", "late-nri", "r1"),
+        ("pa", "late-plain", "r0"),
+        ("pb", "late-plain", "r1"),
+    ):
+        answer = call(api, "POST", relaxed.path("pods"), pod(name, claim, ("main", request)))
+        assert answer.status == 201, answer.body
+        pods[name] = answer.body
+    create_claims(relaxed, gpu_claim("late-nri", "r0", "r1", nri=True), gpu_claim("late-plain", "r0", "r1"))
+    nri = reserve_for(relaxed, "late-nri", allocation(("r0", "r1")), [pods["la"], pods["lb"]])
+    assert nri.status == 200, nri.body
+    plain = reserve_for(relaxed, "late-plain", allocation(("r0", "r1")), [pods["pa"], pods["pb"]])
+    assert plain.status == 403, plain.body
+    assert plain.message.startswith(
+        f'{DENIED}pod {relaxed.namespace}/pb: app container "main" uses request "r1" of vGPU claim '
+        f'"late-plain", whose request "r0" app container "main" of pod {relaxed.namespace}/pa uses; several '
+        "pods may use one vGPU claim only when it selects NRI nodes"
+    ), plain.message

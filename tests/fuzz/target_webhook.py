@@ -6,8 +6,9 @@ catch-all (a "vgpud webhook failed" denial is an exception inside the rules: a c
 (the fake API does not fail); the response encodes to JSON that echoes the request's uid.
 
 Inputs are reviews the API server would send (pods with named and template claims, vGPU claims, claim
-status updates, other resources), with their JSON trees mutated (a value of another type, a key
-removed, a list grown, deep nesting, huge numbers) or their bytes mutated, and random bytes.
+status updates, other resources; the relaxations on, with claims that select NRI nodes), with their
+JSON trees mutated (a value of another type, a key removed, a list grown, deep nesting, huge numbers)
+or their bytes mutated, and random bytes.
 """
 
 from __future__ import annotations
@@ -20,10 +21,12 @@ from typing import Any
 from tests import objects as o
 from tests.fuzz.driver import ContractBroken, Target, kind_of, mutate, random_bytes, text
 from tests.unit.webhook.builders import (
-    POLICY,
+    NRI_CLASS,
+    RELAXED,
     FakeLookup,
     allocated,
     claim_review,
+    nri_request,
     review,
     spec_claim,
     template,
@@ -33,16 +36,43 @@ from vgpud.webhook.admit import Admitter
 from vgpud.webhook.review import BadReview, encode, parse_review, review_response
 
 POOL_SIZE = 32
+#: the fuzzed webhook's policy: both relaxations on, so every rule's code runs (rules 1 and 5 only
+#: for claims that do not select NRI nodes)
+POLICY = RELAXED
 #: edits go no deeper than this (a pod's container claim references sit at depth 7)
 MAX_EDIT_DEPTH = 12
 GPU = spec_claim("gpu-claim", o.exactly("r0"), uid=o.CLAIM_UID)
 TEMPLATE = template("gpu-template", o.exactly("r0"))
 DEEP_HEAD = b'{"apiVersion":"admission.k8s.io/v1","kind":"AdmissionReview","request":'
 OTHER_POD = o.pod("other", o.POD2_UID, containers=[o.container("a", o.ref("gpu"))])
+#: a claim that selects NRI nodes by selector (r0) and by firstAvailable alternatives (r1)
+NRI = spec_claim(
+    "nri-claim",
+    nri_request("r0"),
+    {
+        "name": "r1",
+        "firstAvailable": [
+            {"name": "a", "deviceClassName": NRI_CLASS},
+            {
+                "name": "b",
+                "deviceClassName": "vgpu-manager",
+                "selectors": nri_request("x")["exactly"]["selectors"],
+            },
+        ],
+    },
+    uid="6a7b8c9d-0e1f-4a2b-8c3d-4e5f6a7b8c9d",
+)
+#: a pod of the namespace on request r0 of the NRI claim
+NRI_POD = o.pod(
+    "nri-holder",
+    "7b8c9d0e-1f2a-4b3c-9d4e-5f6a7b8c9d0e",
+    containers=[o.container("a", o.ref("n", "r0"))],
+    claims={"n": "nri-claim"},
+)
 
 
 def lookup() -> FakeLookup:
-    return FakeLookup({"gpu-claim": GPU}, {"gpu-template": TEMPLATE}, [OTHER_POD])
+    return FakeLookup({"gpu-claim": GPU, "nri-claim": NRI}, {"gpu-template": TEMPLATE}, [OTHER_POD, NRI_POD])
 
 
 def seed_reviews() -> list[dict[str, Any]]:
@@ -61,7 +91,19 @@ def seed_reviews() -> list[dict[str, Any]]:
     results = [o.result("r0")]
     status_old = allocated(GPU, results=results, reserved_for=o.reserved(OTHER_POD))
     status_new = allocated(GPU, results=results, reserved_for=o.reserved(OTHER_POD, pod))
+    # relaxed shapes: two claims in one container, the NRI claim's other request in another pod
+    relaxed = o.pod(
+        "r",
+        o.POD1_UID,
+        containers=[o.container("a", o.ref("gpu"), o.ref("n", "r1"))],
+        claims={"gpu": "gpu-claim", "n": "nri-claim"},
+    )
+    nri_results = [o.result("r0"), o.result("r1/a", "vgpu-1")]
+    nri_old = allocated(NRI, results=nri_results, reserved_for=o.reserved(NRI_POD))
+    nri_new = allocated(NRI, results=nri_results, reserved_for=o.reserved(NRI_POD, relaxed))
     return [
+        review(relaxed),
+        claim_review(nri_new, operation="UPDATE", old=nri_old, sub_resource="status"),
         review(pod),
         review(violating),
         review(templated),

@@ -7,11 +7,12 @@ with code 400. A claim or template that does not exist (yet) constrains nothing 
 the answer carries a warning: a pod may be created before its claim, and the reservation check
 (resourceclaims/status) still holds the line when the claim is allocated.
 
-The race in rule 4 (one pod per request): two pods created at the same moment with the same request of
-one named claim each see a namespace without the other, and both are admitted. That is accepted here
-rather than serialized (a webhook has no lock across API server replicas); the invariant holds anyway
-because the scheduler must reserve the claim for the second pod through a resourceclaims/status
-update, which `check_claim_status` denies, so the second pod stays Pending and never runs.
+The race in rules 4 and 5 (one pod per request, per vGPU claim): two pods created at the same moment
+with the same request (or claim) of one named claim each see a namespace without the other, and both
+are admitted. That is accepted here rather than serialized (a webhook has no lock across API server
+replicas); the invariant holds anyway because the scheduler must reserve the claim for the second pod
+through a resourceclaims/status update, which `check_claim_status` denies, so the second pod stays
+Pending and never runs.
 
 What the API server returns is read as strictly as the review itself: a claim, template or namespace
 pod whose fields do not have Kubernetes' types is denied with code 400 naming the object and the field

@@ -13,8 +13,26 @@ from typing import Any
 
 from vgpud.config import OPTIONS
 from vgpud.options import ConfigError, Option, add_arguments, resolve
-from vgpud.parsers import absolute_path, boolean, dns_subdomain, dns_subdomains, hosts, int_in, ip_address
-from vgpud.webhook.rules import DEFAULT_VGPU_CLASSES, Policy
+from vgpud.parsers import (
+    absolute_path,
+    boolean,
+    dns_subdomain,
+    dns_subdomain_list,
+    dns_subdomains,
+    hosts,
+    int_in,
+    ip_address,
+)
+from vgpud.relaxations import Relaxation
+from vgpud.webhook.rules import DEFAULT_VGPU_CLASSES, SWITCHES, Policy
+
+
+def _switch(dest: str, relaxation: Relaxation, what: str) -> Option:
+    """The switch of a relaxation: its flag from `rules.SWITCHES`, its variable the flag in capitals."""
+    flag = SWITCHES[relaxation]
+    env = flag.removeprefix("--").replace("-", "_").upper()
+    return Option(dest, flag, env, boolean, "false", what, switch=True)
+
 
 #: options shared with `vgpud run`, declared once in vgpud.config
 _SHARED = {
@@ -105,15 +123,28 @@ WEBHOOK_OPTIONS: tuple[Option, ...] = (
         "CLASSES",
     ),
     Option(
+        "nri_device_classes",
+        "--nri-device-classes",
+        "VGPU_NRI_DEVICE_CLASSES",
+        dns_subdomain_list,
+        "",
+        "comma-separated vGPU DeviceClasses (of --vgpu-device-classes) that select only devices of NRI "
+        "nodes: a request of one selects NRI nodes, as one with the nriMode selector does; only with a "
+        "relaxation switch on",
+        "CLASSES",
+        unset="none",
+    ),
+    _switch(
         "allow_multiple_vgpu_claims_per_container",
-        "--allow-multiple-vgpu-claims-per-container",
-        "ALLOW_MULTIPLE_VGPU_CLAIMS_PER_CONTAINER",
-        boolean,
-        "false",
-        "let a container use several vGPU claims; only for clusters where every node runs NRI mode "
-        "(NRISupport on and the runtime's NRI socket reachable): an eager-mode node gives such a "
-        "container colliding register identities and mounts",
-        switch=True,
+        Relaxation.MULTIPLE_CLAIMS_PER_CONTAINER,
+        "let a container use several vGPU claims when each of them selects NRI nodes (an eager node "
+        "gives such a container colliding register identities and mounts)",
+    ),
+    _switch(
+        "allow_vgpu_claims_across_pods",
+        Relaxation.CLAIM_ACROSS_PODS,
+        "let several pods use one vGPU claim (each request still by one pod) when it selects NRI nodes "
+        "(an eager node's partitions cannot span pods)",
     ),
     *(_SHARED[dest] for dest in ("driver_name", "kubeconfig", "log_level")),
 )
@@ -131,17 +162,28 @@ class WebhookSettings:
     service_name: str
     service_namespace: str
     vgpu_device_classes: tuple[str, ...]
+    nri_device_classes: tuple[str, ...]
     allow_multiple_vgpu_claims_per_container: bool
+    allow_vgpu_claims_across_pods: bool
     driver_name: str
     kubeconfig: Path | None
     log_level: str
+
+    @property
+    def relaxations(self) -> frozenset[Relaxation]:
+        switches = {
+            Relaxation.MULTIPLE_CLAIMS_PER_CONTAINER: self.allow_multiple_vgpu_claims_per_container,
+            Relaxation.CLAIM_ACROSS_PODS: self.allow_vgpu_claims_across_pods,
+        }
+        return frozenset(relaxation for relaxation, on in switches.items() if on)
 
     @property
     def policy(self) -> Policy:
         return Policy(
             driver=self.driver_name,
             vgpu_classes=frozenset(self.vgpu_device_classes),
-            allow_multiple_claims_per_container=self.allow_multiple_vgpu_claims_per_container,
+            nri_classes=frozenset(self.nri_device_classes),
+            relaxations=self.relaxations,
         )
 
     @property
@@ -177,6 +219,7 @@ def webhook_settings_from(
 
 
 def _check(settings: WebhookSettings) -> None:
+    _check_nri_classes(settings)
     files = (settings.tls_cert_file, settings.tls_key_file)
     if settings.self_signed_dir is not None:
         if any(path is not None for path in files):
@@ -192,3 +235,18 @@ def _check(settings: WebhookSettings) -> None:
         )
     if None in files:
         raise ConfigError("--tls-cert-file and --tls-key-file go together: give both")
+
+
+def _check_nri_classes(settings: WebhookSettings) -> None:
+    """NRI classes are vGPU classes, and only serve a relaxation (a setting that does nothing is refused)."""
+    if not settings.nri_device_classes:
+        return
+    if not settings.relaxations:
+        switches = " or ".join(SWITCHES[relaxation] for relaxation in Relaxation)
+        raise ConfigError(f"--nri-device-classes is only used with {switches}")
+    for name in settings.nri_device_classes:
+        if name not in settings.vgpu_device_classes:
+            raise ConfigError(
+                f"--nri-device-classes: {name!r} is not one of --vgpu-device-classes "
+                f"({','.join(settings.vgpu_device_classes)})"
+            )

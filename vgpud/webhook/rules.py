@@ -3,16 +3,26 @@
 Per-container directories (NRI mode) are safe only under that invariant, and eager partitions assume
 it too; these rules are what enforces it ("Webhook rules" in reference/vgpu-manager-contracts.md):
 
-1. A container uses at most one vGPU claim (several requests of it are fine). `Policy.
-   allow_multiple_claims_per_container` turns this off, for clusters where every node runs NRI mode
-   (seed §5.4: there each container gets one directory whatever it references). On an eager node a
-   container with two claims gets two CDI devices whose register identities and mounts collide.
+1. A container uses at most one vGPU claim (several requests of it are fine). On an eager node a
+   container with two claims gets two CDI devices whose register identities and mounts collide; on an
+   NRI node it gets one directory whatever it references (seed §5.4), so
+   `Relaxation.MULTIPLE_CLAIMS_PER_CONTAINER` lifts the rule when every vGPU claim of the container
+   selects NRI nodes.
 2. Per vGPU request of a claim, within a pod: at most one app container; at most one sidecar (an init
    container with restartPolicy Always), and then the sidecar is its only user; any number of plain init
    containers (they run one after another, before the apps).
 3. A plain init container shares the requests of one claim with at most one app container (otherwise
    the eager partition graph joins two concurrent apps into one directory through it).
-4. Across pods: a vGPU request of a claim that one pod uses is used by no other pod.
+4. Across pods: a vGPU request of a claim that one pod uses is used by no other pod (always: it is the
+   invariant itself).
+5. Across pods: a vGPU claim whose vGPU requests one pod uses is used by no other pod. An eager node
+   cannot prepare such a claim (its partitions cannot span pods); an NRI node can, so
+   `Relaxation.CLAIM_ACROSS_PODS` lifts the rule for a claim that selects NRI nodes (rule 4 still holds).
+
+A relaxation applies only when its switch is on (`Policy.relaxations`) and the claims involved select
+NRI nodes (vgpud.webhook.nrinodes), so the scheduler itself keeps the relaxed pod off eager nodes; a
+denial of a relaxable rule says which switch lifts it, or which claim does not select NRI nodes and
+how to make it.
 
 Pure functions over API dicts (no I/O): the server looks up what they need (the pod's named claims and
 claim templates, the pods of the namespace) and hands it in. Which claims are vGPU claims is decided
@@ -20,7 +30,7 @@ from the spec, because at pod CREATE nothing is allocated yet: a request is a vG
 device class (`exactly.deviceClassName`, a `firstAvailable` alternative's, or v1beta1's top-level
 `deviceClassName`) is one of `Policy.vgpu_classes`; for a claim already allocated, the requests
 allocated to our driver count too. When a claim's status changes (the scheduler reserving it for a
-pod), rules 2-4 are checked again against what is really allocated, over every reserved pod.
+pod), rules 2-5 are checked again against what is really allocated, over every reserved pod.
 
 Every rule yields `Violation`s whose message names the pod, the container, the claim and the request.
 """
@@ -43,6 +53,8 @@ from vgpud.partition.model import (
     parse_claim,
     parse_pod,
 )
+from vgpud.relaxations import Relaxation, nri_selector
+from vgpud.webhook.nrinodes import spec_selects_nri_nodes
 
 DEFAULT_VGPU_CLASSES = frozenset({"vgpu-manager"})
 #: pods in these phases run no container any more; unless still reserved they hold no request
@@ -64,6 +76,15 @@ class Rule(StrEnum):
     SIDECAR_ONLY_USER = "sidecar-only-user"
     INIT_SHARES_WITH_ONE_APP = "init-shares-with-one-app"
     ONE_POD_PER_REQUEST = "one-pod-per-request"
+    ONE_POD_PER_CLAIM = "one-pod-per-vgpu-claim"
+
+
+#: the webhook's switch of each relaxation (`vgpud webhook` flags; the environment variable is the
+#: flag's name in capitals)
+SWITCHES: Mapping[Relaxation, str] = {
+    Relaxation.MULTIPLE_CLAIMS_PER_CONTAINER: "--allow-multiple-vgpu-claims-per-container",
+    Relaxation.CLAIM_ACROSS_PODS: "--allow-vgpu-claims-across-pods",
+}
 
 
 @dataclass(frozen=True)
@@ -72,8 +93,10 @@ class Policy:
 
     driver: str
     vgpu_classes: frozenset[str] = DEFAULT_VGPU_CLASSES
-    #: rule 1 off: only where every node runs NRI mode (one directory per container)
-    allow_multiple_claims_per_container: bool = False
+    #: vGPU DeviceClasses that select only NRI nodes' devices (a request of one selects NRI nodes)
+    nri_classes: frozenset[str] = frozenset()
+    #: the rules lifted for claims that select NRI nodes (each by its own switch)
+    relaxations: frozenset[Relaxation] = frozenset()
 
 
 @dataclass(frozen=True)
@@ -181,6 +204,19 @@ def is_vgpu_claim(claim: Mapping[str, Any], policy: Policy) -> bool:
     return bool(claim_vgpu_requests(claim, policy))
 
 
+def claim_selects_nri_nodes(claim: Mapping[str, Any], policy: Policy) -> bool:
+    """Whether every vGPU request of a ResourceClaim selects NRI nodes (in its spec)."""
+    requests = claim_vgpu_requests(claim, policy)
+    return spec_selects_nri_nodes(claim.get("spec"), requests, policy.driver, policy.nri_classes)
+
+
+def template_selects_nri_nodes(template: Mapping[str, Any], policy: Policy) -> bool:
+    """Whether every vGPU request of the claims a ResourceClaimTemplate generates selects NRI nodes."""
+    spec = _field(template, "spec", "spec")
+    requests = vgpu_requests_in_spec(spec, policy.vgpu_classes)
+    return spec_selects_nri_nodes(spec, requests, policy.driver, policy.nri_classes)
+
+
 @dataclass(frozen=True)
 class PodClaims:
     """Where a pod's claims come from: pod claim name -> ResourceClaim or ResourceClaimTemplate name."""
@@ -275,13 +311,41 @@ def _requests_text(requests: Sequence[str]) -> str:
 # The rules
 
 
-def _one_claim_per_container(pod: str, uses: Sequence[_Use]) -> list[Violation]:
+def _lifted_text(relaxation: Relaxation) -> str:
+    """What a denial of a relaxable rule adds while the relaxation's switch is off."""
+    return f"the webhook's switch {SWITCHES[relaxation]} lifts this for claims that select NRI nodes"
+
+
+def _outside_text(policy: Policy, outside: Sequence[_Claim]) -> str:
+    """What a denial of a relaxed rule adds: the claims that do not select NRI nodes, and the fix."""
+    many = len(outside) > 1
+    claims = f"claim{'s' if many else ''} {', '.join(str(claim) for claim in outside)}"
+    classes = sorted(policy.nri_classes)
+    if classes:
+        by_class = f"the NRI DeviceClass{'es' if len(classes) > 1 else ''} {_quoted(classes)}"
+    else:
+        by_class = "a DeviceClass for NRI nodes (the webhook has none: --nri-device-classes)"
+    return (
+        f'{claims} {"do" if many else "does"} not: add the selector "{nri_selector(policy.driver)}" '
+        f"to each of {'their' if many else 'its'} vGPU requests, or request {by_class}"
+    )
+
+
+def _one_claim_per_container(
+    pod: str, uses: Sequence[_Use], policy: Policy, nri: frozenset[_Claim]
+) -> list[Violation]:
+    """Rule 1; with its relaxation on, only for containers with a claim that does not select NRI
+    nodes (`nri`: the claims that do)."""
+    relaxed = Relaxation.MULTIPLE_CLAIMS_PER_CONTAINER in policy.relaxations
     by_container: dict[ContainerRef, dict[_Claim, list[str]]] = {}
     for use in uses:
         by_container.setdefault(use.container, {}).setdefault(use.claim, []).append(use.request)
     out = []
     for ref, claims in by_container.items():
         if len(claims) < 2:
+            continue
+        outside = [claim for claim in claims if claim not in nri]
+        if relaxed and not outside:
             continue
         out.append(
             Violation(
@@ -290,18 +354,29 @@ def _one_claim_per_container(pod: str, uses: Sequence[_Use]) -> list[Violation]:
                 ", ".join(claim.name for claim in claims),
                 ", ".join(r for reqs in claims.values() for r in reqs),
                 Rule.ONE_CLAIM_PER_CONTAINER,
-                partial(_claims_text, pod, ref, claims),
+                partial(_claims_text, pod, ref, claims, policy, outside if relaxed else None),
             )
         )
     return out
 
 
-def _claims_text(pod: str, ref: ContainerRef, claims: Mapping[_Claim, list[str]]) -> str:
+def _claims_text(
+    pod: str,
+    ref: ContainerRef,
+    claims: Mapping[_Claim, list[str]],
+    policy: Policy,
+    outside: Sequence[_Claim] | None,
+) -> str:
     details = ", ".join(f"claim {claim} ({_requests_text(reqs)})" for claim, reqs in claims.items())
-    return (
-        f"pod {pod}: {_role(ref)} uses {len(claims)} vGPU claims ({details}); "
-        "a container may use at most one vGPU claim"
-    )
+    if outside is None:
+        why = "a container may use at most one vGPU claim; " + _lifted_text(
+            Relaxation.MULTIPLE_CLAIMS_PER_CONTAINER
+        )
+    else:
+        why = "a container may use several vGPU claims only when each selects NRI nodes, and " + (
+            _outside_text(policy, outside)
+        )
+    return f"pod {pod}: {_role(ref)} uses {len(claims)} vGPU claims ({details}); {why}"
 
 
 #: app containers a rule 3 message names (the rest are counted as "more than")
@@ -433,19 +508,63 @@ def _init_text(
     )
 
 
-_Holders = dict[tuple[_Claim, str], tuple[str, ContainerRef]]
+@dataclass
+class _Holders:
+    """What pods hold across the namespace, first come: each vGPU request (the pod and its container),
+    each vGPU claim (the pod and its first use)."""
+
+    requests: dict[tuple[_Claim, str], tuple[str, ContainerRef]] = field(default_factory=dict)
+    claims: dict[_Claim, tuple[str, _Use]] = field(default_factory=dict)
 
 
-def _one_pod_per_request(pod: str, uses: Sequence[_Use], held: _Holders) -> list[Violation]:
-    """Rule 4: the uses of `pod` against the requests other pods already hold; then `pod` holds its own."""
+def _across_pods(
+    pod: str, uses: Sequence[_Use], held: _Holders, policy: Policy, nri: frozenset[_Claim]
+) -> list[Violation]:
+    """Rules 4 and 5: the uses of `pod` against what other pods already hold; then `pod` holds its own.
+    A use of a request another pod holds breaks rule 4 (and only it: no relaxation lifts that); a use
+    of another request of a claim another pod holds breaks rule 5, unless its relaxation is on and the
+    claim is one of `nri` (those that select NRI nodes)."""
+    relaxed = Relaxation.CLAIM_ACROSS_PODS in policy.relaxations
     out = []
     for use in uses:
-        holder = held.get((use.claim, use.request))
+        holder = held.requests.get((use.claim, use.request))
         if holder is not None and holder[0] != pod:
             out.append(_shared(pod, use, holder[1], holder[0], Rule.ONE_POD_PER_REQUEST))
+            continue
+        claim_holder = held.claims.get(use.claim)
+        if claim_holder is None or claim_holder[0] == pod or (relaxed and use.claim in nri):
+            continue
+        outside = [use.claim] if relaxed else None
+        out.append(
+            Violation(
+                pod,
+                use.container.name,
+                use.claim.name,
+                use.request,
+                Rule.ONE_POD_PER_CLAIM,
+                partial(_claim_shared_text, pod, use, claim_holder, policy, outside),
+            )
+        )
     for use in uses:
-        held.setdefault((use.claim, use.request), (pod, use.container))
+        held.requests.setdefault((use.claim, use.request), (pod, use.container))
+        held.claims.setdefault(use.claim, (pod, use))
     return out
+
+
+def _claim_shared_text(
+    pod: str, use: _Use, held_by: tuple[str, _Use], policy: Policy, outside: Sequence[_Claim] | None
+) -> str:
+    holder_pod, holder = held_by
+    if outside is None:
+        why = "a vGPU claim may be used by one pod only; " + _lifted_text(Relaxation.CLAIM_ACROSS_PODS)
+    else:
+        why = "several pods may use one vGPU claim only when it selects NRI nodes, and " + (
+            _outside_text(policy, outside)
+        )
+    return (
+        f'pod {pod}: {_role(use.container)} uses request "{use.request}" of vGPU claim {use.claim}, '
+        f'whose request "{holder.request}" {_role(holder.container)} of pod {holder_pod} uses; {why}'
+    )
 
 
 # --------------------------------------------------------------------------------------------------
@@ -453,7 +572,8 @@ def _one_pod_per_request(pod: str, uses: Sequence[_Use], held: _Holders) -> list
 
 
 def uses_named_vgpu_claim(claims: Mapping[str, Mapping[str, Any]], policy: Policy) -> bool:
-    """Whether any of these ResourceClaims is a vGPU claim: only then rule 4 needs the namespace's pods."""
+    """Whether any of these ResourceClaims is a vGPU claim: only then rules 4 and 5 need the
+    namespace's pods."""
     return any(claim_vgpu_requests(claim, policy) for claim in claims.values())
 
 
@@ -464,40 +584,45 @@ def check_pod(
     namespace_pods: Sequence[Mapping[str, Any]],
     policy: Policy,
 ) -> list[Violation]:
-    """Rules 1-4 for a pod being created.
+    """Rules 1-5 for a pod being created.
 
     `claims` / `templates`: the ResourceClaims and ResourceClaimTemplates the pod names, by name (one
     that does not exist is left out and constrains nothing here; the reservation check catches it
-    later). `namespace_pods`: the other pods of the namespace (rule 4), needed only when
+    later). `namespace_pods`: the other pods of the namespace (rules 4 and 5), needed only when
     `uses_named_vgpu_claim`; a pod counts while it has not finished, or while a claim is reserved for it.
     """
     view = _pod_view(pod)
     sources = _sources(pod)
     vgpu: dict[str, tuple[_Claim, frozenset[str]]] = {}
+    nri: set[_Claim] = set()  # the vGPU claims that select NRI nodes
     named_requests: dict[str, frozenset[str]] = {}
     for pod_claim, name in sources.named.items():
         if name in claims and (requests := claim_vgpu_requests(claims[name], policy)):
             vgpu[pod_claim] = (_Claim(name), requests)
             named_requests[name] = requests
+            if claim_selects_nri_nodes(claims[name], policy):
+                nri.add(_Claim(name))
     for pod_claim, template in sources.templates.items():
         if template in templates and (requests := template_vgpu_requests(templates[template], policy)):
             vgpu[pod_claim] = (_Claim(pod_claim, template), requests)
+            if template_selects_nri_nodes(templates[template], policy):
+                nri.add(_Claim(pod_claim, template))
     if not vgpu:
         return []
     label = _label(view)
     uses = _uses(view, vgpu)
-    out = [] if policy.allow_multiple_claims_per_container else _one_claim_per_container(label, uses)
+    out = _one_claim_per_container(label, uses, policy, frozenset(nri))
     out += _per_request(label, uses)
     if named_requests:
-        held: _Holders = {}
+        held = _Holders()
         for other in _other_pods(view, namespace_pods, claims.values()):
             other_vgpu = {
                 pod_claim: (_Claim(name), named_requests[name])
                 for pod_claim, name in other.claim_names.items()
                 if name in named_requests
             }
-            _one_pod_per_request(_label(other), _uses(other, other_vgpu), held)
-        out += _one_pod_per_request(label, uses, held)
+            _across_pods(_label(other), _uses(other, other_vgpu), held, policy, frozenset(nri))
+        out += _across_pods(label, uses, held, policy, frozenset(nri))
     return out
 
 
@@ -537,8 +662,9 @@ def check_claim_status(
     namespace_pods: Sequence[Mapping[str, Any]],
     policy: Policy,
 ) -> list[Violation]:
-    """resourceclaims/status UPDATE: rules 2-4 against the requests allocated to our driver, over every
-    pod the claim is reserved for (in reservedFor order; a later pod breaks rule 4, not an earlier one).
+    """resourceclaims/status UPDATE: rules 2-5 against the requests allocated to our driver, over every
+    pod the claim is reserved for (in reservedFor order; a later pod breaks rule 4 or 5, not an earlier
+    one).
 
     Only breaches the update brings are returned: one already there before (`old_claim`) is not, so the
     controllers that release reservations and deallocate are never blocked by an older state.
@@ -565,8 +691,9 @@ def _reservation_violations(
         if view.reserves(pod):
             by_uid[pod.uid] = pod
     claim_ref = _Claim(view.name)
+    nri = frozenset({claim_ref} if claim_selects_nri_nodes(claim, policy) else ())
     out: list[Violation] = []
-    held: _Holders = {}
+    held = _Holders()
     for reserved in view.reserved_for:
         pod = by_uid.pop(reserved.uid, None)
         if pod is None:
@@ -577,7 +704,7 @@ def _reservation_violations(
             for request in requests
         ]
         out += _per_request(_label(pod), uses)
-        out += _one_pod_per_request(_label(pod), uses, held)
+        out += _across_pods(_label(pod), uses, held, policy, nri)
     return out
 
 

@@ -126,6 +126,9 @@ message that names them, as vgpud refuses them at start, so a bad release never 
 {{- if le (int $v.node.terminationGracePeriodSeconds) (int $v.node.shutdownTimeoutSeconds) }}
 {{- fail (printf "node.terminationGracePeriodSeconds (%v) must exceed node.shutdownTimeoutSeconds (%v): the kubelet would kill vgpud before it closed" $v.node.terminationGracePeriodSeconds $v.node.shutdownTimeoutSeconds) }}
 {{- end }}
+{{- if and (not $v.webhook.enabled) (or $v.webhook.relaxations.multipleClaimsPerContainer $v.webhook.relaxations.claimsAcrossPods) }}
+{{- fail "webhook.relaxations lift webhook rules: they need webhook.enabled" }}
+{{- end }}
 {{- if and $v.metrics.serviceMonitor.enabled (not $v.metrics.enabled) }}
 {{- fail "metrics.serviceMonitor.enabled needs metrics.enabled" }}
 {{- end }}
@@ -145,6 +148,17 @@ message that names them, as vgpud refuses them at start, so a bad release never 
 {{- $names := list }}
 {{- range .Values.deviceClasses }}
 {{- $names = append $names .name }}
+{{- end }}
+{{- join "," $names }}
+{{- end }}
+
+{{/* The names of the nriOnly DeviceClasses, comma-separated (possibly none). */}}
+{{- define "vgpud.nriDeviceClassNames" -}}
+{{- $names := list }}
+{{- range .Values.deviceClasses }}
+{{- if .nriOnly }}
+{{- $names = append $names .name }}
+{{- end }}
 {{- end }}
 {{- join "," $names }}
 {{- end }}

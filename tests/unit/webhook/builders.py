@@ -12,9 +12,19 @@ import trio
 
 from tests import objects as o
 from vgpud.kube.api import JsonObject, NotFound
+from vgpud.relaxations import Relaxation, nri_selector
 from vgpud.webhook.rules import Policy
 
 POLICY = Policy(driver=o.DRIVER)
+#: the chart's DeviceClass for NRI nodes
+NRI_CLASS = "vgpu-manager-nri"
+#: both relaxations on; the chart's two classes
+RELAXED = Policy(
+    driver=o.DRIVER,
+    vgpu_classes=frozenset({"vgpu-manager", NRI_CLASS}),
+    nri_classes=frozenset({NRI_CLASS}),
+    relaxations=frozenset(Relaxation),
+)
 POD3_UID = "3c4d5e6f-7a8b-4c9d-8e0f-1a2b3c4d5e6f"
 
 
@@ -26,6 +36,13 @@ def spec_claim(name: str, *requests: dict[str, Any], uid: str | None = None) -> 
         "metadata": {"name": name, "namespace": o.NAMESPACE, "uid": uid or str(uuid.uuid4())},
         "spec": {"devices": {"requests": list(requests)}},
     }
+
+
+def nri_request(name: str, device_class: str = "vgpu-manager") -> dict[str, Any]:
+    """An `exactly` request that selects NRI nodes by its own selector (`nri_selector`)."""
+    out = o.exactly(name, device_class)
+    out["exactly"]["selectors"] = [{"cel": {"expression": nri_selector(o.DRIVER)}}]
+    return out
 
 
 def allocated(

@@ -14,9 +14,11 @@ import trio.testing
 from tests import objects as o
 from tests.unit.webhook.builders import (
     POLICY,
+    RELAXED,
     FakeLookup,
     allocated,
     claim_review,
+    nri_request,
     review,
     sidecar,
     spec_claim,
@@ -69,12 +71,18 @@ async def test_a_valid_pod_is_allowed_and_recorded_as_checked() -> None:
     assert admitter.recorder.recent()[0].outcome == Outcome.OK
 
 
-async def test_another_pod_of_the_namespace_holding_the_request_denies() -> None:
+async def test_another_pod_of_the_namespace_holding_the_request_or_the_claim_denies() -> None:
+    """Rule 4 (the request) always; rule 5 (the claim) unless relaxed for a claim that selects NRI
+    nodes; a pod of another namespace holds nothing here."""
     holder = o.pod("holder", o.POD2_UID, containers=[c("x", ref("gpu", "r0"))])
     elsewhere = o.pod("far", o.POD1_UID, containers=[c("x", ref("gpu", "r1"))], namespace="team-b")
-    admitter = Admitter(FakeLookup({"gpu-claim": GPU}, pods=[holder, elsewhere]), POLICY)
-    assert not (await admitter.decide(request_of(review(new_pod(c("a", ref("gpu", "r0"))))))).allowed
-    assert (await admitter.decide(request_of(review(new_pod(c("a", ref("gpu", "r1"))))))).allowed
+    nri = spec_claim("gpu-claim", nri_request("r0"), nri_request("r1"))
+    for claim, policy, r1_allowed in ((GPU, POLICY, False), (GPU, RELAXED, False), (nri, RELAXED, True)):
+        admitter = Admitter(FakeLookup({"gpu-claim": claim}, pods=[holder, elsewhere]), policy)
+        same = await admitter.decide(request_of(review(new_pod(c("a", ref("gpu", "r0"))))))
+        assert "a vGPU request may be used by one pod only" in same.message
+        other = await admitter.decide(request_of(review(new_pod(c("a", ref("gpu", "r1"))))))
+        assert other.allowed is r1_allowed, other.message
 
 
 async def test_template_claims_are_looked_up_and_checked() -> None:

@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from vgpud.options import ConfigError
+from vgpud.relaxations import Relaxation
 from vgpud.webhook.config import WebhookSettings, add_webhook_arguments, webhook_settings_from
 from vgpud.webhook.rules import Policy
 
@@ -25,6 +26,7 @@ def test_defaults() -> None:
     assert (s.address, s.port, s.tls_reload_interval) == ("0.0.0.0", 9443, 10)
     assert (s.tls_cert_file, s.tls_key_file) == (Path("/etc/tls/tls.crt"), Path("/etc/tls/tls.key"))
     assert s.policy == Policy(driver="manager.nvidia.com", vgpu_classes=frozenset({"vgpu-manager"}))
+    assert (s.policy.nri_classes, s.policy.relaxations) == (frozenset(), frozenset())
     assert s.self_signed_dir is None
     assert (s.kubeconfig, s.log_level) == (None, "info")
 
@@ -34,25 +36,66 @@ def test_flags_beat_the_environment() -> None:
         "WEBHOOK_PORT": "8443",
         "WEBHOOK_ADDRESS": "10.0.0.1",
         "VGPU_DEVICE_CLASSES": "a, b,a",
+        "VGPU_NRI_DEVICE_CLASSES": "b",
         "ALLOW_MULTIPLE_VGPU_CLAIMS_PER_CONTAINER": "true",
+        "ALLOW_VGPU_CLAIMS_ACROSS_PODS": "true",
         "DRIVER_NAME": "vgpu.example.com",
         "WEBHOOK_TLS_CERT_FILE": "/env/tls.crt",
         "WEBHOOK_TLS_KEY_FILE": "/env/tls.key",
     }
-    s = _settings(["--port", "7443"], env)
+    s = _settings(["--port", "7443", "--allow-vgpu-claims-across-pods"], env)
     assert (s.port, s.address, s.tls_cert_file) == (7443, "10.0.0.1", Path("/env/tls.crt"))
     assert s.policy == Policy(
-        "vgpu.example.com", frozenset({"a", "b"}), allow_multiple_claims_per_container=True
+        "vgpu.example.com", frozenset({"a", "b"}), frozenset({"b"}), frozenset(Relaxation)
     )
     assert s.vgpu_device_classes == ("a", "b")
 
 
-def test_the_nri_relaxation_is_a_switch() -> None:
-    assert _settings(
-        [*TLS, "--allow-multiple-vgpu-claims-per-container"]
-    ).policy.allow_multiple_claims_per_container
-    env = {"ALLOW_MULTIPLE_VGPU_CLAIMS_PER_CONTAINER": "false"}
-    assert not _settings(TLS, env).policy.allow_multiple_claims_per_container
+@pytest.mark.parametrize(
+    ("argv", "env", "relaxations"),
+    [
+        ([], {}, set()),
+        (["--allow-multiple-vgpu-claims-per-container"], {}, {Relaxation.MULTIPLE_CLAIMS_PER_CONTAINER}),
+        (["--allow-vgpu-claims-across-pods"], {}, {Relaxation.CLAIM_ACROSS_PODS}),
+        (
+            [],
+            {"ALLOW_MULTIPLE_VGPU_CLAIMS_PER_CONTAINER": "true"},
+            {Relaxation.MULTIPLE_CLAIMS_PER_CONTAINER},
+        ),
+        ([], {"ALLOW_VGPU_CLAIMS_ACROSS_PODS": "yes"}, {Relaxation.CLAIM_ACROSS_PODS}),
+        ([], {"ALLOW_VGPU_CLAIMS_ACROSS_PODS": "false"}, set()),
+        (
+            ["--allow-vgpu-claims-across-pods"],
+            {"ALLOW_MULTIPLE_VGPU_CLAIMS_PER_CONTAINER": "on"},
+            set(Relaxation),
+        ),
+        # the flag beats the environment
+        (
+            ["--allow-vgpu-claims-across-pods"],
+            {"ALLOW_VGPU_CLAIMS_ACROSS_PODS": "false"},
+            {Relaxation.CLAIM_ACROSS_PODS},
+        ),
+    ],
+)
+def test_each_relaxation_has_its_own_switch(
+    argv: list[str], env: dict[str, str], relaxations: set[Relaxation]
+) -> None:
+    assert _settings([*TLS, *argv], env).policy.relaxations == relaxations
+
+
+def test_nri_classes_are_vgpu_classes_that_serve_a_relaxation() -> None:
+    s = _settings(
+        [*TLS, "--vgpu-device-classes", "vgpu-manager,vgpu-manager-nri", "--allow-vgpu-claims-across-pods"],
+        {"VGPU_NRI_DEVICE_CLASSES": "vgpu-manager-nri"},
+    )
+    assert s.policy.nri_classes == {"vgpu-manager-nri"}
+    # an empty variable is unset: the chart passes the nriOnly classes, possibly none
+    assert (
+        _settings(
+            [*TLS, "--allow-vgpu-claims-across-pods"], {"VGPU_NRI_DEVICE_CLASSES": ""}
+        ).policy.nri_classes
+        == frozenset()
+    )
 
 
 def test_self_signed_names_the_service_and_the_extra_hosts() -> None:
@@ -99,6 +142,27 @@ def test_self_signed_names_the_service_and_the_extra_hosts() -> None:
             "ALLOW_MULTIPLE_VGPU_CLAIMS_PER_CONTAINER (environment): 'maybe' is not true or false",
         ),
         ([*TLS, "--tls-reload-interval", "0"], {}, "--tls-reload-interval: 0 is outside 1..3600"),
+        (
+            [*TLS, "--allow-vgpu-claims-across-pods", "--nri-device-classes", "vgpu-nri"],
+            {},
+            "--nri-device-classes: 'vgpu-nri' is not one of --vgpu-device-classes (vgpu-manager)",
+        ),
+        (
+            [*TLS, "--nri-device-classes", "vgpu-manager"],
+            {},
+            "--nri-device-classes is only used with --allow-multiple-vgpu-claims-per-container or "
+            "--allow-vgpu-claims-across-pods",
+        ),
+        (
+            [*TLS, "--allow-multiple-vgpu-claims-per-container"],
+            {"VGPU_NRI_DEVICE_CLASSES": "Bad_Class"},
+            "VGPU_NRI_DEVICE_CLASSES (environment): 'Bad_Class' is not a DNS subdomain",
+        ),
+        (
+            TLS,
+            {"ALLOW_VGPU_CLAIMS_ACROSS_PODS": "sometimes"},
+            "ALLOW_VGPU_CLAIMS_ACROSS_PODS (environment): 'sometimes' is not true or false",
+        ),
     ],
 )
 def test_bad_settings_name_the_flag(argv: list[str], env: dict[str, str], fragment: str) -> None:
@@ -118,9 +182,11 @@ def test_help_names_every_environment_variable() -> None:
         "WEBHOOK_TLS_KEY_FILE",
         "WEBHOOK_SELF_SIGNED_DIR",
         "VGPU_DEVICE_CLASSES",
+        "VGPU_NRI_DEVICE_CLASSES",
         "ALLOW_MULTIPLE_VGPU_CLAIMS_PER_CONTAINER",
+        "ALLOW_VGPU_CLAIMS_ACROSS_PODS",
         "DRIVER_NAME",
         "KUBECONFIG",
     ):
         assert f"[env {env}]" in text
-    assert "every node runs NRI mode" in text
+    assert text.count("when it selects NRI nodes") + text.count("when each of them selects NRI nodes") == 2

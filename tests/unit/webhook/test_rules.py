@@ -96,18 +96,13 @@ ALLOWED = [
         pod(c("a", ref("m", "n")), c("b", ref("m", "n")), c("g", ref("m", "g")), claims={"m": "mixed"}),
     ),
     Case(
-        "two vGPU claims in one container, relaxed for NRI clusters",
-        pod(c("a", ref("gpu", "r0"), ref("gpu2")), claims={"gpu": "gpu-claim", "gpu2": "gpu-claim-2"}),
-        policy=Policy(driver=o.DRIVER, allow_multiple_claims_per_container=True),
-    ),
-    Case(
         "template claim, one app per request",
         pod(c("a", ref("gpu", "r0")), c("b", ref("gpu", "r1")), templates={"gpu": None}),
     ),
     Case(
-        "another pod uses another request",
+        "another pod uses another claim",
         pod(c("a", ref("gpu", "r0"))),
-        others=[other(c("x", ref("gpu", "r1")))],
+        others=[o.pod("other", o.POD2_UID, containers=[c("x", ref("g2"))], claims={"g2": "gpu-claim-2"})],
     ),
     Case(
         "another pod used the request but has finished",
@@ -199,6 +194,12 @@ DENIED = [
         [(Rule.ONE_POD_PER_REQUEST, "a", "gpu-claim", "r0")],
         others=[finished(other(c("x", ref("gpu", "r0"))))],
         claims={"gpu-claim": RESERVED_GPU},
+    ),
+    Case(
+        "another pod uses another request of the claim",
+        pod(c("a", ref("gpu", "r0"))),
+        [(Rule.ONE_POD_PER_CLAIM, "a", "gpu-claim", "r0")],
+        others=[other(c("x", ref("gpu", "r1")))],
     ),
     Case(
         "another pod uses the whole claim",
@@ -303,12 +304,19 @@ def _message(case_id: str) -> str:
         (
             "a container with two vGPU claims",
             'pod default/new: app container "a" uses 2 vGPU claims (claim "gpu-claim" (request "r0"), claim '
-            '"gpu-claim-2" (request "r0")); a container may use at most one vGPU claim',
+            '"gpu-claim-2" (request "r0")); a container may use at most one vGPU claim; the webhook\'s '
+            "switch --allow-multiple-vgpu-claims-per-container lifts this for claims that select NRI nodes",
         ),
         (
             "another pod, not started yet, uses the request",
             'pod default/new: app container "a" uses request "r0" of vGPU claim "gpu-claim", which app '
             'container "x" of pod default/other also uses; a vGPU request may be used by one pod only',
+        ),
+        (
+            "another pod uses another request of the claim",
+            'pod default/new: app container "a" uses request "r0" of vGPU claim "gpu-claim", whose request '
+            '"r1" app container "x" of pod default/other uses; a vGPU claim may be used by one pod only; the '
+            "webhook's switch --allow-vgpu-claims-across-pods lifts this for claims that select NRI nodes",
         ),
         (
             "two apps on one request of a template claim",
@@ -490,7 +498,13 @@ def reserved_claim(*pods: dict[str, Any], results: tuple[str, ...] = ("r0", "r1"
 
 STATUS_CASES = [
     ("one pod", reserved_claim(POD_A), None, [POD_A], []),
-    ("two pods, two requests", reserved_claim(POD_A, POD_B_OTHER), None, [POD_A, POD_B_OTHER], []),
+    (
+        "two pods, two requests",
+        reserved_claim(POD_A, POD_B_OTHER),
+        reserved_claim(POD_A),
+        [POD_A, POD_B_OTHER],
+        [(Rule.ONE_POD_PER_CLAIM, "default/b", "main", "r1")],
+    ),
     (
         "two pods, one request",
         reserved_claim(POD_A, POD_B_SAME),
