@@ -8,7 +8,8 @@ from tests.e2e.node import LocalNode
 from tests.soak.plan import SLOW
 from tests.soak.runner import run_soak
 
-SEED = 19
+#: a seed whose 15 steps skip none (each acts on a pod) and make pods of all three shapes
+SEED = 2
 STEPS = 15
 
 

@@ -2,7 +2,9 @@
 step; it returns what it did ("skipped: ..." when there was nothing to act on) and raises when the node
 misbehaves. The pods are busybox sleepers on vGPU claims, in shapes the admission webhook's rules admit
 (vgpud/webhook/rules.py; each pod is checked against them): one container; two containers, one request
-of the claim each; two pods on one claim, one request each."""
+of the claim each; two pods on one claim, one request each. The eager track refuses the last one
+(vgpu-manager-contracts.md, Prepare step 2: without NRI a vGPU claim reserved for more than one pod is
+refused): there the step waits for that refusal, then deletes the pods and the claim."""
 
 from __future__ import annotations
 
@@ -23,7 +25,7 @@ from vgpud.supervisor import Backoff, HealthAfter
 from vgpud.webhook.rules import Policy, check_pod
 
 #: live soak pods at most (a create beyond it is skipped): well inside two mock A100s at 1 GiB, 5 %
-MAX_PODS = 8
+MAX_PODS = 10
 MEMORY, CORES = "1Gi", "5"
 #: a fault is over when vgpud is SERVING (and, NRI track, its NRI session connected) within its
 #: restart backoff's cap, plus the time to start and register
@@ -32,6 +34,8 @@ RECOVER_S = Backoff().cap + 15
 GRACE_S = HealthAfter().grace
 OUTAGE_S = GRACE_S + 10
 POD_TIMEOUT_S = 120.0
+#: what vgpud's refusal of a claim reserved for two pods says on the eager track (vgpud/partition/eager.py)
+REFUSED_SHARE = "without NRI a vGPU claim serves one pod"
 
 
 class SoakError(AssertionError):
@@ -44,6 +48,8 @@ class Pod:
     claim: str
     #: the containers and the claim request each uses
     containers: dict[str, str]
+    #: how often the soak made each container exit
+    exits: dict[str, int] = field(default_factory=dict)
 
 
 @dataclass
@@ -93,17 +99,34 @@ def start_pods(soak: Soak, step: Step) -> list[str]:
     return list(layout)
 
 
-def wait_pods(soak: Soak, names: list[str]) -> None:
+def refused(soak: Soak, shape: str) -> bool:
+    """The node refuses pods of this shape (two pods on one claim, eager track)."""
+    return shape == "split" and not soak.node.nri
+
+
+def wait_pods(soak: Soak, names: list[str], shape: str) -> str:
+    """Until the pods run, or, for a shape the node refuses, until it said so (the pods and claim then
+    deleted); what happened."""
+    node, ns = soak.node, soak.namespace
+    if not refused(soak, shape):
+        for name in names:
+            w.wait_running(node, ns, name, timeout=POD_TIMEOUT_S)
+        return "running"
+
+    def said() -> bool:
+        return any(REFUSED_SHARE in e.get("message", "") for n in names for e in w.pod_events(node, ns, n))
+
+    w.wait_for(said, timeout=POD_TIMEOUT_S, interval=0.5, what=f"the refusal of {', '.join(names)}")
     for name in names:
-        w.wait_running(soak.node, soak.namespace, name, timeout=POD_TIMEOUT_S)
+        remove_pod(soak, name)
+    return "refused (a claim of two pods without NRI), deleted"
 
 
 def create_pod(soak: Soak, step: Step) -> str:
     if len(soak.pods) >= MAX_PODS:
         return f"skipped: {len(soak.pods)} pods (the soak's cap)"
     names = start_pods(soak, step)
-    wait_pods(soak, names)
-    return f"{step.shape}: {', '.join(names)} running"
+    return f"{step.shape}: {', '.join(names)} {wait_pods(soak, names, step.shape)}"
 
 
 def _pick(items: list[Any], pick: float) -> Any:
@@ -130,12 +153,16 @@ def delete_pod(soak: Soak, step: Step) -> str:
 
 
 def container_exit(soak: Soak, step: Step) -> str:
-    """A container's process is killed; the kubelet starts it again (restartPolicy Always)."""
+    """A container's process is killed; the kubelet starts it again (restartPolicy Always). One of the
+    containers that exited least so far: the kubelet's crash-loop back-off (10 s, doubling) would make
+    a second exit of the same container wait."""
     node, ns = soak.node, soak.namespace
-    choices = [(p, c) for p, pod in soak.pods.items() for c in pod.containers]
+    choices = {(p, c): pod.exits.get(c, 0) for p, pod in soak.pods.items() for c in pod.containers}
     if not choices:
         return "skipped: no container"
-    pod_name, container = _pick(choices, step.pick)
+    least = min(choices.values())
+    pod_name, container = _pick([key for key, n in choices.items() if n == least], step.pick)
+    soak.pods[pod_name].exits[container] = least + 1
     pod = w.get_pod(node, ns, pod_name)
     status = next(s for s in pod["status"].get("containerStatuses", []) if s["name"] == container)
     if "running" not in status.get("state", {}):
@@ -207,8 +234,8 @@ def _mid_create(soak: Soak, step: Step, sig: signal.Signals) -> str:
     names = start_pods(soak, step)
     time.sleep(step.delay)  # the seeded point of the kill: mid-Prepare .. mid-CreateContainer
     restart_vgpud(soak, sig)
-    wait_pods(soak, names)
-    return f"{step.shape}: vgpud {sig.name}ed {step.delay:.2f} s into creating {', '.join(names)}; running"
+    done = wait_pods(soak, names, step.shape)
+    return f"{step.shape}: vgpud {sig.name}ed {step.delay:.2f} s into creating {', '.join(names)}; {done}"
 
 
 def kill_vgpud_mid_create(soak: Soak, step: Step) -> str:

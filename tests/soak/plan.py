@@ -14,8 +14,8 @@ from dataclasses import dataclass
 
 #: operation name -> relative weight of the draw
 WEIGHTS: dict[str, float] = {
-    "create_pod": 6,
-    "delete_pod": 5,
+    "create_pod": 5,
+    "delete_pod": 7,
     "container_exit": 3,
     "kill_vgpud": 1,
     "term_vgpud": 1,
