@@ -34,7 +34,8 @@ class Result:
     steps: list[tuple[Step, str, float]] = field(default_factory=list)
     fds: list[float] = field(default_factory=list)
     rss_kib: list[float] = field(default_factory=list)
-    reported: Counter[str] = field(default_factory=Counter)
+    #: each container vgpud reported as not injected -> the step after which it was first seen
+    reported: dict[str, str] = field(default_factory=dict)
     pending_seen: int = 0
     recoveries: list[tuple[str, float]] = field(default_factory=list)
     vgpud_starts: int = 1
@@ -60,8 +61,10 @@ class Result:
                 f"  recovery to SERVING: {len(self.recoveries)} faults, slowest {worst[1]:.1f} s ({worst[0]})"
             )
         lines.append(f"  invariants: held after every step; {self.pending_seen} checks saw a cleanup pending")
-        for what, count in sorted(self.reported.items()):
-            lines.append(f"  reported (not a violation) x{count}: {what}")
+        if self.reported:
+            lines.append(f"  reported by vgpud (not a violation): {len(self.reported)} containers")
+        for what, where in self.reported.items():
+            lines.append(f"    {what} (first seen after {where})")
         lines.append("  vgpud resources (last-quarter vs first-quarter median of one sample per step):")
         lines += [f"    {line}" for line in invariants.growth_table(self.growth()).splitlines()]
         return "\n".join(lines)
@@ -91,7 +94,8 @@ def _judge(result: Result, verdict: Verdict, where: str, node: LocalNode) -> Non
         raise _fail(
             result, where, "invariants broken:\n  " + "\n  ".join(verdict.violations + verdict.pending), node
         )
-    result.reported.update(line.split(": ", 1)[1] for line in verdict.reported)
+    for line in verdict.reported:
+        result.reported.setdefault(line, where)
     result.pending_seen += bool(verdict.pending)
 
 
