@@ -71,5 +71,9 @@ fuzz: setup  ## every fuzz target at volume (tests/fuzz; FUZZ_TARGET, FUZZ_N, FU
 	@FUZZ_TARGET=$(FUZZ_TARGET) FUZZ_N=$(FUZZ_N) FUZZ_SEED=$(FUZZ_SEED) FUZZ_INPUT=$(FUZZ_INPUT) FUZZ_RAW=$(FUZZ_RAW) \
 		$(PY) -m tests.fuzz
 
+.PHONY: soak-repeat
+soak-repeat: build image kube node-deps  ## each named chaos scenario of the e2e SOAK_REPEAT times (default 20; SOAK_SCENARIOS: parts of names, by commas), then a table scenario x passes/N (tests/soakrepeat; root; takes /tmp/vgpud-e2e.lock per scenario)
+	@$(PY) -m tests.soakrepeat
+
 clean:
 	rm -rf build .pytest_cache .ruff_cache
