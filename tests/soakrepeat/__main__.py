@@ -53,6 +53,7 @@ def pytest_argv(scenario: Scenario, repeat: int, results: Path) -> list[str]:
         "-m",
         "pytest",
         "-q",
+        "--capture=tee-sys",  # the tests' own lines (node start time, where a kill landed) in the log
         "-p",
         "no:cacheprovider",
         "-p",
