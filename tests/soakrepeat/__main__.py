@@ -81,9 +81,16 @@ def run_scenario(
         started = time.monotonic()
         with log.open("w") as output:
             argv = pytest_argv(scenario, repeat, results)
-            rc = subprocess.run(argv, cwd=cwd, env=env, stdout=output, stderr=subprocess.STDOUT, check=False)
+            pytest = subprocess.Popen(argv, cwd=cwd, env=env, stdout=output, stderr=subprocess.STDOUT)
+            try:
+                rc = pytest.wait()
+            except KeyboardInterrupt:
+                # Ctrl-C reached pytest too (one process group): let it tear its node down, unlike
+                # subprocess.run, which kills it a quarter of a second later
+                pytest.wait()
+                raise
         wall = time.monotonic() - started
-    runs = complete(scenario, read_runs(results), repeat, f"pytest exited {rc.returncode} (log: {log})")
+    runs = complete(scenario, read_runs(results), repeat, f"pytest exited {rc} (log: {log})")
     return Row(scenario.name, tuple(runs), wall)
 
 
@@ -112,14 +119,19 @@ def main(args: list[str]) -> int:
     OUT.mkdir(parents=True, exist_ok=True)
     print(f"soak-repeat: {len(chosen)} scenarios x {repeat} runs; logs in {OUT}", flush=True)
     began, rows = time.monotonic(), []
-    for index, scenario in enumerate(chosen, 1):
-        row = run_scenario(scenario, repeat, OUT, index, lock=LOCK)
-        rows.append(row)
-        print(
-            f"[{index}/{len(chosen)}] {row.scenario}: {row.passes}/{len(row.runs)} passed, "
-            f"{row.median_s:.1f} s/run, {row.wall_s:.0f} s",
-            flush=True,
-        )
+    try:
+        for index, scenario in enumerate(chosen, 1):
+            row = run_scenario(scenario, repeat, OUT, index, lock=LOCK)
+            rows.append(row)
+            print(
+                f"[{index}/{len(chosen)}] {row.scenario}: {row.passes}/{len(row.runs)} passed, "
+                f"{row.median_s:.1f} s/run, {row.wall_s:.0f} s",
+                flush=True,
+            )
+    except KeyboardInterrupt:
+        print(f"soak-repeat: interrupted: the {len(rows)} scenarios done of {len(chosen)}", flush=True)
+        print(table(rows, time.monotonic() - began))
+        return 130
     print(table(rows, time.monotonic() - began))
     return 0 if all(r.passes == len(r.runs) for r in rows) else 1
 

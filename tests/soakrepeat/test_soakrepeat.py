@@ -3,8 +3,11 @@ pytest collects it, and the runner on a small test module of its own (a real pyt
 
 from __future__ import annotations
 
+import os
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -124,3 +127,46 @@ def test_an_unknown_scenario_is_refused(monkeypatch: pytest.MonkeyPatch) -> None
     monkeypatch.setenv("SOAK_SCENARIOS", "containerd restart,no such thing")
     with pytest.raises(SystemExit, match="no scenario name contains 'no such thing'"):
         runner.main([])
+
+
+#: a test that runs until interrupted, its session fixture's teardown leaving a mark
+SLOW = """
+import time
+from pathlib import Path
+import pytest
+
+@pytest.fixture(scope="session")
+def node():
+    yield
+    Path("torn-down").write_text("yes")
+
+def test_slow(node):
+    Path("running").write_text("yes")
+    time.sleep(60)
+"""
+
+INTERRUPTED = """
+import sys
+from pathlib import Path
+from tests.soakrepeat import __main__ as runner
+from tests.soakrepeat.scenarios import Scenario
+here = Path(sys.argv[1])
+try:
+    runner.run_scenario(Scenario("slow", "test_slow.py::test_slow"), 1, here, 1, lock=here / "lock", cwd=here)
+except KeyboardInterrupt:
+    print("interrupted", (here / "torn-down").exists())
+"""
+
+
+def test_ctrl_c_lets_the_scenarios_pytest_tear_its_node_down(tmp_path: Path) -> None:
+    (tmp_path / "test_slow.py").write_text(SLOW)
+    argv = [sys.executable, "-c", INTERRUPTED, str(tmp_path)]
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    with subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, text=True, start_new_session=True) as proc:
+        deadline = time.monotonic() + 30
+        while not (tmp_path / "running").exists():
+            assert time.monotonic() < deadline and proc.poll() is None, "the test never started"
+            time.sleep(0.05)
+        os.killpg(proc.pid, signal.SIGINT)  # Ctrl-C: the whole foreground process group
+        out, _ = proc.communicate(timeout=30)
+    assert out.strip() == "interrupted True"
