@@ -129,7 +129,8 @@ def test_an_unknown_scenario_is_refused(monkeypatch: pytest.MonkeyPatch) -> None
         runner.main([])
 
 
-#: a test that runs until interrupted, its session fixture's teardown leaving a mark
+#: a test that runs until interrupted; its session fixture's teardown takes a second (as a node's
+#: does: a killed pytest would not get to its mark)
 SLOW = """
 import time
 from pathlib import Path
@@ -138,6 +139,7 @@ import pytest
 @pytest.fixture(scope="session")
 def node():
     yield
+    time.sleep(1)
     Path("torn-down").write_text("yes")
 
 def test_slow(node):
