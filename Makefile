@@ -71,8 +71,13 @@ fuzz: setup  ## every fuzz target at volume (tests/fuzz; FUZZ_TARGET, FUZZ_N, FU
 	@FUZZ_TARGET=$(FUZZ_TARGET) FUZZ_N=$(FUZZ_N) FUZZ_SEED=$(FUZZ_SEED) FUZZ_INPUT=$(FUZZ_INPUT) FUZZ_RAW=$(FUZZ_RAW) \
 		$(PY) -m tests.fuzz
 
-soak: build kube node-deps  ## a seeded churn on the local node with its invariants after each step (tests/soak; SOAK_N, SOAK_SEED, SOAK_TRACK=nri|eager; root, under /tmp/vgpud-e2e.lock)
-	@SOAK_N=$(SOAK_N) SOAK_SEED=$(SOAK_SEED) SOAK_TRACK=$(SOAK_TRACK) flock /tmp/vgpud-e2e.lock $(PY) -m tests.soak
+soak: build image kube node-deps  ## a seeded churn on the local node with its invariants after each step (tests/soak; SOAK_N, SOAK_SEED, SOAK_TRACK=nri|eager; root, under /tmp/vgpud-e2e.lock); with SOAK_REPEAT=N instead each named chaos scenario N times (as make soak-repeat)
+	@if [ -n "$(SOAK_REPEAT)" ]; then $(PY) -m tests.soakrepeat; \
+	else SOAK_N=$(SOAK_N) SOAK_SEED=$(SOAK_SEED) SOAK_TRACK=$(SOAK_TRACK) flock /tmp/vgpud-e2e.lock $(PY) -m tests.soak; fi
+
+.PHONY: soak-repeat
+soak-repeat: build image kube node-deps  ## each named chaos scenario of the e2e SOAK_REPEAT times (default 20; SOAK_SCENARIOS: parts of names, by commas), then a table scenario x passes/N (tests/soakrepeat; root; takes /tmp/vgpud-e2e.lock per scenario)
+	@$(PY) -m tests.soakrepeat
 
 clean:
 	rm -rf build .pytest_cache .ruff_cache
