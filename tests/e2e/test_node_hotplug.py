@@ -75,8 +75,9 @@ def debug(node: LocalNode, path: str) -> dict[str, Any]:
     return get_json(Endpoint(unix_path=node.debug_socket), path)
 
 
-def hotplug_calls(node: LocalNode) -> list[dict[str, Any]]:
-    return debug(node, "/debug/calls?n=500&component=hotplug")["calls"]
+def hotplug_calls(node: LocalNode, target_pod_uid: str) -> list[dict[str, Any]]:
+    """The hot-plug calls about one target pod (the node, and its ring buffer, serve every test)."""
+    return debug(node, f"/debug/calls?n=1000&component=hotplug&pod={target_pod_uid}")["calls"]
 
 
 def vgpu_pods(node: LocalNode, ns: str) -> tuple[dict[str, Any], dict[str, Any], str]:
@@ -141,7 +142,7 @@ def test_attach_opens_the_slaves_gpu_and_detach_closes_it(node: LocalNode) -> No
     state = debug(node, "/debug/state?calls=0")["hotplug"]
     assert [(a["containerId"], a["state"]) for a in state["attachments"]] == [(cid, "attached")]
 
-    attached = [c for c in hotplug_calls(node) if c["call"] == "Attach"]
+    attached = [c for c in hotplug_calls(node, request["target_pod_uid"]) if c["call"] == "Attach"]
     assert [c["outcome"] for c in attached] == ["ok", "ok"], attached
     assert attached[1]["detail"].startswith(f"slave pod {request['slave_pod_uid']}: already attached: claim")
 
@@ -160,7 +161,7 @@ def test_attach_opens_the_slaves_gpu_and_detach_closes_it(node: LocalNode) -> No
     assert code is grpc.StatusCode.NOT_FOUND and "is not attached" in details
 
     # the calls since the restart (the recorder's ring buffer is in memory)
-    calls = [(c["call"], c["outcome"]) for c in hotplug_calls(node) if c["call"] != "List"]
+    calls = [(c["call"], c["outcome"]) for c in hotplug_calls(node, request["target_pod_uid"])]
     assert calls[-2:] == [("Detach", "ok"), ("Detach", "rejected")], calls
     samples = node.metric_samples(names.HOOK_CALLS.name)
     assert any(
@@ -237,7 +238,7 @@ def test_the_grant_goes_with_the_slave_pod_and_with_the_target(node: LocalNode) 
     assert call(node, "Attach", **request)[0] is grpc.StatusCode.OK
     w.delete_pod(node, ns, "target")
     w.wait_for(lambda: attachments(node) == [], what="the attachment forgotten after the target went")
-    calls = [c for c in hotplug_calls(node) if c["call"] == "Reconcile"]
+    calls = [c for c in hotplug_calls(node, request["target_pod_uid"]) if c["call"] == "Reconcile"]
     assert any("no longer runs" in c["detail"] for c in calls), calls
     assert any("is no longer prepared" in c["detail"] for c in calls), calls
     w.delete_pod(node, ns, "slave2")
