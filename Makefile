@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 export PIP_CACHE_DIR := $(CURDIR)/.cache/pip
 
-.PHONY: setup build image kube chart-crds node-deps node test unit lint protos check-protos demo bench fuzz clean
+.PHONY: setup build image kube chart-crds node-deps node test unit lint protos check-protos demo bench fuzz soak clean
 
 setup:  ## venv with vgpud and its dev dependencies (idempotent, cached)
 	@./hack/setup-venv.sh
@@ -70,6 +70,14 @@ bench: build kube node-deps  ## every bench (bench/*.py; the local-node ones und
 fuzz: setup  ## every fuzz target at volume (tests/fuzz; FUZZ_TARGET, FUZZ_N, FUZZ_SEED, FUZZ_INPUT to replay a crash)
 	@FUZZ_TARGET=$(FUZZ_TARGET) FUZZ_N=$(FUZZ_N) FUZZ_SEED=$(FUZZ_SEED) FUZZ_INPUT=$(FUZZ_INPUT) FUZZ_RAW=$(FUZZ_RAW) \
 		$(PY) -m tests.fuzz
+
+soak: build image kube node-deps  ## a seeded churn on the local node with its invariants after each step (tests/soak; SOAK_N, SOAK_SEED, SOAK_TRACK=nri|eager; root, under /tmp/vgpud-e2e.lock); with SOAK_REPEAT=N instead each named chaos scenario N times (as make soak-repeat)
+	@if [ -n "$(SOAK_REPEAT)" ]; then $(PY) -m tests.soakrepeat; \
+	else SOAK_N=$(SOAK_N) SOAK_SEED=$(SOAK_SEED) SOAK_TRACK=$(SOAK_TRACK) flock /tmp/vgpud-e2e.lock $(PY) -m tests.soak; fi
+
+.PHONY: soak-repeat
+soak-repeat: build image kube node-deps  ## each named chaos scenario of the e2e SOAK_REPEAT times (default 20; SOAK_SCENARIOS: parts of names, by commas), then a table scenario x passes/N (tests/soakrepeat; root; takes /tmp/vgpud-e2e.lock per scenario)
+	@$(PY) -m tests.soakrepeat
 
 clean:
 	rm -rf build .pytest_cache .ruff_cache
