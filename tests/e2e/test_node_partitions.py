@@ -13,8 +13,10 @@ import time
 from tests.e2e import workload as w
 from tests.e2e.conftest import WITH_CHART
 from tests.e2e.node import DRIVER, LocalNode
+from vgpud.relaxations import Relaxation
 
-REFUSED = "without NRI a vGPU claim serves one pod"
+#: what an eager node's Prepare says of a claim reserved for two pods (vgpud/partition/nrionly.py)
+REFUSED = f"({Relaxation.CLAIM_ACROSS_PODS}) needs a node in NRI mode"
 CONFLICTS_METRIC = "vgpud_partition_conflicts"
 
 

@@ -92,13 +92,6 @@ def _wait_in_effect(node: LocalNode, ns: str, webhook: WebhookProcess) -> None:
 # Building blocks
 
 
-def nri_only(request: dict[str, Any]) -> dict[str, Any]:
-    """`request` with the selector that keeps it on NRI nodes (added to its other selectors)."""
-    selectors = request["exactly"].setdefault("selectors", [])
-    selectors.append({"cel": {"expression": nri_selector(DRIVER)}})
-    return request
-
-
 def pod_body(
     name: str,
     claims: dict[str, str],
@@ -195,7 +188,7 @@ def _two_claims(relaxed: Relaxed, prefix: str, gpus: tuple[int, int], *, selecte
     for suffix, memory, cores, gpu in (("a", "1Gi", "10", gpus[0]), ("b", "2Gi", "20", gpus[1])):
         request = w.on_gpu(w.vgpu_request("gpu", memory, cores), gpu)
         created = w.create_claim(
-            relaxed.node, relaxed.ns, f"{prefix}-{suffix}", [nri_only(request) if selected else request]
+            relaxed.node, relaxed.ns, f"{prefix}-{suffix}", [w.nri_only(request) if selected else request]
         )
         uids[f"{prefix}-{suffix}"] = created["metadata"]["uid"]
     return uids
@@ -286,7 +279,9 @@ def test_forced_onto_a_node_the_eager_prepare_refuses(relaxed: Relaxed, shape: R
         pods = [pod]
         allocations = {f"{prefix}-a": ({"gpu": "vgpu-0"}, pods), f"{prefix}-b": ({"gpu": "vgpu-1"}, pods)}
     else:
-        requests = [nri_only(w.on_gpu(w.vgpu_request(r, "1Gi", "10"), i)) for i, r in enumerate(("r0", "r1"))]
+        requests = [
+            w.nri_only(w.on_gpu(w.vgpu_request(r, "1Gi", "10"), i)) for i, r in enumerate(("r0", "r1"))
+        ]
         claims = {prefix: w.create_claim(node, ns, prefix, requests)["metadata"]["uid"]}
         pods = [
             create_pod(

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from tests.e2e.node import DEVICE_CLASS, DRIVER, LocalNode
+from vgpud.relaxations import nri_selector
 
 IMAGE = "localhost/vgpud-busybox:v1"
 #: the label that keeps a pod from the chart's webhook (helm/vgpud values webhook.optOutLabel)
@@ -63,6 +64,12 @@ def on_gpu(request: dict[str, Any], minor: int) -> dict[str, Any]:
     """`request` restricted to the GPU with this minor number (so two requests land on two GPUs)."""
     expression = f"device.attributes['{DRIVER}'].minor == {minor}"
     request["exactly"]["selectors"] = [{"cel": {"expression": expression}}]
+    return request
+
+
+def nri_only(request: dict[str, Any]) -> dict[str, Any]:
+    """`request` with the selector that keeps it on NRI nodes (vgpud.relaxations), added to its others."""
+    request["exactly"].setdefault("selectors", []).append({"cel": {"expression": nri_selector(DRIVER)}})
     return request
 
 

@@ -2,9 +2,10 @@
 step; it returns what it did ("skipped: ..." when there was nothing to act on) and raises when the node
 misbehaves. The pods are busybox sleepers on vGPU claims, in shapes the admission webhook's rules admit
 (vgpud/webhook/rules.py; each pod is checked against them): one container; two containers, one request
-of the claim each; two pods on one claim, one request each. The eager track refuses the last one
-(vgpu-manager-contracts.md, Prepare step 2: without NRI a vGPU claim reserved for more than one pod is
-refused): there the step waits for that refusal, then deletes the pods and the claim."""
+of the claim each; two pods on one claim, one request each. The last needs the webhook's relaxation
+`vgpu-claim-across-pods` (on in the soak's policy) and a claim that selects NRI nodes (`nriMode`): on
+the eager track the scheduler finds no device for it, so there the step waits for the scheduler to say
+so, then deletes the pods and the claim."""
 
 from __future__ import annotations
 
@@ -21,6 +22,7 @@ from tests.e2e import workload as w
 from tests.e2e.node import DEVICE_CLASS, DRIVER, SERVING, LocalNode
 from tests.soak.plan import Step
 from vgpud.observe.client import Endpoint, get_json
+from vgpud.relaxations import Relaxation
 from vgpud.supervisor import Backoff, HealthAfter
 from vgpud.webhook.rules import Policy, check_pod
 
@@ -34,8 +36,6 @@ RECOVER_S = Backoff().cap + 15
 GRACE_S = HealthAfter().grace
 OUTAGE_S = GRACE_S + 10
 POD_TIMEOUT_S = 120.0
-#: what vgpud's refusal of a claim reserved for two pods says on the eager track (vgpud/partition/eager.py)
-REFUSED_SHARE = "without NRI a vGPU claim serves one pod"
 
 
 class SoakError(AssertionError):
@@ -70,7 +70,12 @@ class Soak:
 
 
 def _policy() -> Policy:
-    return Policy(driver=DRIVER, vgpu_classes=frozenset({DEVICE_CLASS}))
+    """The webhook's rules with the relaxation the split shape needs (its claim selects NRI nodes)."""
+    return Policy(
+        driver=DRIVER,
+        vgpu_classes=frozenset({DEVICE_CLASS}),
+        relaxations=frozenset({Relaxation.CLAIM_ACROSS_PODS}),
+    )
 
 
 def start_pods(soak: Soak, step: Step) -> list[str]:
@@ -83,7 +88,10 @@ def start_pods(soak: Soak, step: Step) -> list[str]:
         requests, layout = ["a", "b"], {f"p{step.index}": {"ca": "a", "cb": "b"}}
     else:
         requests, layout = ["a", "b"], {f"p{step.index}a": {"main": "a"}, f"p{step.index}b": {"main": "b"}}
-    claim_obj = w.create_claim(node, ns, claim, [w.vgpu_request(r, MEMORY, CORES) for r in requests])
+    bodies = [w.vgpu_request(r, MEMORY, CORES) for r in requests]
+    if step.shape == "split":
+        bodies = [w.nri_only(body) for body in bodies]
+    claim_obj = w.create_claim(node, ns, claim, bodies)
     soak.claims[claim] = set()
     for name, containers in layout.items():
         specs = [w.container(c, [("gpu", r)]) for c, r in containers.items()]
@@ -99,27 +107,28 @@ def start_pods(soak: Soak, step: Step) -> list[str]:
     return list(layout)
 
 
-def refused(soak: Soak, shape: str) -> bool:
-    """The node refuses pods of this shape (two pods on one claim, eager track)."""
+def kept_off(soak: Soak, shape: str) -> bool:
+    """The node cannot run pods of this shape (two pods on one claim, which selects NRI nodes: eager
+    track)."""
     return shape == "split" and not soak.node.nri
 
 
 def wait_pods(soak: Soak, names: list[str], shape: str) -> str:
-    """Until the pods run, or, for a shape the node refuses, until it said so (the pods and claim then
-    deleted); what happened."""
+    """Until the pods run, or, for a shape the node cannot run, until the scheduler said so (the pods
+    and claim then deleted); what happened."""
     node, ns = soak.node, soak.namespace
-    if not refused(soak, shape):
+    if not kept_off(soak, shape):
         for name in names:
             w.wait_running(node, ns, name, timeout=POD_TIMEOUT_S)
         return "running"
 
     def said() -> bool:
-        return any(REFUSED_SHARE in e.get("message", "") for n in names for e in w.pod_events(node, ns, n))
+        return any(e["reason"] == "FailedScheduling" for n in names for e in w.pod_events(node, ns, n))
 
-    w.wait_for(said, timeout=POD_TIMEOUT_S, interval=0.5, what=f"the refusal of {', '.join(names)}")
+    w.wait_for(said, timeout=POD_TIMEOUT_S, interval=0.5, what=f"FailedScheduling of {', '.join(names)}")
     for name in names:
         remove_pod(soak, name)
-    return "refused (a claim of two pods without NRI), deleted"
+    return "unschedulable (a claim of two pods selects NRI nodes), deleted"
 
 
 def create_pod(soak: Soak, step: Step) -> str:
