@@ -3,9 +3,10 @@
 module's namespace.
 
 - The ResourceSlice says which mode the node runs in (`nriMode`).
-- Two claims in one container, each selecting NRI nodes: admitted; on the NRI node the pod runs with
-  both limits, one directory and one registration; on the eager node the scheduler finds no device
-  (the selector keeps the pod off it).
+- Two claims in one container, each selecting NRI nodes (one by its own selector, one by the NRI
+  DeviceClass the chart ships): admitted; on the NRI node the pod runs with both limits, one directory
+  and one registration, unless the two claims got the same GPU, which Prepare refuses (one limit per GPU
+  reaches a container); on the eager node the scheduler finds no device (the selector keeps it off).
 - The same pod without the selector: denied, the message naming the rule and the fix.
 - Forced onto the eager node (the claims allocated there by hand, the pod bound by name): the node's
   Prepare refuses each claim with the reason, and counts it; the same shapes run on the NRI node.
@@ -22,15 +23,18 @@ import pytest
 
 from tests.e2e import workload as w
 from tests.e2e.admission import DENIED, call, configuration
-from tests.e2e.node import DRIVER, LocalNode
+from tests.e2e.node import DEVICE_CLASS, DRIVER, LocalNode
 from tests.kubeapi import free_port
 from tests.unit.webhook.process import WebhookProcess
+from vgpud.partition.nrionly import RefusalReason
 from vgpud.relaxations import NRI_MODE_ATTRIBUTE, Relaxation, nri_selector
 
 RESOURCE = "/apis/resource.k8s.io/v1"
 REFUSALS = "vgpud_prepare_refusals_total"
 #: what an eager node's Prepare says of a use that needs NRI mode
 NEEDS_NRI = "needs a node in NRI mode"
+#: the DeviceClass for NRI nodes, as the chart renders it (helm/vgpud/templates/deviceclass.yaml)
+NRI_CLASS = "vgpu-manager-nri"
 
 
 @dataclass
@@ -50,8 +54,14 @@ def relaxed(node: LocalNode, tmp_path_factory: pytest.TempPathFactory) -> Iterat
         tmp_path_factory.mktemp("webhook"),
         port=free_port(),
         kubeconfig=node.api.kubeconfig,
-        extra=["--allow-multiple-vgpu-claims-per-container", "--allow-vgpu-claims-across-pods"],
+        extra=[
+            "--allow-multiple-vgpu-claims-per-container",
+            "--allow-vgpu-claims-across-pods",
+            f"--vgpu-device-classes={DEVICE_CLASS},{NRI_CLASS}",
+            f"--nri-device-classes={NRI_CLASS}",
+        ],
     )
+    install_nri_class(node)
     name = f"vgpud-relax-{uuid.uuid4().hex[:8]}"
     path = f"/apis/admissionregistration.k8s.io/v1/validatingwebhookconfigurations/{name}"
     try:
@@ -68,6 +78,21 @@ def relaxed(node: LocalNode, tmp_path_factory: pytest.TempPathFactory) -> Iterat
     finally:
         call(node.api, "DELETE", path)
         webhook.kill()
+
+
+def install_nri_class(node: LocalNode) -> None:
+    """The chart's `vgpu-manager-nri` class: the node's vGPU class plus the NRI selector."""
+    expressions = [
+        f"device.driver == '{DRIVER}' && device.attributes['{DRIVER}'].type == 'vgpu'",
+        nri_selector(DRIVER),
+    ]
+    body = {
+        "metadata": {"name": NRI_CLASS},
+        "spec": {"selectors": [{"cel": {"expression": e}} for e in expressions]},
+    }
+    assert node.api is not None
+    answer = call(node.api, "POST", f"{RESOURCE}/deviceclasses", body)
+    assert answer.status in (201, 409), answer.body
 
 
 def _wait_in_effect(node: LocalNode, ns: str, webhook: WebhookProcess) -> None:
@@ -132,7 +157,7 @@ def slice_devices(node: LocalNode) -> list[dict[str, Any]]:
     ]
 
 
-def refusals(node: LocalNode, reason: Relaxation) -> float:
+def refusals(node: LocalNode, reason: RefusalReason) -> float:
     return sum(v for labels, v in node.metric_samples(REFUSALS) if labels.get("reason") == reason.value)
 
 
@@ -183,13 +208,16 @@ def cleanup(relaxed: Relaxed, pods: list[str], claims: dict[str, str]) -> None:
 
 
 def _two_claims(relaxed: Relaxed, prefix: str, gpus: tuple[int, int], *, selected: bool) -> dict[str, str]:
-    """Claims `<prefix>-a` (1Gi, 10 cores) and `<prefix>-b` (2Gi, 20 cores) on GPUs `gpus`; their UIDs."""
+    """Claims `<prefix>-a` (1Gi, 10 cores) and `<prefix>-b` (2Gi, 20 cores) on GPUs `gpus`; their UIDs.
+    `selected`: a selects NRI nodes by its own selector, b by the NRI DeviceClass."""
     uids = {}
     for suffix, memory, cores, gpu in (("a", "1Gi", "10", gpus[0]), ("b", "2Gi", "20", gpus[1])):
         request = w.on_gpu(w.vgpu_request("gpu", memory, cores), gpu)
-        created = w.create_claim(
-            relaxed.node, relaxed.ns, f"{prefix}-{suffix}", [w.nri_only(request) if selected else request]
-        )
+        if selected and suffix == "a":
+            request = w.nri_only(request)
+        elif selected:
+            request["exactly"]["deviceClassName"] = NRI_CLASS
+        created = w.create_claim(relaxed.node, relaxed.ns, f"{prefix}-{suffix}", [request])
         uids[f"{prefix}-{suffix}"] = created["metadata"]["uid"]
     return uids
 
@@ -207,12 +235,14 @@ def test_the_resource_slice_says_which_mode_the_node_runs(node: LocalNode) -> No
 
 @pytest.mark.parametrize("gpus", [(0, 1), (0, 0)], ids=["two-gpus", "one-gpu"])
 def test_two_claims_in_one_container(relaxed: Relaxed, gpus: tuple[int, int]) -> None:
-    """NRI: it runs, each claim's limit applied (on one GPU: the two shares added up), one directory,
-    one registration. Eager: the selector leaves the scheduler no device."""
+    """NRI, two GPUs: it runs, each claim's limit applied, one directory, one registration. NRI, one
+    GPU: Prepare refuses (the container would get only the later claim's limit), counted. Eager: the
+    selector leaves the scheduler no device."""
     node, ns = relaxed.node, relaxed.ns
     prefix = w.unique("two")
     claims = _two_claims(relaxed, prefix, gpus, selected=True)
     names = {"a": f"{prefix}-a", "b": f"{prefix}-b"}
+    shared_before = refusals(node, RefusalReason.CLAIMS_SHARE_A_GPU)
     try:
         create_pod(relaxed, pod_body(prefix, names, [("main", ["a", "b"])]))
         if not node.nri:
@@ -224,15 +254,16 @@ def test_two_claims_in_one_container(relaxed: Relaxed, gpus: tuple[int, int]) ->
             for name in names.values():
                 assert not w.get_claim(node, ns, name).get("status", {}).get("allocation"), name
             return
+        if gpus[0] == gpus[1]:
+            events = wait_refused(relaxed, prefix, RefusalReason.CLAIMS_SHARE_A_GPU)
+            assert any("on the same GPU vgpu-0" in e["message"] for e in events), events
+            assert refusals(node, RefusalReason.CLAIMS_SHARE_A_GPU) > shared_before
+            return
         pod = w.wait_running(node, ns, prefix)
         pod_uid, cid = pod["metadata"]["uid"], w.container_id(pod, "main")
         limits = w.vgpu_limits(w.container_env(node, cid))
-        if gpus == (0, 1):
-            assert limits["CUDA_MEM_LIMIT_0"] == "1024m" and limits["CUDA_CORE_LIMIT_0"] == "10", limits
-            assert limits["CUDA_MEM_LIMIT_1"] == "2048m" and limits["CUDA_CORE_LIMIT_1"] == "20", limits
-        else:
-            assert limits["CUDA_MEM_LIMIT_0"] == "3072m" and limits["CUDA_CORE_LIMIT_0"] == "30", limits
-            assert "CUDA_MEM_LIMIT_1" not in limits, limits
+        assert limits["CUDA_MEM_LIMIT_0"] == "1024m" and limits["CUDA_CORE_LIMIT_0"] == "10", limits
+        assert limits["CUDA_MEM_LIMIT_1"] == "2048m" and limits["CUDA_CORE_LIMIT_1"] == "20", limits
         directories = {name: w.claim_subdirs(node, uid) for name, uid in claims.items()}
         assert sorted(d for dirs in directories.values() for d in dirs) == [f"{pod_uid}_main"], directories
         registration = w.register_from_container(node, cid, hold_s=3)
@@ -240,6 +271,19 @@ def test_two_claims_in_one_container(relaxed: Relaxed, gpus: tuple[int, int]) ->
         assert registration.shell_host_pid in registration.pids
     finally:
         cleanup(relaxed, [prefix], claims)
+
+
+def wait_refused(relaxed: Relaxed, pod: str, reason: RefusalReason) -> list[dict[str, Any]]:
+    """The pod waits, its events say Prepare refused a claim for `reason`; those events."""
+    node, ns = relaxed.node, relaxed.ns
+    events = w.wait_for(
+        lambda: [e for e in w.pod_events(node, ns, pod) if f"({reason.value})" in e.get("message", "")],
+        timeout=60,
+        what=f"pod {pod}: Prepare's refusal ({reason.value}) as an event",
+    )
+    assert {e["reason"] for e in events} == {"FailedPrepareDynamicResources"}, events
+    assert w.get_pod(node, ns, pod)["status"]["phase"] == "Pending"
+    return events
 
 
 def test_without_the_selector_the_pod_is_denied(relaxed: Relaxed) -> None:
@@ -298,7 +342,8 @@ def test_forced_onto_a_node_the_eager_prepare_refuses(relaxed: Relaxed, shape: R
         ]
         allocations = {prefix: ({"r0": "vgpu-0", "r1": "vgpu-1"}, pods)}
     names = [p["metadata"]["name"] for p in pods]
-    before = refusals(node, shape) if not node.nri else 0.0
+    reason = RefusalReason(shape.value)
+    before = refusals(node, reason)
     try:
         for claim, (devices, reserved) in allocations.items():
             allocate_by_hand(relaxed, claim, devices, reserved)
@@ -307,17 +352,9 @@ def test_forced_onto_a_node_the_eager_prepare_refuses(relaxed: Relaxed, shape: R
                 w.wait_running(node, ns, name)
             return
         for name in names:
-            events = w.wait_for(
-                lambda name=name: [
-                    e for e in w.pod_events(node, ns, name) if NEEDS_NRI in e.get("message", "")
-                ],
-                timeout=60,
-                what=f"pod {name}: the refused Prepare as an event",
-            )
-            assert {e["reason"] for e in events} == {"FailedPrepareDynamicResources"}, events
-            assert shape.value in " ".join(e["message"] for e in events), events
-            assert w.get_pod(node, ns, name)["status"]["phase"] == "Pending"
-        assert refusals(node, shape) > before
+            events = wait_refused(relaxed, name, reason)
+            assert any(NEEDS_NRI in e["message"] for e in events), events
+        assert refusals(node, reason) > before
         for uid in claims.values():
             assert not node.claim_dir(uid).exists()
             assert not node.cdi_spec(uid).exists()
