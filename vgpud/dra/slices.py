@@ -230,10 +230,10 @@ def build_slice(
     left_out: Collection[str] = (),
 ) -> JsonObject:
     """The whole slice, owned by the Node (garbage-collected with it). `pcie_roots` maps a GPU's PCI bus
-        id to its root complex (see `read_pcie_roots`). `taints` maps a GPU UUID to the taint its device
-        carries; the GPUs in `left_out` (UUIDs) are not published at all. `nri_mode` is the daemon's mode
-    (`device_attributes`). No GPUs -> an empty slice, which
-        still tells the scheduler that this node's pool exists and is empty."""
+    id to its root complex (see `read_pcie_roots`). `taints` maps a GPU UUID to the taint its device
+    carries; the GPUs in `left_out` (UUIDs) are not published at all. `nri_mode` is the daemon's mode
+    (`device_attributes`). No GPUs -> an empty slice, which still tells the scheduler that this node's
+    pool exists and is empty."""
     roots = pcie_roots or {}
     taints = taints or {}
     devices = []
