@@ -31,7 +31,7 @@ node: build kube node-deps  ## a local node (etcd, apiserver, controller manager
 test: build image kube chart-crds node-deps  ## every test tier that runs on this machine (as root: the e2e runs a node)
 	@$(VENV)/bin/ruff check
 	@$(VENV)/bin/ruff format --check --quiet
-	@$(PY) -m pytest -q tests --ignore=tests/launcher
+	@$(PY) -m pytest -q --durations=20 tests --ignore=tests/launcher
 	@# the launcher tests start nodes of their own: never beside the e2e suite's node
 	@$(PY) -m pytest -q tests/launcher
 
