@@ -12,14 +12,19 @@ import time
 import urllib.error
 import urllib.parse
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import grpc
+import trio
 
 from tests.kubeapi import ApiServer, api_request, free_port
 from tests.stdproto import message_class
+from vgpud.dra.slices import SliceKeeper
+from vgpud.gpu.health import HealthBoard
+from vgpud.gpu.model import GpuInfo
+from vgpud.kube.client import KubeClient
 
 DRIVER = "manager.nvidia.com"
 SERVING = 1  # grpc.health.v1.HealthCheckResponse.ServingStatus
@@ -223,3 +228,42 @@ def create_allocated_claim(
         api, "PUT", f"/apis/resource.k8s.io/v1/namespaces/{namespace}/resourceclaims/{name}/status", claim
     )
     return pod, claim
+
+
+async def run_keeper(
+    api: ApiServer,
+    node: str,
+    driver: str,
+    body: Callable[[], Awaitable[object]],
+    *,
+    gpus: Sequence[GpuInfo],
+    board: HealthBoard | None = None,
+    nri_mode: bool = False,
+) -> SliceKeeper:
+    """SliceKeeper (a daemon's slice publisher) with the real client, published, while `body` runs;
+    stopped after it. `nri_mode`: the mode the daemon would run in."""
+    await trio.to_thread.run_sync(ensure_node, api, node)
+    client = KubeClient.from_config(api.kubeconfig)
+    keeper = SliceKeeper(
+        client,
+        driver=driver,
+        node_name=node,
+        gpus=gpus,
+        cores_ratio=100,
+        memory_ratio=100,
+        nri_mode=nri_mode,
+        sysfs=None,
+        health=board,
+    )
+    try:
+        async with trio.open_nursery() as nursery:
+
+            async def serve(task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+                await keeper.run(task_status.started)
+
+            await nursery.start(serve)  # started once the server holds the slice
+            await body()
+            nursery.cancel_scope.cancel()
+    finally:
+        client.close()
+    return keeper

@@ -17,12 +17,10 @@ import pytest
 import trio
 
 from tests.kubeapi import ApiServer, api_request, start_apiserver
-from tests.vgpudproc import ensure_node, node_slices
-from vgpud.dra.slices import SliceKeeper
+from tests.vgpudproc import node_slices, run_keeper
 from vgpud.gpu import open_inventory
 from vgpud.gpu.health import DeviceHealth, HealthBoard
 from vgpud.gpu.mock import PROFILES_DIR
-from vgpud.kube.client import KubeClient
 
 GPUS = open_inventory("mock", profile=PROFILES_DIR / "a100-40gb-x2.yaml").gpus()
 GPU0, GPU1 = GPUS[0].uuid, GPUS[1].uuid
@@ -65,37 +63,6 @@ async def until(check: Callable[[], bool]) -> None:
             await trio.sleep(0.1)
 
 
-async def run_keeper(
-    api: ApiServer, node: str, driver: str, board: HealthBoard, body: Callable[[], Any]
-) -> SliceKeeper:
-    """SliceKeeper with the real client, published, while `body` runs; stopped after it."""
-    await trio.to_thread.run_sync(ensure_node, api, node)
-    client = KubeClient.from_config(api.kubeconfig)
-    keeper = SliceKeeper(
-        client,
-        driver=driver,
-        node_name=node,
-        gpus=GPUS,
-        cores_ratio=100,
-        memory_ratio=100,
-        nri_mode=False,
-        sysfs=None,
-        health=board,
-    )
-    try:
-        async with trio.open_nursery() as nursery:
-
-            async def serve(task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
-                await keeper.run(task_status.started)
-
-            await nursery.start(serve)
-            await body()
-            nursery.cancel_scope.cancel()
-    finally:
-        client.close()
-    return keeper
-
-
 async def test_a_sick_device_is_tainted_and_the_taint_goes_on_recovery(kube_apiserver: ApiServer) -> None:
     api = kube_apiserver
     node, driver = unique("taint")
@@ -120,7 +87,7 @@ async def test_a_sick_device_is_tainted_and_the_taint_goes_on_recovery(kube_apis
         board.update(DeviceHealth(GPU0, healthy=True, since=SINCE + 60))
         await until(lambda: now() == {"vgpu-0": [], "vgpu-1": []})
 
-    keeper = await run_keeper(api, node, driver, board, body)
+    keeper = await run_keeper(api, node, driver, body, gpus=GPUS, board=board)
     assert not keeper.leaves_out_sick
     assert keeper.repairs == 0, "our own writes are not taken for someone else's"
     (slice_,) = await trio.to_thread.run_sync(node_slices, api, node, driver)
@@ -156,6 +123,6 @@ async def test_a_server_without_device_taints_gets_the_sick_device_left_out(
         board.update(DeviceHealth(GPU0, healthy=True, since=SINCE + 60))
         await until(lambda: now() == {"vgpu-0": [], "vgpu-1": []})
 
-    keeper = await run_keeper(api, node, driver, board, body)
+    keeper = await run_keeper(api, node, driver, body, gpus=GPUS, board=board)
     assert keeper.leaves_out_sick
     assert keeper.repairs == 0

@@ -15,11 +15,9 @@ from typing import Any
 import trio
 
 from tests.kubeapi import ApiServer, free_port
-from tests.vgpudproc import Vgpud, ensure_node, node_slices
-from vgpud.dra.slices import SliceKeeper
+from tests.vgpudproc import Vgpud, ensure_node, node_slices, run_keeper
 from vgpud.gpu import open_inventory
 from vgpud.gpu.mock import PROFILES_DIR
-from vgpud.kube.client import KubeClient
 from vgpud.relaxations import NRI_MODE_ATTRIBUTE
 
 GPUS = open_inventory("mock", profile=PROFILES_DIR / "a100-40gb-x2.yaml").gpus()
@@ -28,27 +26,7 @@ GPUS = open_inventory("mock", profile=PROFILES_DIR / "a100-40gb-x2.yaml").gpus()
 async def publish(api: ApiServer, node: str, driver: str, *, nri_mode: bool) -> dict[str, Any]:
     """One keeper session (a daemon start in that mode) with the real client, until it has published;
     the slice as the server then holds it."""
-    client = KubeClient.from_config(api.kubeconfig)
-    keeper = SliceKeeper(
-        client,
-        driver=driver,
-        node_name=node,
-        gpus=GPUS,
-        cores_ratio=100,
-        memory_ratio=100,
-        nri_mode=nri_mode,
-        sysfs=None,
-    )
-    try:
-        async with trio.open_nursery() as nursery:
-
-            async def serve(task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
-                await keeper.run(task_status.started)
-
-            await nursery.start(serve)  # ready() is called once the server holds the slice
-            nursery.cancel_scope.cancel()
-    finally:
-        client.close()
+    await run_keeper(api, node, driver, trio.lowlevel.checkpoint, gpus=GPUS, nri_mode=nri_mode)
     (slice_,) = await trio.to_thread.run_sync(node_slices, api, node, driver)
     return slice_
 
