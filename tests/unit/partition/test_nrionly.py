@@ -41,19 +41,6 @@ def vgpu_claim(*pods: dict[str, Any], name: str = "gpu-claim", uid: str = o.CLAI
     )
 
 
-def other_claim(pod: dict[str, Any], *, driver: str = o.DRIVER, nic_too: bool = False) -> ClaimView:
-    """`second`: one request r2 of `driver`, and with `nic_too` a request `nic` of another driver."""
-    requests, results = [o.exactly("r2")], [o.result("r2", "vgpu-1", driver=driver)]
-    if nic_too:
-        requests.append(o.exactly("nic", "nic-class"))
-        results.append(o.result("nic", "eth0", driver=o.OTHER_DRIVER))
-    return view(
-        o.claim(
-            name="second", uid=OTHER_UID, requests=requests, results=results, reserved_for=o.reserved(pod)
-        )
-    )
-
-
 def pod_of(
     *containers: dict[str, Any], claims: dict[str, str] | None = None, **kwargs: Any
 ) -> dict[str, Any]:
@@ -112,7 +99,7 @@ def judge(pod: dict[str, Any], others: dict[str, ClaimView]) -> NriOnlyUse | Non
 
 def test_a_container_with_two_vgpu_claims_is_refused_naming_pod_container_and_claims() -> None:
     pod = pod_of(o.container("main", o.ref("gpu"), o.ref("more")), claims=BOTH)
-    refused = judge(pod, {"second": other_claim(pod)})
+    refused = judge(pod, {"second": second_on(pod, "vgpu-1")})
     assert isinstance(refused, NriOnlyUse)
     assert refused.relaxation is Relaxation.MULTIPLE_CLAIMS_PER_CONTAINER
     assert str(refused) == (
@@ -131,7 +118,7 @@ def test_a_template_claim_is_found_through_the_pod_status() -> None:
     )
     (use,) = other_claims(vgpu_claim(pod), [PodView.from_dict(pod)])
     assert (use.pod_claim, use.claim_name, use.container.name) == ("more", "second", "main")
-    assert judge(pod, {"second": other_claim(pod)}) is not None
+    assert judge(pod, {"second": second_on(pod, "vgpu-1")}) is not None
 
 
 def test_an_init_container_with_two_vgpu_claims_is_refused() -> None:
@@ -140,7 +127,7 @@ def test_an_init_container_with_two_vgpu_claims_is_refused() -> None:
         init=[o.container("setup", o.ref("gpu"), o.ref("more"))],
         claims=BOTH,
     )
-    refused = judge(pod, {"second": other_claim(pod)})
+    refused = judge(pod, {"second": second_on(pod, "vgpu-1")})
     assert refused is not None and "container setup of pod default/train" in str(refused)
 
 
@@ -169,7 +156,7 @@ def test_a_container_without_a_second_vgpu_claim_is_accepted(
     containers: list[dict[str, Any]], driver: str, nic_too: bool
 ) -> None:
     pod = pod_of(*containers, claims=BOTH)
-    assert judge(pod, {"second": other_claim(pod, driver=driver, nic_too=nic_too)}) is None
+    assert judge(pod, {"second": second_on(pod, "vgpu-1", driver=driver, nic_too=nic_too)}) is None
 
 
 def test_only_the_containers_of_this_claim_name_other_claims_to_look_up() -> None:
