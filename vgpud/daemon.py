@@ -551,7 +551,8 @@ def _start_components(node: Node) -> None:
         identity = Identity(settings.driver_name, settings.nri_plugin_idx)
         dialer = Dialer(str(settings.nri_socket), node.startup.nri_connection)
         session = partial(run_session, dialer, node.nri, identity, link=node.nri_link)
-        supervise(NRI_COMPONENT, session, *policies)
+        # a runtime that restarts is dialed as soon as it binds its socket again, whatever the backoff
+        supervise(NRI_COMPONENT, session, Restart(wake=dialer.replaced), HealthAfter())
     if node.registry is not None:
         supervise("registry", node.registry.run, *policies)
     if node.hotplug is not None:

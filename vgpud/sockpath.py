@@ -74,6 +74,25 @@ class SocketIdentity:
         return cls.of(os.lstat(path))
 
 
+@dataclass(frozen=True)
+class SocketStamp:
+    """A socket file as one bind made it: its inode and change time, since ext4 gives a new file the
+    inode just freed (a chmod or chown also changes the time: at worst one needless redial)."""
+
+    dev: int
+    ino: int
+    ctime_ns: int
+
+
+def socket_at(path: Path) -> SocketStamp | None:
+    """The socket a connect to `path` reaches now (links followed), None when there is none."""
+    try:
+        st = path.stat()
+    except OSError:
+        return None
+    return SocketStamp(st.st_dev, st.st_ino, st.st_ctime_ns) if stat.S_ISSOCK(st.st_mode) else None
+
+
 def path_state(path: Path, ours: SocketIdentity) -> str:
     """Whether `path` is "ours", "missing", or "other" (a successor's socket, or something else)."""
     try:

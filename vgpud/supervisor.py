@@ -18,7 +18,11 @@ Policies (at most one of each per component):
 
 - ``Restart(backoff, healthy_after)``: after a failure, sleep ``backoff.delay(attempt)`` and run again,
   forever. ``attempt`` resets to 0 when the failed session had lived >= ``healthy_after`` (measured from
-  its start). Without Restart a failure is final for that component.
+  its start). Without Restart a failure is final for that component. ``Restart(wake=...)`` may end a
+  backoff early: ``wake()`` is awaited during each backoff sleep and, when it returns (a reason, e.g.
+  "the peer's socket is new"), the next session starts at once. It must return only on an event that
+  happens once per change of the outside world, never on a condition that stays true, so a failing
+  component cannot loop without its backoff.
 - ``HealthAfter(grace)``: health flips to FAILING when the *failure window* has lasted ``grace`` seconds
   and the component is not ready at that moment. A timer does it, so the flip happens at exactly
   ``window start + grace`` even while the component sleeps in backoff. Without HealthAfter, grace is 0:
@@ -92,12 +96,17 @@ class Backoff:
         return min(raw, self.cap)
 
 
+Wake = Callable[[], Awaitable[str]]
+
+
 @dataclass(frozen=True)
 class Restart:
-    """Restart after every failure with ``backoff``; a session of ``healthy_after`` s resets it."""
+    """Restart after every failure with ``backoff``; a session of ``healthy_after`` s resets it, and
+    ``wake`` (if any) may end a backoff sleep early with its reason."""
 
     backoff: Backoff = Backoff()
     healthy_after: float = 30.0
+    wake: Wake | None = None
 
     def __post_init__(self) -> None:
         _check(self.healthy_after >= 0, f"{self}: healthy_after must be >= 0")
@@ -311,6 +320,26 @@ class _Tracker:
         )
         logger.debug("component %s failure traceback", self.comp.name, exc_info=failure)
 
+    async def pause(self, delay: float) -> None:
+        """Sleep ``delay`` before the next session, or less when the Restart's ``wake`` returns."""
+        wake = self.comp.plan.restart.wake if self.comp.plan.restart else None
+        if wake is None:
+            await trio.sleep(delay)
+            return
+        with trio.move_on_after(delay):
+            try:
+                reason = await wake()
+            except Exception as exc:  # a broken wake costs the early restart, never the component
+                logger.warning("component %s: its restart wake failed: %s", self.comp.name, describe(exc))
+                await trio.sleep_forever()
+            logger.info(
+                "component %s: restart %d now, before its %gs backoff ended: %s",
+                self.comp.name,
+                self.attempt,
+                delay,
+                reason,
+            )
+
     def stopped(self, lived: float) -> None:
         """The session returned: a clean stop, so no pending flip may mark it FAILING."""
         self._disarm()
@@ -453,4 +482,4 @@ class Supervisor:
             else:
                 tracker.stopped(tracker.end())
                 return
-            await trio.sleep(delay)
+            await tracker.pause(delay)

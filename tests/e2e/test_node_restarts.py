@@ -1,6 +1,6 @@
 """Restarts on a real node, both tracks, on containerd 1.7 and 2.x: vgpud while pods run (NRI
 Synchronize rebuilds the cache; a new process in an old container still registers) and containerd (the
-NRI plugin reconnects; new pods are injected)."""
+NRI plugin reconnects; new pods are injected), also several times in a row."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import time
 from pathlib import Path
 
 from tests.e2e import workload as w
-from tests.e2e.conftest import WITH_CD2
+from tests.e2e.conftest import NRI_TRACKS, WITH_CD2
 from tests.e2e.node import LocalNode
 
 
@@ -96,4 +96,37 @@ def test_restart_containerd(node: LocalNode) -> None:
     assert reg.returncode == 0, reg.output
     w.delete_pod(node, ns, "p")
     w.wait_for(lambda: not node.claim_dir(uid).exists(), what="claim directory removed")
+    w.release_claim(node, ns, "gpu")
+
+
+@NRI_TRACKS
+def test_containerd_restarted_again_and_again_is_redialed_at_once(node: LocalNode) -> None:
+    """Four containerd restarts seconds apart: each session ends before it could reset vgpud's
+    restart backoff (1, 2, 4, 8 s...), yet vgpud dials each new NRI socket at once, and a pod created
+    right after the last restart is injected (a container created while no plugin is connected would
+    run without vgpud's env and mounts)."""
+    ns = w.namespace(node)
+    reconnects: list[float] = []
+    for restart in range(4):
+        registered_before = len(_log_matches(node, r"NRI: registered as"))
+        node.stop_containerd()
+        node.start_containerd()
+        started = time.monotonic()
+        if restart == 3:
+            w.create_claim(node, ns, "gpu", [w.vgpu_request("gpu", "1Gi", "5")])
+            w.create_pod(node, ns, "p", [w.container("main", [("gpu", "gpu")])], {"gpu": "gpu"})
+        w.wait_for(
+            lambda before=registered_before: len(_log_matches(node, r"NRI: registered as")) > before,
+            timeout=35,
+            interval=0.1,
+            what="vgpud's NRI plugin to reconnect",
+        )
+        reconnects.append(time.monotonic() - started)
+    print(f"NRI plugin reconnected {', '.join(f'{s:.1f}' for s in reconnects)} s after containerd started")
+    assert max(reconnects) < 3, reconnects
+    assert _log_matches(node, r"component nri-plugin: restart \d+ now, before its \d+s backoff ended")
+    pod = w.wait_running(node, ns, "p")
+    env = w.container_env(node, w.container_id(pod, "main"))
+    assert env["VGPU_POD_UID"] == pod["metadata"]["uid"]
+    w.delete_pod(node, ns, "p")
     w.release_claim(node, ns, "gpu")

@@ -164,6 +164,71 @@ async def test_reconnect_never_stops(autojump_clock: trio.abc.Clock) -> None:
     assert set(gaps(comp.starts)[5:]) == {30}
 
 
+class Waker:
+    """A `Restart.wake` that returns when the test calls `fire()`; each return needs a new fire."""
+
+    def __init__(self) -> None:
+        self.fired = trio.Event()
+        self.calls = 0
+
+    def fire(self) -> None:
+        self.fired.set()
+
+    async def __call__(self) -> str:
+        self.calls += 1
+        await self.fired.wait()
+        self.fired = trio.Event()
+        return "the peer is back"
+
+
+async def test_wake_ends_a_backoff_early_and_only_once_per_event(
+    autojump_clock: trio.abc.Clock, caplog: pytest.LogCaptureFixture
+) -> None:
+    comp, waker = Scripted(Step()), Waker()
+    t0 = trio.current_time()
+    with caplog.at_level(logging.INFO, logger="vgpud.supervisor"):
+        async with Supervisor() as sup:
+            sup.supervise("nri", comp, Restart(Backoff(initial=10, cap=10), wake=waker), HealthAfter())
+            await trio.sleep(3)
+            waker.fire()  # mid-backoff: the next session starts now, not at 10 s
+            await trio.sleep(30.5)
+            sup.cancel()
+    assert [t - t0 for t in comp.starts] == [0, 3, 13, 23, 33]  # no event: the backoff again
+    assert waker.calls == 5  # one wait per backoff sleep, each after a failed session
+    assert "component nri: restart 1 now, before its 10s backoff ended: the peer is back" in caplog.messages
+
+
+async def test_wake_does_not_reset_the_backoff_or_the_health_window(autojump_clock: trio.abc.Clock) -> None:
+    comp, waker = Scripted(Step()), Waker()
+    t0 = trio.current_time()
+    async with Supervisor() as sup:
+        sup.supervise("nri", comp, Restart(wake=waker), HealthAfter(grace=20))
+        await trio.sleep(7.5)  # sessions at 0, 1, 3, 7: the backoff is now 8 s
+        waker.fire()
+        await trio.sleep(12.6)
+        assert sup.health.get("nri").state is FAILING  # still failing: 20 s after the first failure
+        await trio.sleep(4)
+        sup.cancel()
+    assert [t - t0 for t in comp.starts] == [0, 1, 3, 7, 7.5, 7.5 + 16]
+
+
+async def test_a_wake_that_raises_costs_only_the_early_restart(
+    autojump_clock: trio.abc.Clock, caplog: pytest.LogCaptureFixture
+) -> None:
+    async def broken() -> str:
+        raise OSError("cannot stat")
+
+    comp = Scripted(Step())
+    t0 = trio.current_time()
+    with caplog.at_level(logging.WARNING, logger="vgpud.supervisor"):
+        async with Supervisor() as sup:
+            sup.supervise("nri", comp, Restart(wake=broken))
+            await trio.sleep(7.5)
+            sup.cancel()
+    assert [t - t0 for t in comp.starts] == [0, 1, 3, 7]
+    assert "component nri: its restart wake failed: OSError: cannot stat" in caplog.messages
+
+
 async def test_clean_return_stops_without_restart(autojump_clock: trio.abc.Clock) -> None:
     comp = Scripted(Step(ready_after=0, lives=5, end="return"))
     t0 = trio.current_time()

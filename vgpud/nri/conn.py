@@ -22,6 +22,7 @@ import logging
 import socket
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 
 import trio
 
@@ -31,6 +32,7 @@ from vgpud.nri import mux, ttrpc
 from vgpud.nri.hooks import HookError, NriHooks
 from vgpud.nri.runtime_link import CallFailed, RuntimeLink
 from vgpud.nri.sync import gc_paused
+from vgpud.sockpath import socket_at
 from vgpud.wire import MalformedMessage
 
 log = logging.getLogger("vgpud.nri")
@@ -250,20 +252,39 @@ def probe(path: str, timeout: float = PROBE_TIMEOUT) -> socket.socket | str:
 
 
 class Dialer:
-    """Connections to the runtime's NRI socket: the start-up probe's first (if any), then new ones."""
+    """Connections to the runtime's NRI socket: the start-up probe's first (if any), then new ones.
 
-    def __init__(self, path: str, first: socket.socket | None = None) -> None:
+    It remembers which socket it dialed last, so that `replaced` can tell the supervisor when the
+    runtime has bound a new one: a restarted containerd is served at once, not after a backoff that
+    its earlier restarts grew (containers it creates meanwhile would get no NRI hook)."""
+
+    def __init__(self, path: str, first: socket.socket | None = None, *, poll: float = 0.2) -> None:
         self.path = path
         self._first = first
+        self._poll = poll
+        self._dialed = socket_at(Path(path)) if first is not None else None
 
     async def connect(self) -> trio.SocketStream:
         first, self._first = self._first, None
         if first is not None:
             return trio.SocketStream(trio.socket.from_stdlib_socket(first))
+        self._dialed = socket_at(Path(self.path))
         try:
             return await trio.open_unix_socket(self.path)
         except OSError as err:
             raise SessionEnded(f"cannot connect to {self.path}: {err.strerror or err}") from err
+
+    async def replaced(self) -> str:
+        """Return once a socket other than the one dialed last has sat at the path for a poll
+        interval (a runtime binds before it listens); the supervisor's `Restart.wake`. One return per
+        new socket, so a runtime that binds and then refuses cannot make vgpud loop without its backoff."""
+        seen = None
+        while True:
+            now = socket_at(Path(self.path))
+            if now is not None and now != self._dialed and now == seen:
+                return f"the runtime bound a new socket at {self.path}"
+            seen = now
+            await trio.sleep(self._poll)
 
 
 async def run_session(

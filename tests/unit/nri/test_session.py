@@ -231,3 +231,77 @@ async def test_the_probe_connection_is_the_first_session(short_tmp: Path) -> Non
             second = await plugins.receive()  # the supervisor's next session, on a new connection
         assert second is not first
         nursery.cancel_scope.cancel()
+
+
+# --- a restarted runtime is dialed at once (Dialer.replaced as the supervisor's Restart.wake) ------
+
+
+async def _connected_stays_quiet(plugins: trio.MemoryReceiveChannel, seconds: float) -> bool:
+    """No plugin connects within `seconds`."""
+    with trio.move_on_after(seconds):
+        await plugins.receive()
+        return False
+    return True
+
+
+async def test_a_restarted_runtime_is_dialed_at_once_whatever_the_backoff(short_tmp: Path) -> None:
+    """Real sockets, a 30 s backoff: the runtime drops the plugin (no new socket: the backoff holds),
+    then restarts on a new socket (dialed at once), as containerd does after a kill."""
+    socket_path = short_tmp / "nri.sock"
+    hooks = make_hooks(short_tmp / "root")
+    dialer = Dialer(str(socket_path))
+    async with Supervisor() as supervisor:
+        async with fake_runtime(socket_path) as plugins:
+            supervisor.supervise(
+                "nri-plugin",
+                partial(run_session, dialer, hooks, IDENTITY),
+                Restart(Backoff(initial=30, cap=30), wake=dialer.replaced),
+                HealthAfter(),
+            )
+            with trio.fail_after(10):
+                runtime = await plugins.receive()
+                await runtime.handshake()
+                while supervisor.health.get("nri-plugin").state is not HealthState.HEALTHY:
+                    await supervisor.health.wait_changed()
+            await runtime.stream.aclose()  # dropped; the same socket still listens
+            assert await _connected_stays_quiet(plugins, 1.5)
+        assert socket_path.is_socket()  # the killed runtime's socket is left behind: refused now
+        assert await trio.to_thread.run_sync(probe, str(socket_path)) == "Connection refused"
+        socket_path.unlink()  # a restarted runtime replaces its stale socket
+        async with fake_runtime(socket_path) as plugins:
+            started = trio.current_time()
+            with trio.fail_after(10):
+                runtime = await plugins.receive()
+            assert trio.current_time() - started < 2  # the poll, not the 30 s backoff
+            with trio.fail_after(10):
+                await runtime.handshake()
+                while supervisor.health.get("nri-plugin").state is not HealthState.HEALTHY:
+                    await supervisor.health.wait_changed()
+        supervisor.cancel()
+
+
+async def test_replaced_waits_for_a_socket_other_than_the_one_dialed(short_tmp: Path) -> None:
+    socket_path = short_tmp / "nri.sock"
+    dialer = Dialer(str(socket_path), poll=0.01)
+    with pytest.raises(SessionEnded, match="No such file or directory"):
+        await dialer.connect()  # nothing dialed: any socket is new
+    socket_path.write_text("not a socket")
+    with trio.move_on_after(0.3) as waited:
+        await dialer.replaced()
+    assert waited.cancelled_caught  # a file is not a socket
+    socket_path.unlink()
+    async with fake_runtime(socket_path):
+        with trio.fail_after(2):
+            assert await dialer.replaced() == f"the runtime bound a new socket at {socket_path}"
+        stream = await dialer.connect()
+        with trio.move_on_after(0.3) as waited:
+            await dialer.replaced()
+        assert waited.cancelled_caught  # the socket it dialed
+        await stream.aclose()
+    socket_path.unlink()
+    with trio.move_on_after(0.3) as waited:
+        await dialer.replaced()
+    assert waited.cancelled_caught  # gone, and nothing new
+    async with fake_runtime(socket_path):
+        with trio.fail_after(2):
+            await dialer.replaced()
