@@ -177,7 +177,8 @@ def test_removing_an_exited_instance_keeps_the_running_ones_directory(node: Loca
     assert reg.returncode == 0, reg.output
     assert reg.shell_host_pid in reg.pids
     if node.nri:
-        (entry,) = debug_state(node)["nri"]["cache"]["directories"].values()
+        directories = debug_state(node)["nri"]["cache"]["directories"]
+        (entry,) = [row for row in directories.values() if row["pod_uid"] == pod_uid]
         assert entry["container_ids"] == [cid]
     w.delete_pod(node, ns, "p")
     w.wait_for(lambda: not node.claim_dir(uid).exists(), what="claim directory removed")
@@ -206,7 +207,11 @@ def test_vgpud_start_leaves_no_plugin_error_in_containerd_log(node: LocalNode) -
 @NRI_TRACKS
 def test_vgpud_stopped_past_the_deadline_leaves_a_reported_container(node: LocalNode) -> None:
     """containerd drops the stalled plugin and creates the container unadjusted; vgpud finishes its
-    hook later, then the Synchronize after its reconnect shows what the runtime really did."""
+    hook later, then the Synchronize after its reconnect shows what the runtime really did.
+
+    vgpud stays stopped until `main` runs: containerd drops the plugin on the first hook it stalls,
+    here the init container's StopContainer, and a vgpud resumed then can reconnect before the
+    kubelet creates `main`, which is then adjusted as usual (a CI run saw that race)."""
     ns = w.namespace(node)
     claim = w.create_claim(node, ns, "gpu", [w.vgpu_request("gpu", "1Gi", "5")])
     uid = claim["metadata"]["uid"]
@@ -221,9 +226,9 @@ def test_vgpud_stopped_past_the_deadline_leaves_a_reported_container(node: Local
             timeout=60,
             what="containerd to drop the stalled plugin",
         )
+        pod = w.wait_running(node, ns, "late")
     finally:
         vgpud.send_signal(signal.SIGCONT)
-    pod = w.wait_running(node, ns, "late")
     cid = w.container_id(pod, "main")
     assert not injected(node, cid)  # the runtime really created it without the adjustment
     synchronized_after(node, before)
@@ -270,7 +275,7 @@ def test_vgpud_killed_while_ten_pods_start(node: LocalNode) -> None:
 
     for name in names:
         w.delete_pod(node, ns, name)
-    assert debug_state(node)["nri"]["not_injected"] == {}
+    assert not set(cids) & set(debug_state(node)["nri"]["not_injected"])
     for name in names:
         w.release_claim(node, ns, name)
 
