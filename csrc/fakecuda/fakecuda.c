@@ -5,7 +5,7 @@
  * do with them in the state both fakes share (csrc/fakestate), so NVML reports per pid what this
  * library allocated and launched:
  *
- *   FAKE_NVML_PROFILE=/path/profile.yaml  the GPUs (required by cuInit)
+ *   FAKE_NVML_PROFILE=/path/profile.yaml  the GPUs (env mode; unset: kernel mode, below)
  *   FAKE_GPU_STATE=/path                  the shared state file (unset: private to the process)
  *   FAKE_GPU_NS_PER_BLOCK=N               simulated kernel time per grid block, ns (default 1000)
  *   CUDA_VISIBLE_DEVICES                  ordinals by CUDA index or (a unique prefix of) a GPU UUID,
@@ -14,10 +14,15 @@
  *   FAKE_CUDA_TRACE=1                     one stderr line per cuGetExportTable call and per
  *                                         cuGetProcAddress lookup (what it returned)
  *
+ * Kernel mode (csrc/fakestate/driver.h): without FAKE_NVML_PROFILE, a libcuda.so.1 in a driver root's
+ * library directory gets the profile, the state and its caller's host pid from the fake kernel
+ * (csrc/fakekernel) of that root, and sees only the GPUs whose device nodes the root has.
+ *
  * This file: init, errors, devices, contexts, entry points. fakemem.c: memory; fakeexec.c: streams,
  * events, modules, launches; fakegraph.c: graphs; fakeprocs.c: the versioned entry point table.
  */
 #include "fakecuda.h"
+#include "driver.h"
 
 #include <errno.h>
 #include <pthread.h>
@@ -63,14 +68,7 @@ static void after_fork_child(void) {
 
 static void load(void) {
     pthread_atfork(NULL, NULL, after_fork_child);
-    const char *path = getenv("FAKE_NVML_PROFILE");
-    if (path == NULL || path[0] == '\0') {
-        snprintf(load_why, sizeof load_why, "FAKE_NVML_PROFILE is not set: it names the GPU profile to serve");
-        load_rc = -1;
-        return;
-    }
-    if (fake_profile_load(path, &fc_profile, load_why, sizeof load_why) < 0 ||
-        fs_attach(&fc_profile, load_why, sizeof load_why) < 0) {
+    if (fs_driver_open(&fc_profile, load_why, sizeof load_why) < 0) {
         load_rc = -1;
         return;
     }
@@ -107,22 +105,14 @@ static const fake_gpu *gpu_of(CUdevice ordinal) {
 
 /* ---- CUDA_VISIBLE_DEVICES ---- */
 
-static int pci_less(const fake_gpu *a, const fake_gpu *b) {
-    if (a->pci.domain != b->pci.domain) return a->pci.domain < b->pci.domain;
-    if (a->pci.bus != b->pci.bus) return a->pci.bus < b->pci.bus;
-    return a->pci.device < b->pci.device;
-}
-
-/* The real driver stops at the first entry it cannot use; so does this. */
+/* The present GPUs (all, but in kernel mode those with a device node) in PCI bus id order; then the
+ * real driver stops at the first CUDA_VISIBLE_DEVICES entry it cannot use, and so does this. */
 static void apply_visible_devices(void) {
-    int order[FAKE_MAX_GPUS], n = (int)fc_profile.count;
-    for (int i = 0; i < n; i++) order[i] = (int)fc_profile.by_index[i]->index;
-    for (int i = 1; i < n; i++) /* insertion sort by PCI bus id */
-        for (int j = i; j > 0 && pci_less(fc_profile.by_index[order[j]], fc_profile.by_index[order[j - 1]]); j--) {
-            int t = order[j];
-            order[j] = order[j - 1];
-            order[j - 1] = t;
-        }
+    const fake_gpu *by_pci[FAKE_MAX_GPUS];
+    int order[FAKE_MAX_GPUS], n = 0;
+    fake_profile_pci_order(&fc_profile, by_pci);
+    for (unsigned int i = 0; i < fc_profile.count; i++)
+        if (fs_gpu_present(by_pci[i])) order[n++] = (int)by_pci[i]->index;
     const char *env = getenv("CUDA_VISIBLE_DEVICES");
     visible_count = 0;
     if (env == NULL) {
@@ -142,9 +132,9 @@ static void apply_visible_devices(void) {
             if (k < n) found = order[k];
         } else if (strncmp(tok, "GPU-", 4) == 0 && len > 4) {
             for (int i = 0; i < n; i++)
-                if (strncmp(fc_profile.by_index[i]->uuid, tok, len) == 0) {
+                if (strncmp(fc_profile.by_index[order[i]]->uuid, tok, len) == 0) {
                     if (found >= 0) return; /* ambiguous prefix */
-                    found = i;
+                    found = order[i];
                 }
         }
         if (found < 0) return;

@@ -7,7 +7,8 @@
  * shows here through their shared state (csrc/fakestate): used memory, the compute and graphics
  * process lists, and process / device utilization from simulated kernel time.
  *
- *   FAKE_NVML_PROFILE=/path/to/profile.yaml   read at nvmlInit* when not already initialized
+ *   FAKE_NVML_PROFILE=/path/to/profile.yaml   read at nvmlInit* when not already initialized (env
+ *                                             mode; unset: kernel mode, below)
  *   FAKE_GPU_STATE=/path                      the state shared with the fake libcuda (unset: none,
  *                                             no process uses the GPUs)
  *   FAKE_NVML_HIDE_PROCESS_MEMORY=1           process lists give usedGpuMemory as
@@ -18,10 +19,16 @@
  * nvmlEventSetCreate / nvmlDeviceRegisterEvents / nvmlEventSetWait_v2, and a lost GPU, on which every
  * device call (and a handle lookup) returns NVML_ERROR_GPU_IS_LOST until it is restored.
  *
+ * Kernel mode (csrc/fakestate/driver.h): without FAKE_NVML_PROFILE, a libnvidia-ml.so.1 in a driver
+ * root's library directory gets the profile and the state from the fake kernel (csrc/fakekernel) of
+ * that root. It enumerates only the GPUs whose device nodes the root has, numbered 0..n-1 in PCI
+ * bus id order as real NVML numbers a container's GPUs; minor numbers, UUIDs and PCI ids stay the
+ * GPUs' own. In env mode every GPU of the profile shows, at the profile's index.
+ *
  * The profile is a flat YAML subset, defined in vgpud/gpu/profile.py and parsed by
- * csrc/fakestate/profile.c. A missing or unparsable profile (or state file) makes nvmlInit* fail
- * with NVML_ERROR_UNKNOWN, print one "fakenvml: ..." line to stderr, and
- * nvmlErrorString(NVML_ERROR_UNKNOWN) then says why.
+ * csrc/fakestate/profile.c. A missing or unparsable profile (or state file, or in kernel mode no
+ * fake kernel) makes nvmlInit* fail with NVML_ERROR_UNKNOWN, print one "fakenvml: ..." line to
+ * stderr, and nvmlErrorString(NVML_ERROR_UNKNOWN) then says why.
  *
  * Struct layouts follow nvml.h (and nvidia-ml-py's ctypes mirrors of it). Not thread-safe: callers
  * serialize init and shutdown, as vgpud does.
@@ -33,6 +40,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "driver.h"
 #include "profile.h"
 #include "state.h"
 
@@ -88,7 +96,12 @@ typedef fake_gpu *nvmlDevice_t;
 
 static fake_profile profile;
 static int init_count;
-static char last_error[640];
+static char last_error[1200];
+/* The enumerated GPUs by NVML index, and each GPU's NVML index by profile index (-1: not present).
+ * The shared state is keyed by the profile index (fake_gpu.index) in both modes. */
+static nvmlDevice_t visible[FAKE_MAX_GPUS];
+static unsigned int visible_count;
+static int nvml_index[FAKE_MAX_GPUS];
 
 /* ---- the exported NVML entry points -------------------------------------------------------- */
 
@@ -98,7 +111,7 @@ static char last_error[640];
     } while (0)
 
 static int valid(nvmlDevice_t device) {
-    return device >= profile.gpus && device < profile.gpus + profile.count;
+    return device >= profile.gpus && device < profile.gpus + profile.count && nvml_index[device->index] >= 0;
 }
 
 /* A lost GPU (tests/fakegpu_state.py set_lost) answers nothing but NVML_ERROR_GPU_IS_LOST. */
@@ -116,28 +129,37 @@ static nvmlReturn_t copy_out(const char *value, char *buffer, unsigned int lengt
     return NVML_SUCCESS;
 }
 
+/* Number the present GPUs: in env mode all, by profile index; in kernel mode those with a device
+ * node, in PCI bus id order. */
+static void enumerate(void) {
+    const fake_gpu *order[FAKE_MAX_GPUS];
+    if (fs_driver_kernel_mode())
+        fake_profile_pci_order(&profile, order);
+    else
+        memcpy(order, profile.by_index, profile.count * sizeof order[0]);
+    visible_count = 0;
+    for (unsigned int i = 0; i < FAKE_MAX_GPUS; i++) nvml_index[i] = -1;
+    for (unsigned int i = 0; i < profile.count; i++)
+        if (fs_gpu_present(order[i])) {
+            nvml_index[order[i]->index] = (int)visible_count;
+            visible[visible_count++] = (nvmlDevice_t)order[i];
+        }
+}
+
 EXPORT nvmlReturn_t nvmlInitWithFlags(unsigned int flags) {
     (void)flags;
     if (init_count > 0) {
         init_count++;
         return NVML_SUCCESS;
     }
-    const char *path = getenv("FAKE_NVML_PROFILE");
-    char why[600];
-    int rc;
-    if (path == NULL || path[0] == '\0') {
-        snprintf(why, sizeof why, "profile (unset): FAKE_NVML_PROFILE is not set: it names the GPU profile to serve");
-        rc = -1;
-    } else {
-        rc = fake_profile_load(path, &profile, why, sizeof why);
-        if (rc == 0) rc = fs_attach(&profile, why, sizeof why);
-    }
-    if (rc < 0) {
+    char why[1100];
+    if (fs_driver_open(&profile, why, sizeof why) < 0) {
         memset(&profile, 0, sizeof profile);
         snprintf(last_error, sizeof last_error, "Unknown Error (fakenvml: %s)", why);
         fprintf(stderr, "fakenvml: %s\n", why);
         return NVML_ERROR_UNKNOWN;
     }
+    enumerate();
     last_error[0] = '\0';
     init_count = 1;
     return NVML_SUCCESS;
@@ -148,7 +170,7 @@ EXPORT nvmlReturn_t nvmlInit(void) { return nvmlInitWithFlags(0); }
 
 EXPORT nvmlReturn_t nvmlShutdown(void) {
     REQUIRE_INIT();
-    if (--init_count == 0) fs_detach();
+    if (--init_count == 0) fs_driver_close();
     return NVML_SUCCESS;
 }
 
@@ -190,7 +212,7 @@ EXPORT nvmlReturn_t nvmlSystemGetCudaDriverVersion_v2(int *version) {
 EXPORT nvmlReturn_t nvmlDeviceGetCount_v2(unsigned int *count) {
     REQUIRE_INIT();
     if (count == NULL) return NVML_ERROR_INVALID_ARGUMENT;
-    *count = profile.count;
+    *count = visible_count;
     return NVML_SUCCESS;
 }
 
@@ -198,9 +220,9 @@ EXPORT nvmlReturn_t nvmlDeviceGetCount(unsigned int *count) { return nvmlDeviceG
 
 EXPORT nvmlReturn_t nvmlDeviceGetHandleByIndex_v2(unsigned int index, nvmlDevice_t *device) {
     REQUIRE_INIT();
-    if (device == NULL || index >= profile.count) return NVML_ERROR_INVALID_ARGUMENT;
-    if (fs_lost(index)) return NVML_ERROR_GPU_IS_LOST;
-    *device = profile.by_index[index];
+    if (device == NULL || index >= visible_count) return NVML_ERROR_INVALID_ARGUMENT;
+    if (fs_lost(visible[index]->index)) return NVML_ERROR_GPU_IS_LOST;
+    *device = visible[index];
     return NVML_SUCCESS;
 }
 
@@ -210,7 +232,7 @@ EXPORT nvmlReturn_t nvmlDeviceGetHandleByIndex(unsigned int index, nvmlDevice_t 
 
 EXPORT nvmlReturn_t nvmlDeviceGetIndex(nvmlDevice_t device, unsigned int *index) {
     REQUIRE_DEVICE(device, index);
-    *index = device->index;
+    *index = (unsigned int)nvml_index[device->index];
     return NVML_SUCCESS;
 }
 
@@ -428,10 +450,10 @@ EXPORT nvmlReturn_t nvmlDeviceGetUtilizationRates(nvmlDevice_t device, nvmlUtili
 EXPORT nvmlReturn_t nvmlDeviceGetHandleByUUID(const char *uuid, nvmlDevice_t *device) {
     REQUIRE_INIT();
     if (uuid == NULL || device == NULL) return NVML_ERROR_INVALID_ARGUMENT;
-    for (unsigned int i = 0; i < profile.count; i++)
-        if (strcmp(profile.gpus[i].uuid, uuid) == 0) {
-            if (fs_lost(profile.gpus[i].index)) return NVML_ERROR_GPU_IS_LOST;
-            *device = &profile.gpus[i];
+    for (unsigned int i = 0; i < visible_count; i++)
+        if (strcmp(visible[i]->uuid, uuid) == 0) {
+            if (fs_lost(visible[i]->index)) return NVML_ERROR_GPU_IS_LOST;
+            *device = visible[i];
             return NVML_SUCCESS;
         }
     return NVML_ERROR_NOT_FOUND;
@@ -488,6 +510,13 @@ EXPORT nvmlReturn_t nvmlDeviceSetComputeMode(nvmlDevice_t device, unsigned int m
     if (!valid(device) || mode > 3) return NVML_ERROR_INVALID_ARGUMENT;
     if (fs_lost(device->index)) return NVML_ERROR_GPU_IS_LOST;
     compute_modes[device->index] = mode;
+    return NVML_SUCCESS;
+}
+
+/* No GPU of a profile is a MIG device (nvidia-ctk asks before it lists a GPU's device nodes). */
+EXPORT nvmlReturn_t nvmlDeviceIsMigDeviceHandle(nvmlDevice_t device, unsigned int *isMigDevice) {
+    REQUIRE_DEVICE(device, isMigDevice);
+    *isMigDevice = 0;
     return NVML_SUCCESS;
 }
 

@@ -6,6 +6,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #define LINE_MAX_BYTES 511
 
@@ -240,10 +241,8 @@ static int check_complete(parse_ctx *ctx) {
     return 0;
 }
 
-static int parse_profile(parse_ctx *ctx) {
+static int parse_profile(parse_ctx *ctx, FILE *f) {
     memset(profile, 0, sizeof *profile);
-    FILE *f = fopen(ctx->path, "r");
-    if (!f) return fail(ctx, "cannot be opened: %s", strerror(errno));
     char line[LINE_MAX_BYTES + 3]; /* the line, \r, \n, NUL */
     int in_list = 0, rc = 0;
     while (rc == 0 && fgets(line, sizeof line, f)) {
@@ -305,20 +304,51 @@ static int parse_profile(parse_ctx *ctx) {
         }
     }
     if (rc == 0 && ferror(f)) rc = fail(ctx, "read error");
-    fclose(f);
     return rc == 0 ? check_complete(ctx) : rc;
 }
 
-int fake_profile_load(const char *path, fake_profile *out, char *why, size_t why_size) {
-    parse_ctx ctx = {path, 0, ""};
+/* Parse the open `f` (NULL: it could not be opened, errno says why) named `name`; closes f. */
+static int load(FILE *f, const char *name, fake_profile *out, char *why, size_t why_size) {
+    parse_ctx ctx = {name, 0, ""};
     profile = out;
-    int rc = parse_profile(&ctx);
+    int rc = f ? parse_profile(&ctx, f) : fail(&ctx, "cannot be opened: %s", strerror(errno));
     profile = NULL;
+    if (f) fclose(f);
     if (rc < 0) {
         memset(out, 0, sizeof *out);
         snprintf(why, why_size, "%s", ctx.why);
     }
     return rc;
+}
+
+int fake_profile_load(const char *path, fake_profile *out, char *why, size_t why_size) {
+    return load(fopen(path, "r"), path, out, why, why_size);
+}
+
+int fake_profile_load_fd(int fd, const char *name, fake_profile *out, char *why, size_t why_size) {
+    FILE *f = fdopen(fd, "r");
+    if (f == NULL) {
+        int err = errno;
+        close(fd);
+        errno = err;
+    }
+    return load(f, name, out, why, why_size);
+}
+
+static int pci_less(const fake_gpu *a, const fake_gpu *b) {
+    if (a->pci.domain != b->pci.domain) return a->pci.domain < b->pci.domain;
+    if (a->pci.bus != b->pci.bus) return a->pci.bus < b->pci.bus;
+    return a->pci.device < b->pci.device;
+}
+
+void fake_profile_pci_order(const fake_profile *p, const fake_gpu **out) {
+    for (unsigned int i = 0; i < p->count; i++) out[i] = p->by_index[i];
+    for (unsigned int i = 1; i < p->count; i++) /* insertion sort: a handful of GPUs */
+        for (unsigned int j = i; j > 0 && pci_less(out[j], out[j - 1]); j--) {
+            const fake_gpu *t = out[j];
+            out[j] = out[j - 1];
+            out[j - 1] = t;
+        }
 }
 
 unsigned int fake_gpu_sm_count(const fake_gpu *g) {

@@ -57,6 +57,11 @@ typedef struct {
 
 /* Parse `path` into *out. 0, or -1 with *why saying "profile PATH: line N: what". */
 int fake_profile_load(const char *path, fake_profile *out, char *why, size_t why_size);
+/* The same from the open `fd` (read from its offset, then closed), `name` in the messages. */
+int fake_profile_load_fd(int fd, const char *name, fake_profile *out, char *why, size_t why_size);
+
+/* The profile's GPUs in PCI bus id order (the real driver's enumeration order): out[0..count). */
+void fake_profile_pci_order(const fake_profile *p, const fake_gpu **out);
 
 /* Streaming multiprocessors and max resident threads per SM of a GPU. The profile has no such keys
  * (vgpud never needs them), so they follow the compute capability: threads per SM is an

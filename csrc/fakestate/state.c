@@ -67,15 +67,20 @@ static fs_file *state;
 static int state_fd = -1;
 static char state_path[4096];
 static pthread_once_t atfork_once = PTHREAD_ONCE_INIT;
+/* Kernel mode (fs_attach_kernel): this process's host pid, from the fake kernel; NULL: env mode. */
+static int (*kernel_pid)(void);
 
 /* fork: the child inherits the parent's open file description, and OFD locks held through one
- * description do not exclude each other, so the child opens the file anew. The mutex is held
- * across fork so that no other thread's critical section is cut in half in the child. */
+ * description do not exclude each other, so the child opens the file anew: by its path, or in
+ * kernel mode (the file may not be in this mount namespace) through /proc/self/fd. The mutex is
+ * held across fork so that no other thread's critical section is cut in half in the child. */
 static void before_fork(void) { pthread_mutex_lock(&mutex); }
 static void after_fork_parent(void) { pthread_mutex_unlock(&mutex); }
 static void after_fork_child(void) {
     if (state_fd >= 0) {
-        int fd = open(state_path, O_RDWR | O_CLOEXEC);
+        char by_fd[64];
+        snprintf(by_fd, sizeof by_fd, "/proc/self/fd/%d", state_fd);
+        int fd = open(kernel_pid ? by_fd : state_path, O_RDWR | O_CLOEXEC);
         close(state_fd);
         state_fd = fd; /* -1 if the file is gone: then the child's accesses go unlocked */
     }
@@ -106,11 +111,13 @@ static const char *host_proc(void) {
     return p && p[0] ? p : NULL;
 }
 
-/* This process's pid as the state records it: getpid(), or its pid in FAKE_GPU_HOST_PROC (the
- * `self` link there names the reader's pid in that procfs's namespace); remembered per getpid(),
- * so a forked child looks its own up. Under the mutex. */
+/* This process's pid as the state records it: in kernel mode the fake kernel's word; else
+ * getpid(), or its pid in FAKE_GPU_HOST_PROC (the `self` link there names the reader's pid in that
+ * procfs's namespace); remembered per getpid(), so a forked child looks its own up. Under the
+ * mutex. 0: unknown (a kernel-mode fork child the kernel did not answer): nothing is charged. */
 static int self_pid(void) {
     static int for_pid, recorded;
+    if (kernel_pid) return kernel_pid();
     int pid = getpid();
     const char *hp = host_proc();
     if (hp == NULL) return pid;
@@ -141,8 +148,11 @@ static int pid_dead(int pid) {
 
 /* Drop the slots of dead pids. The caller's own slots are skipped: a process that asks is alive, and
  * the liveness test (kill, then /proc/<pid>/stat for a zombie) costs microseconds per slot, which
- * a process reading its own device's lists on each allocation would otherwise pay every time. */
+ * a process reading its own device's lists on each allocation would otherwise pay every time.
+ * Never in kernel mode: the caller may be in a PID namespace of its own, where no host pid can be
+ * checked; the fake kernel drops a process's slots when its connection closes instead. */
 static void reap(void) {
+    if (kernel_pid) return;
     int self = self_pid();
     for (int i = 0; i < FS_MAX_SLOTS; i++) {
         fs_slot *s = &state->slot[i];
@@ -189,48 +199,28 @@ static int matches(const fs_file *f, const fake_profile *p) {
     return 1;
 }
 
-int fs_attach(const fake_profile *profile, char *why, unsigned long why_size) {
-    pthread_once(&atfork_once, register_atfork);
-    pthread_mutex_lock(&mutex);
-    int rc = 0;
-    if (state) goto out;
-    const char *path = getenv("FAKE_GPU_STATE");
-    if (path == NULL || path[0] == '\0') {
-        void *m = mmap(NULL, sizeof(fs_file), PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-        if (m == MAP_FAILED) {
-            snprintf(why, why_size, "private state: mmap: %s", strerror(errno));
-            rc = -1;
-            goto out;
-        }
-        fill(m, profile);
-        state = m;
-        goto out;
-    }
-    int fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0666);
-    if (fd < 0) {
-        snprintf(why, why_size, "FAKE_GPU_STATE %.200s: %s", path, strerror(errno));
-        rc = -1;
-        goto out;
-    }
-    state_fd = fd;
-    snprintf(state_path, sizeof state_path, "%s", path);
+/* Map the state file open on `fd` (state_fd) for `profile`, under its lock: an empty file is sized
+ * and filled, an existing one must have been made for the same GPUs. `label` names it in *why.
+ * 0 with *out set, or -1. */
+static int map_file(int fd, const fake_profile *profile, const char *label, fs_file **out, char *why,
+                    unsigned long why_size) {
     struct stat st;
+    int rc = 0;
     if (file_lock(F_WRLCK) < 0 || fstat(fd, &st) < 0) {
-        snprintf(why, why_size, "FAKE_GPU_STATE %.200s: lock: %s", path, strerror(errno));
+        snprintf(why, why_size, "%s: lock: %s", label, strerror(errno));
         rc = -1;
     } else if (st.st_size != 0 && st.st_size != (off_t)sizeof(fs_file)) {
-        snprintf(why, why_size, "FAKE_GPU_STATE %.200s: %lld bytes, not a state file of this version", path,
-                 (long long)st.st_size);
+        snprintf(why, why_size, "%s: %lld bytes, not a state file of this version", label, (long long)st.st_size);
         rc = -1;
     } else if (st.st_size == 0 && ftruncate(fd, sizeof(fs_file)) < 0) {
-        snprintf(why, why_size, "FAKE_GPU_STATE %.200s: ftruncate: %s", path, strerror(errno));
+        snprintf(why, why_size, "%s: ftruncate: %s", label, strerror(errno));
         rc = -1;
     }
     void *m = MAP_FAILED;
     if (rc == 0) {
         m = mmap(NULL, sizeof(fs_file), PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
         if (m == MAP_FAILED) {
-            snprintf(why, why_size, "FAKE_GPU_STATE %.200s: mmap: %s", path, strerror(errno));
+            snprintf(why, why_size, "%s: mmap: %s", label, strerror(errno));
             rc = -1;
         }
     }
@@ -239,20 +229,83 @@ int fs_attach(const fake_profile *profile, char *why, unsigned long why_size) {
         if (f->magic == 0) {
             fill(f, profile);
         } else if (!matches(f, profile)) {
-            snprintf(why, why_size, "FAKE_GPU_STATE %.200s: was created for other GPUs than this profile's",
-                     path);
+            snprintf(why, why_size, "%s: was created for other GPUs than this profile's", label);
             munmap(m, sizeof(fs_file));
             rc = -1;
         }
     }
     file_lock(F_UNLCK);
-    if (rc == 0) {
-        state = m;
-    } else {
-        close(fd);
-        state_fd = -1;
+    *out = rc == 0 ? m : NULL;
+    return rc;
+}
+
+/* Map the file open on `fd` as this process's state (owning fd). Under the mutex. */
+static int attach_fd(int fd, const fake_profile *profile, const char *label, char *why, unsigned long why_size) {
+    state_fd = fd;
+    if (map_file(fd, profile, label, &state, why, why_size) == 0) return 0;
+    close(fd);
+    state_fd = -1;
+    return -1;
+}
+
+/* Open (creating it) and map the state file at `path`. Under the mutex. */
+static int attach_path(const fake_profile *profile, const char *path, const char *what, char *why,
+                       unsigned long why_size) {
+    char label[300];
+    snprintf(label, sizeof label, "%s %.200s", what, path);
+    int fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0666);
+    if (fd < 0) {
+        snprintf(why, why_size, "%s: %s", label, strerror(errno));
+        return -1;
     }
-out:
+    if (attach_fd(fd, profile, label, why, why_size) < 0) return -1;
+    snprintf(state_path, sizeof state_path, "%s", path);
+    return 0;
+}
+
+static int attach_private(const fake_profile *profile, char *why, unsigned long why_size) {
+    void *m = mmap(NULL, sizeof(fs_file), PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (m == MAP_FAILED) {
+        snprintf(why, why_size, "private state: mmap: %s", strerror(errno));
+        return -1;
+    }
+    fill(m, profile);
+    state = m;
+    return 0;
+}
+
+int fs_attach(const fake_profile *profile, char *why, unsigned long why_size) {
+    pthread_once(&atfork_once, register_atfork);
+    pthread_mutex_lock(&mutex);
+    int rc = 0;
+    if (state == NULL) {
+        const char *path = getenv("FAKE_GPU_STATE");
+        rc = path == NULL || path[0] == '\0' ? attach_private(profile, why, why_size)
+                                              : attach_path(profile, path, "FAKE_GPU_STATE", why, why_size);
+    }
+    pthread_mutex_unlock(&mutex);
+    return rc;
+}
+
+int fs_attach_file(const fake_profile *profile, const char *path, char *why, unsigned long why_size) {
+    pthread_once(&atfork_once, register_atfork);
+    pthread_mutex_lock(&mutex);
+    int rc = state ? 0 : attach_path(profile, path, "state file", why, why_size);
+    pthread_mutex_unlock(&mutex);
+    return rc;
+}
+
+int fs_attach_kernel(const fake_profile *profile, int fd, int (*host_pid)(void), char *why,
+                     unsigned long why_size) {
+    pthread_once(&atfork_once, register_atfork);
+    pthread_mutex_lock(&mutex);
+    int rc = 0;
+    if (state) {
+        close(fd);
+    } else if ((rc = attach_fd(fd, profile, "the fake kernel's state file", why, why_size)) == 0) {
+        kernel_pid = host_pid;
+        state_path[0] = '\0';
+    }
     pthread_mutex_unlock(&mutex);
     return rc;
 }
@@ -263,10 +316,27 @@ void fs_detach(void) {
     if (state_fd >= 0) close(state_fd);
     state = NULL;
     state_fd = -1;
+    kernel_pid = NULL;
     pthread_mutex_unlock(&mutex);
 }
 
+void fs_drop_pid(int pid) {
+    if (state == NULL || pid <= 0) return;
+    lock();
+    for (int i = 0; i < FS_MAX_SLOTS; i++)
+        if (state->slot[i].pid == pid) memset(&state->slot[i], 0, sizeof state->slot[i]);
+    unlock();
+}
+
+void fs_reap_dead(void) {
+    if (state == NULL) return;
+    lock_reaped();
+    unlock();
+}
+
+/* The slot of (dev, pid), made when `create`; NULL for an unknown pid (0 marks a free slot). */
 static fs_slot *find_slot(unsigned int dev, int pid, int create) {
+    if (pid <= 0) return NULL;
     fs_slot *free_slot = NULL;
     for (int i = 0; i < FS_MAX_SLOTS; i++) {
         fs_slot *s = &state->slot[i];

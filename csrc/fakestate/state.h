@@ -1,6 +1,7 @@
 /*
  * The simulated GPUs' shared state: what the fake libcuda did, for the fake NVML to report.
  *
+ * Env mode (fs_attach):
  *   FAKE_GPU_STATE=/path   one mmap'd file shared by every process that loads either fake; created
  *                          on first use from the profile. Unset: a private, in-process state.
  *   FAKE_GPU_HOST_PROC=/path  a procfs of the host's PID namespace (in a container: the host /proc
@@ -13,6 +14,11 @@
  * mutex (threads) and an OFD lock on the file (processes; the kernel drops it when a holder dies).
  * Slots of dead pids (kill(pid, 0) == ESRCH, or a zombie) are dropped by every call that reads
  * or charges memory or reads busy time, as a real driver frees a dead process's memory.
+ *
+ * Kernel mode (fs_attach_kernel, csrc/fakestate/driver.h): the state file and this process's host
+ * pid come from the fake kernel (csrc/fakekernel), which also maps the file itself
+ * (fs_attach_file) and drops a process's slots when its connection closes (fs_drop_pid); readers
+ * reap nothing.
  *
  * Health, per device, for the fake NVML's events: the XIDs raised on it (a sequence number and the
  * newest FS_XID_RING codes) and whether it is lost (fallen off the bus), with a count of losses.
@@ -40,8 +46,22 @@ typedef struct {
     uint64_t busy_ns; /* kernel time inside the window */
 } fs_busy;
 
-/* Map the state for `profile` (idempotent). 0, or -1 with *why set. */
+/* Map the state for `profile` (idempotent), env mode. 0, or -1 with *why set. */
 int fs_attach(const fake_profile *profile, char *why, unsigned long why_size);
+
+/* Kernel mode: map the state file open on `fd` (an open file description of this process's own;
+ * taken over, closed on failure); `host_pid` says this process's pid as the state records it (0:
+ * unknown, nothing is charged). Idempotent. 0, or -1 with *why set. */
+int fs_attach_kernel(const fake_profile *profile, int fd, int (*host_pid)(void), char *why,
+                     unsigned long why_size);
+
+/* The fake kernel's own mapping: the state file at `path`, created for `profile` as a fake's first
+ * attach creates it. 0, or -1 with *why set. */
+int fs_attach_file(const fake_profile *profile, const char *path, char *why, unsigned long why_size);
+/* Drop every slot of `pid` (its memory, contexts and busy time), as a driver frees a dead process's. */
+void fs_drop_pid(int pid);
+/* Drop the slots of pids dead in this process's PID namespace (kill(2), zombies). */
+void fs_reap_dead(void);
 
 /* Unmap the state (the NVML fake's last nvmlShutdown), so the next fs_attach maps the state of
  * the then current FAKE_GPU_STATE and profile. Callers make sure no other thread is using it. */
