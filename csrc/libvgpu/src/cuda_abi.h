@@ -19,6 +19,10 @@ typedef struct CUmemPoolHandle_st *CUmemoryPool;
 typedef struct CUarray_st *CUarray;
 typedef struct CUmipmappedArray_st *CUmipmappedArray;
 typedef unsigned long long CUmemGenericAllocationHandle;
+typedef struct CUgreenCtx_st *CUgreenCtx;
+typedef struct CUdevResourceDesc_st *CUdevResourceDesc;
+typedef struct CUexecAffinityParam_st CUexecAffinityParam; /* only pointed to (cuCtxCreate_v3) */
+typedef struct CUctxCreateParams_st CUctxCreateParams;     /* only pointed to (cuCtxCreate_v4) */
 
 typedef struct {
     char bytes[16];

@@ -9,6 +9,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <unistd.h>
 
 #include "vgpu_paths.h"
@@ -80,6 +81,23 @@ static void list_item(const char *list, int i, char *dst, size_t cap)
     }
 }
 
+/* NVIDIA's container runtime values of NVIDIA_VISIBLE_DEVICES that are not device lists: `void`
+ * and `none` (no GPU through the runtime; vgpud sets `void`: devices come from CDI), empty, and
+ * `all` (every GPU of the node to the runtime: never "every GPU is ours"). */
+static int runtime_keyword(const char *v)
+{
+    while (isspace((unsigned char)*v))
+        v++;
+    size_t n = strlen(v);
+    while (n > 0 && isspace((unsigned char)v[n - 1]))
+        n--;
+    static const char *const words[] = {"void", "none", "all", NULL};
+    for (int i = 0; words[i] != NULL; i++)
+        if (n == strlen(words[i]) && strncasecmp(v, words[i], n) == 0)
+            return 1;
+    return n == 0;
+}
+
 static int visible_devices(struct vgpu_env_config *cfg, vgpu_env_lookup lookup, void *ctx)
 {
     int any = 0;
@@ -95,8 +113,11 @@ static int visible_devices(struct vgpu_env_config *cfg, vgpu_env_lookup lookup, 
     if (any)
         return 0;
     const char *list = lookup(ctx, "MANAGER_VISIBLE_DEVICES");
-    if (list == NULL || list[0] == '\0')
-        list = lookup(ctx, "NVIDIA_VISIBLE_DEVICES");
+    if (list == NULL || list[0] == '\0') {
+        list = lookup(ctx, "NVIDIA_VISIBLE_DEVICES"); /* the last resort */
+        if (list != NULL && runtime_keyword(list))
+            return 0; /* no devices from it */
+    }
     for (int i = 0; i < VGPU_MAX_DEVICES; i++)
         list_item(list, i, cfg->dev[i].uuid, sizeof(cfg->dev[i].uuid));
     return 0;

@@ -1,6 +1,8 @@
 /* Allocation, free and memory-info hooks (reference §1 table, §2). Every allocation on a limited
  * device is decided and performed under the device's lock file, so the next allocator's NVML
- * read sees it; a refusal is CUDA_ERROR_OUT_OF_MEMORY before the driver is called. */
+ * read sees it; a refusal is CUDA_ERROR_OUT_OF_MEMORY before the driver is called. A device that
+ * is not the container's (VGPU_IS_FOREIGN: the library is configured and does not know its UUID)
+ * gets no memory at all, and its views are CUDA_ERROR_INVALID_DEVICE. */
 #include <limits.h>
 #include <stdint.h>
 #include <string.h>
@@ -14,6 +16,15 @@ VGPU_EXPORT CUresult cuMemAllocManaged(CUdeviceptr *dptr, size_t bytesize, unsig
 
 static int limited(int host) { return host >= 0 && vgpu_cfg()->dev[host].mem_limit > 0; }
 
+/* A device that is not the container's: logged (once per device), to be refused. */
+static int refused(int host)
+{
+    if (!VGPU_IS_FOREIGN(host))
+        return 0;
+    vgpu_log_refused_cudev(host);
+    return 1;
+}
+
 static int oversold(int host)
 {
     const struct vgpu_device_cfg *d = &vgpu_cfg()->dev[host];
@@ -21,13 +32,17 @@ static int oversold(int host)
 }
 
 /* The admission of `bytes` on `host`: VGPU_PASS (unlimited), or the decision with the lock in *fd.
- * A refusal has released the lock already. */
+ * A refusal has released the lock already; a device not the container's is always refused. */
 #define VGPU_PASS 2
 static int admit(int host, unsigned long long bytes, int *fd)
 {
     *fd = -1;
-    if (!limited(host) || vgpu_devlock_held())
-        return VGPU_PASS; /* unlimited, or nested inside an allocation already decided */
+    if (vgpu_devlock_held())
+        return VGPU_PASS; /* nested inside an allocation already decided */
+    if (refused(host))
+        return -1;
+    if (!limited(host))
+        return VGPU_PASS;
     *fd = vgpu_devlock(host);
     if (*fd < 0)
         return -1;
@@ -171,7 +186,7 @@ VGPU_EXPORT CUresult cuMemCreate(CUmemGenericAllocationHandle *handle, size_t si
      * device id). */
     int host = prop != NULL && prop->location.type == CU_MEM_LOCATION_TYPE_DEVICE
                    ? vgpu_host_of_cudev(prop->location.id)
-                   : -1;
+                   : VGPU_HOST_NONE;
     RETURN_ADMITTED(host, size, real(handle, size, prop, flags));
 }
 
@@ -275,7 +290,11 @@ VGPU_EXPORT CUresult cuMemHostAlloc(void **pp, size_t bytesize, unsigned int fla
 {
     HOOK_REAL_CU(cuMemHostAlloc);
     int host = vgpu_host_of_current();
-    if (!limited(host) || vgpu_devlock_held())
+    if (vgpu_devlock_held())
+        return real(pp, bytesize, flags);
+    if (refused(host))
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    if (!limited(host))
         return real(pp, bytesize, flags);
     int fd = vgpu_devlock(host);
     if (fd < 0)
@@ -297,7 +316,11 @@ static CUresult host_register(CUresult (*real)(void *, size_t, unsigned int), vo
                               unsigned int flags)
 {
     int host = vgpu_host_of_current();
-    if (!limited(host) || vgpu_devlock_held())
+    if (vgpu_devlock_held())
+        return real(p, bytesize, flags);
+    if (refused(host))
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    if (!limited(host))
         return real(p, bytesize, flags);
     int fd = vgpu_devlock(host);
     if (fd < 0)
@@ -353,11 +376,14 @@ static void view(int host, unsigned long long *free_, unsigned long long *total)
 VGPU_EXPORT CUresult cuMemGetInfo_v2(size_t *free_, size_t *total)
 {
     HOOK_REAL_CU(cuMemGetInfo_v2);
+    int host = vgpu_host_of_current();
+    if (refused(host))
+        return CUDA_ERROR_INVALID_DEVICE;
     CUresult r = real(free_, total);
     if (r != CUDA_SUCCESS || free_ == NULL || total == NULL)
         return r;
     unsigned long long f = *free_, t = *total;
-    view(vgpu_host_of_current(), &f, &t);
+    view(host, &f, &t);
     *free_ = f;
     *total = t;
     return r;
@@ -368,6 +394,9 @@ VGPU_EXPORT CUresult cuMemGetInfo(unsigned int *free_, unsigned int *total)
     vgpu_init();
     __typeof__(&cuMemGetInfo) real = REAL_CU(cuMemGetInfo);
     __typeof__(&cuMemGetInfo_v2) real2 = REAL_CU(cuMemGetInfo_v2);
+    int host = vgpu_host_of_current();
+    if (refused(host))
+        return CUDA_ERROR_INVALID_DEVICE;
     if (real == NULL || real2 == NULL)
         return real == NULL ? CUDA_ERROR_NOT_FOUND : real(free_, total);
     size_t f, t;
@@ -375,7 +404,7 @@ VGPU_EXPORT CUresult cuMemGetInfo(unsigned int *free_, unsigned int *total)
     if (r != CUDA_SUCCESS || free_ == NULL || total == NULL)
         return r != CUDA_SUCCESS ? r : real(free_, total);
     unsigned long long ff = f, tt = t;
-    view(vgpu_host_of_current(), &ff, &tt);
+    view(host, &ff, &tt);
     *free_ = ff > UINT_MAX ? UINT_MAX : (unsigned int)ff;
     *total = tt > UINT_MAX ? UINT_MAX : (unsigned int)tt;
     return r;
@@ -393,18 +422,24 @@ static unsigned long long total_view(int host, unsigned long long physical)
 VGPU_EXPORT CUresult cuDeviceTotalMem_v2(size_t *bytes, CUdevice dev)
 {
     HOOK_REAL_CU(cuDeviceTotalMem_v2);
+    int host = vgpu_host_of_cudev(dev);
+    if (refused(host))
+        return CUDA_ERROR_INVALID_DEVICE;
     CUresult r = real(bytes, dev);
     if (r == CUDA_SUCCESS && bytes != NULL)
-        *bytes = total_view(vgpu_host_of_cudev(dev), *bytes);
+        *bytes = total_view(host, *bytes);
     return r;
 }
 
 VGPU_EXPORT CUresult cuDeviceTotalMem(unsigned int *bytes, CUdevice dev)
 {
     HOOK_REAL_CU(cuDeviceTotalMem);
+    int host = vgpu_host_of_cudev(dev);
+    if (refused(host))
+        return CUDA_ERROR_INVALID_DEVICE;
     CUresult r = real(bytes, dev);
     if (r == CUDA_SUCCESS && bytes != NULL) {
-        unsigned long long t = total_view(vgpu_host_of_cudev(dev), *bytes);
+        unsigned long long t = total_view(host, *bytes);
         *bytes = t > UINT_MAX ? UINT_MAX : (unsigned int)t;
     }
     return r;

@@ -1,5 +1,7 @@
 /* NVML hooks: init triggers, the limited memory view, and the mode calls a limited container
- * must not change. Everything else passes through. */
+ * must not change; each answers NVML_ERROR_NOT_FOUND for the handle of a device that is not the
+ * container's (hooks_dev.c refuses such handles; these cover one obtained another way). Everything
+ * else passes through. */
 #include "memlimit.h"
 #include "nvml_abi.h"
 #include "vgpu_state.h"
@@ -32,6 +34,15 @@ static int limited_host(nvmlDevice_t dev)
     return host >= 0 && vgpu_cfg()->dev[host].mem_limit > 0 ? host : -1;
 }
 
+/* Whether `dev` is a device the container was not given (logged once per device). */
+static int refused(nvmlDevice_t dev)
+{
+    if (!VGPU_IS_FOREIGN(vgpu_host_of_nvml(dev)))
+        return 0;
+    vgpu_log_refused_nvml(dev);
+    return 1;
+}
+
 /* total = the limit (never above physical unless oversold), used = min(usage, total). */
 static int nvml_view(int host, unsigned long long physical, unsigned long long *total, unsigned long long *used)
 {
@@ -60,6 +71,8 @@ static int limited_memory(nvmlDevice_t dev, unsigned long long physical, unsigne
 VGPU_EXPORT nvmlReturn_t nvmlDeviceGetMemoryInfo(nvmlDevice_t dev, nvmlMemory_t *mem)
 {
     HOOK_REAL_NVML(nvmlDeviceGetMemoryInfo);
+    if (refused(dev))
+        return NVML_ERROR_NOT_FOUND;
     nvmlReturn_t r = real(dev, mem);
     unsigned long long total, used;
     if (r != NVML_SUCCESS || mem == NULL || !limited_memory(dev, mem->total, mem->used, &total, &used))
@@ -73,6 +86,8 @@ VGPU_EXPORT nvmlReturn_t nvmlDeviceGetMemoryInfo(nvmlDevice_t dev, nvmlMemory_t 
 VGPU_EXPORT nvmlReturn_t nvmlDeviceGetMemoryInfo_v2(nvmlDevice_t dev, nvmlMemory_v2_t *mem)
 {
     HOOK_REAL_NVML(nvmlDeviceGetMemoryInfo_v2);
+    if (refused(dev))
+        return NVML_ERROR_NOT_FOUND;
     nvmlReturn_t r = real(dev, mem);
     unsigned long long total, used;
     if (r != NVML_SUCCESS || mem == NULL || !limited_memory(dev, mem->total, mem->used, &total, &used))
@@ -89,6 +104,8 @@ VGPU_EXPORT nvmlReturn_t nvmlDeviceSetComputeMode(nvmlDevice_t dev, int mode)
 {
     vgpu_init();
     __typeof__(&nvmlDeviceSetComputeMode) real = REAL_NVML(nvmlDeviceSetComputeMode);
+    if (refused(dev))
+        return NVML_ERROR_NOT_FOUND;
     if (limited_host(dev) >= 0)
         return NVML_ERROR_NOT_SUPPORTED;
     return real == NULL ? NVML_ERROR_FUNCTION_NOT_FOUND : real(dev, mode);
@@ -99,6 +116,8 @@ VGPU_EXPORT nvmlReturn_t nvmlDeviceGetPersistenceMode(nvmlDevice_t dev, int *mod
 {
     vgpu_init();
     __typeof__(&nvmlDeviceGetPersistenceMode) real = REAL_NVML(nvmlDeviceGetPersistenceMode);
+    if (refused(dev))
+        return NVML_ERROR_NOT_FOUND;
     if (mode != NULL && limited_host(dev) >= 0) {
         *mode = NVML_FEATURE_DISABLED;
         return NVML_SUCCESS;

@@ -1,4 +1,5 @@
 /* Lazy initialisation and the device mapping (vgpu_state.h). */
+#include <limits.h>
 #include <pthread.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -28,24 +29,32 @@ void vgpu_log(const char *fmt, ...)
 }
 
 static struct vgpu_env_config cfg;
+static int configured; /* cfg names a device; else the library is inert (vgpu_state.h) */
 static pthread_once_t global_once = PTHREAD_ONCE_INIT;
 static int process_ready; /* this process ran the loader; cleared in a forked child */
 static pthread_mutex_t process_lock = PTHREAD_MUTEX_INITIALIZER;
 
 #define MAX_CUDEV 64
-/* -2: not looked up yet; -1: not ours. Reset after fork (ordinals are per process). */
+/* The vgpu_host_of_cudev result per ordinal; NOT_LOOKED_UP until known. Reset after fork (ordinals
+ * are per process). */
+#define NOT_LOOKED_UP INT_MIN
 static int cudev_host[MAX_CUDEV];
 static struct {
     nvmlDevice_t handle;
     int host;
 } nvml_map[VGPU_MAX_DEVICES * 2];
+/* The UUIDs refused so far (logged once each); under map_lock. */
+#define MAX_REFUSED 64
+static char refused[MAX_REFUSED][VGPU_UUID_MAX];
+static int n_refused;
 static pthread_mutex_t map_lock = PTHREAD_MUTEX_INITIALIZER;
 
 static void reset_caches(void)
 {
     for (int i = 0; i < MAX_CUDEV; i++)
-        __atomic_store_n(&cudev_host[i], -2, __ATOMIC_RELAXED);
+        __atomic_store_n(&cudev_host[i], NOT_LOOKED_UP, __ATOMIC_RELAXED);
     memset(nvml_map, 0, sizeof(nvml_map));
+    n_refused = 0;
 }
 
 static void atfork_prepare(void)
@@ -81,6 +90,8 @@ static void global_init(void)
     struct vgpu_config file; /* devices hot-plugged after the container started: not in its env */
     if (vgpu_config_read(&file) == 0)
         vgpu_config_adopt(&cfg, &file);
+    for (int i = 0; i < VGPU_MAX_DEVICES; i++)
+        configured = configured || cfg.dev[i].uuid[0] != '\0';
     pthread_atfork(atfork_prepare, atfork_parent, atfork_child);
     vgpu_ledger_install_exit_handlers();
 }
@@ -148,27 +159,54 @@ static int host_of_uuid(const char *uuid)
     return -1;
 }
 
-int vgpu_host_of_cudev(CUdevice dev)
+/* The UUID of CUDA device `dev` through the real driver: CUDA_SUCCESS, the driver's error, or
+ * CUDA_ERROR_NOT_FOUND when the driver has no cuDeviceGetUuid at all. */
+static CUresult cudev_uuid(CUdevice dev, char out[41])
 {
-    vgpu_init();
-    if (dev >= 0 && dev < MAX_CUDEV) {
-        int h = __atomic_load_n(&cudev_host[dev], __ATOMIC_ACQUIRE);
-        if (h != -2)
-            return h;
-    }
     static void *slot, *slot2;
     cu_device_get_uuid_fn get = vgpu_real_cached(&slot2, VGPU_LIB_CUDA, "cuDeviceGetUuid_v2");
     if (get == NULL)
         get = vgpu_real_cached(&slot, VGPU_LIB_CUDA, "cuDeviceGetUuid");
+    if (get == NULL)
+        return CUDA_ERROR_NOT_FOUND;
     CUuuid u;
-    if (get == NULL || get(&u, dev) != CUDA_SUCCESS)
-        return -1; /* not cached: a later call may succeed (e.g. after cuInit) */
+    CUresult r = get(&u, dev);
+    if (r == CUDA_SUCCESS)
+        vgpu_format_uuid((const unsigned char *)u.bytes, out);
+    return r;
+}
+
+int vgpu_judge_cudev(CUdevice dev, CUresult *why)
+{
+    vgpu_init();
+    *why = CUDA_SUCCESS;
+    if (!configured)
+        return VGPU_HOST_NONE; /* inert: nothing is ours, nothing is refused */
+    if (dev >= 0 && dev < MAX_CUDEV) {
+        int h = __atomic_load_n(&cudev_host[dev], __ATOMIC_ACQUIRE);
+        if (h != NOT_LOOKED_UP)
+            return h;
+    }
     char s[41];
-    vgpu_format_uuid((const unsigned char *)u.bytes, s);
+    CUresult r = cudev_uuid(dev, s);
+    if (r != CUDA_SUCCESS) {
+        /* Not cached: a later call may succeed (e.g. after cuInit). A driver without
+         * cuDeviceGetUuid cannot be judged at all: its devices pass. */
+        *why = r == CUDA_ERROR_NOT_FOUND ? CUDA_SUCCESS : r;
+        return VGPU_HOST_NONE;
+    }
     int h = host_of_uuid(s);
+    if (h < 0) /* the ordinal rides along for the log line (a negative or huge one cannot) */
+        h = dev >= 0 && dev < (1 << 30) ? VGPU_FOREIGN_CUDEV(dev) : VGPU_HOST_FOREIGN;
     if (dev >= 0 && dev < MAX_CUDEV)
         __atomic_store_n(&cudev_host[dev], h, __ATOMIC_RELEASE);
     return h;
+}
+
+int vgpu_host_of_cudev(CUdevice dev)
+{
+    CUresult why;
+    return vgpu_judge_cudev(dev, &why);
 }
 
 int vgpu_host_of_current(void)
@@ -177,13 +215,23 @@ int vgpu_host_of_current(void)
     cu_ctx_get_device_fn get = vgpu_real_cached(&slot, VGPU_LIB_CUDA, "cuCtxGetDevice");
     CUdevice dev;
     if (get == NULL || get(&dev) != CUDA_SUCCESS)
-        return -1;
+        return VGPU_HOST_NONE;
     return vgpu_host_of_cudev(dev);
 }
 
-int vgpu_host_of_nvml(nvmlDevice_t h)
+static nvmlReturn_t nvml_uuid(nvmlDevice_t h, char out[NVML_DEVICE_UUID_V2_BUFFER_SIZE])
+{
+    static void *slot;
+    nvml_get_uuid_fn get = vgpu_real_cached(&slot, VGPU_LIB_NVML, "nvmlDeviceGetUUID");
+    return get == NULL ? NVML_ERROR_FUNCTION_NOT_FOUND : get(h, out, NVML_DEVICE_UUID_V2_BUFFER_SIZE);
+}
+
+int vgpu_judge_nvml(nvmlDevice_t h, nvmlReturn_t *why)
 {
     vgpu_init();
+    *why = NVML_SUCCESS;
+    if (!configured)
+        return VGPU_HOST_NONE;
     pthread_mutex_lock(&map_lock);
     for (size_t i = 0; i < sizeof(nvml_map) / sizeof(nvml_map[0]); i++) {
         if (nvml_map[i].handle == h) {
@@ -193,12 +241,15 @@ int vgpu_host_of_nvml(nvmlDevice_t h)
         }
     }
     pthread_mutex_unlock(&map_lock);
-    static void *slot;
-    nvml_get_uuid_fn get = vgpu_real_cached(&slot, VGPU_LIB_NVML, "nvmlDeviceGetUUID");
     char uuid[NVML_DEVICE_UUID_V2_BUFFER_SIZE];
-    if (get == NULL || get(h, uuid, sizeof(uuid)) != NVML_SUCCESS)
-        return -1;
+    nvmlReturn_t r = nvml_uuid(h, uuid);
+    if (r != NVML_SUCCESS) {
+        *why = r == NVML_ERROR_FUNCTION_NOT_FOUND ? NVML_SUCCESS : r;
+        return VGPU_HOST_NONE;
+    }
     int host = host_of_uuid(uuid);
+    if (host < 0)
+        host = VGPU_HOST_FOREIGN;
     pthread_mutex_lock(&map_lock);
     for (size_t i = 0; i < sizeof(nvml_map) / sizeof(nvml_map[0]); i++) {
         if (nvml_map[i].handle == NULL) {
@@ -209,6 +260,39 @@ int vgpu_host_of_nvml(nvmlDevice_t h)
     }
     pthread_mutex_unlock(&map_lock);
     return host;
+}
+
+int vgpu_host_of_nvml(nvmlDevice_t h)
+{
+    nvmlReturn_t why;
+    return vgpu_judge_nvml(h, &why);
+}
+
+static void log_refused(const char *uuid)
+{
+    int seen = 0;
+    pthread_mutex_lock(&map_lock);
+    for (int i = 0; i < n_refused && !seen; i++)
+        seen = strcasecmp(refused[i], uuid) == 0;
+    if (!seen && n_refused < MAX_REFUSED)
+        snprintf(refused[n_refused++], sizeof(refused[0]), "%s", uuid);
+    pthread_mutex_unlock(&map_lock);
+    if (!seen)
+        vgpu_log("refused device %s: not one of this container's devices", uuid);
+}
+
+void vgpu_log_refused_cudev(int host)
+{
+    char s[41];
+    if (VGPU_IS_FOREIGN(host) && cudev_uuid(VGPU_HOST_FOREIGN - host, s) == CUDA_SUCCESS)
+        log_refused(s);
+}
+
+void vgpu_log_refused_nvml(nvmlDevice_t h)
+{
+    char uuid[NVML_DEVICE_UUID_V2_BUFFER_SIZE];
+    if (nvml_uuid(h, uuid) == NVML_SUCCESS)
+        log_refused(uuid);
 }
 
 static pthread_once_t nvml_once = PTHREAD_ONCE_INIT;

@@ -5,6 +5,8 @@
 
 typedef int nvmlReturn_t;
 typedef struct nvmlDevice_st *nvmlDevice_t;
+typedef struct nvmlUnit_st *nvmlUnit_t;
+typedef struct nvmlUUID_st nvmlUUID_t; /* only pointed to (nvmlDeviceGetHandleByUUIDV) */
 
 #define NVML_SUCCESS 0
 #define NVML_ERROR_UNINITIALIZED 1

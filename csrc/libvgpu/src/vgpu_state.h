@@ -27,14 +27,38 @@ VGPU_HIDDEN void vgpu_init(void);
 
 VGPU_HIDDEN const struct vgpu_env_config *vgpu_cfg(void);
 
-/* Host index i of CUDA device `dev` (by cuDeviceGetUuid), or -1 when it is none of ours. */
+/* What a device is to the library (the vgpu_host_of_* results). The library is configured when its
+ * env (or vgpu.config: hot-plugged devices) names at least one device; otherwise it is inert (not a
+ * vGPU container) and every device is VGPU_HOST_NONE, judged by nobody.
+ *   >= 0                  host index i: one of the container's devices (its limits apply);
+ *   VGPU_HOST_NONE        nothing to judge: the library is inert, there is no current context, or
+ *                         the driver cannot tell the device's UUID (the driver then fails the call);
+ *   VGPU_IS_FOREIGN(h)    a device the configured library was not given: refused. For CUDA it
+ *                         carries the ordinal (VGPU_FOREIGN_CUDEV), so a refusal can name it.
+ * Every negative value keeps meaning "no limits of ours" to code that only tests host >= 0. */
+#define VGPU_HOST_NONE (-1)
+#define VGPU_HOST_FOREIGN (-2)
+#define VGPU_IS_FOREIGN(h) ((h) <= VGPU_HOST_FOREIGN)
+#define VGPU_FOREIGN_CUDEV(dev) (VGPU_HOST_FOREIGN - (dev))
+
+/* Host index of CUDA device `dev` (by cuDeviceGetUuid), as above. */
 VGPU_HIDDEN int vgpu_host_of_cudev(CUdevice dev);
-/* Host index of the current context's device, or -1. */
+/* The same, and in *why the driver's error when it could not read the UUID of `dev` (the result is
+ * then VGPU_HOST_NONE); CUDA_SUCCESS otherwise. */
+VGPU_HIDDEN int vgpu_judge_cudev(CUdevice dev, CUresult *why);
+/* Host index of the current context's device, as above (VGPU_HOST_NONE without one). */
 VGPU_HIDDEN int vgpu_host_of_current(void);
-/* Host index of an NVML handle (by nvmlDeviceGetUUID), or -1. */
+/* Host index of an NVML handle (by nvmlDeviceGetUUID): >= 0, VGPU_HOST_NONE, VGPU_HOST_FOREIGN. */
 VGPU_HIDDEN int vgpu_host_of_nvml(nvmlDevice_t h);
+/* The same, and in *why NVML's error when it could not read the handle's UUID. */
+VGPU_HIDDEN int vgpu_judge_nvml(nvmlDevice_t h, nvmlReturn_t *why);
 /* The NVML handle of host index i (by UUID), or NULL. Initialises NVML for the library. */
 VGPU_HIDDEN nvmlDevice_t vgpu_nvml_of_host(int host);
+
+/* The one log line of a refused device, once per UUID per process: "vgpu: refused device
+ * GPU-...: not one of this container's devices". By CUDA result (VGPU_IS_FOREIGN), or by handle. */
+VGPU_HIDDEN void vgpu_log_refused_cudev(int host);
+VGPU_HIDDEN void vgpu_log_refused_nvml(nvmlDevice_t h);
 
 /* Whether the library's own NVML session is up (initialising it on first use). */
 VGPU_HIDDEN int vgpu_nvml_ready(void);

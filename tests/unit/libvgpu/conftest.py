@@ -19,6 +19,21 @@ MIB = 1 << 20
 
 
 @dataclass
+class Outcome:
+    """A memprobe run that may have failed: its exit status, `key value` lines and stderr."""
+
+    returncode: int
+    lines: dict[str, str]
+    stderr: str
+
+    @property
+    def refused(self) -> bool:
+        """memprobe could not set up CUDA device 0 because the library refused it (exit 3,
+        CUDA_ERROR_INVALID_DEVICE)."""
+        return self.returncode == 3 and self.lines.get("setup_error") == "101"
+
+
+@dataclass
 class Container:
     """One simulated container: its env (library paths in a temp dir) over a shared fake GPU."""
 
@@ -39,6 +54,18 @@ class Container:
         )
         assert proc.returncode == 0, proc.stdout + proc.stderr
         return parse(proc.stdout)
+
+    def attempt(self, *args: str, preload: bool = True, timeout: float = 60, **extra: str) -> Outcome:
+        """Run memprobe to completion, whatever its exit status."""
+        proc = subprocess.run(
+            [str(self.probe), *args],
+            env=self.environ(preload, **extra),
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            check=False,
+        )
+        return Outcome(proc.returncode, parse(proc.stdout), proc.stderr)
 
     def start(self, *args: str, preload: bool = True, **extra: str) -> subprocess.Popen[str]:
         """Start memprobe (a HOLD command waits for its stdin to close)."""

@@ -92,6 +92,7 @@ def test_hot_plug_entries_follow_the_library_s_rules_and_survive_it(container: C
     # the target runs device 1 only; device 0 is added and removed in its file
     path.unlink()
     own = {k: v for k, v in env.items() if k.endswith("_1")}
+    own["CUDA_VISIBLE_DEVICES"] = "1"  # its processes use its device (CUDA device 0 is host GPU 1)
     container.run("fill", "direct", str(512 * MIB), **own)
     base = path.read_bytes()
     added = [V.AddedDevice(0, written[0])]

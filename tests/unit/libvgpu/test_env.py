@@ -1,11 +1,13 @@
 """Configuration sources and container membership, in real processes over the fake GPU: the
-environment of PID 1 when ours lacks a variable, the visible-device variables, bad values, and
-client mode where only the PIDs in pids.config count."""
+environment of PID 1 when ours lacks a variable, the visible-device variables (NVIDIA's runtime
+keywords included), bad values, and client mode where only the PIDs in pids.config count."""
 
 from __future__ import annotations
 
 import subprocess
 from pathlib import Path
+
+import pytest
 
 from tests.unit.libvgpu.conftest import MIB, PHYSICAL, UUIDS, Container, client_mode, read_result
 
@@ -27,9 +29,9 @@ def test_per_index_visible_device(container: Container) -> None:
     env["MANAGER_VISIBLE_DEVICE_1"] = UUIDS[1]
     limits = {"CUDA_MEM_LIMIT_1": "512m", "CUDA_MEM_LIMIT_0": "256m"}
     assert container.run("fill", "direct", str(128 * MIB), CUDA_VISIBLE_DEVICES="1", **limits)["count"] == "4"
-    # Host GPU 0 is not named: not ours to limit.
-    got = container.run("info", CUDA_VISIBLE_DEVICES="0", **limits)
-    assert int(got["meminfo_total"]) == PHYSICAL
+    # Host GPU 0 is not named: not the container's, refused (its limit variable alone does not
+    # make it one).
+    assert container.attempt("info", CUDA_VISIBLE_DEVICES="0", **limits).refused
 
 
 def test_nvidia_visible_devices_is_the_last_resort(container: Container) -> None:
@@ -38,6 +40,32 @@ def test_nvidia_visible_devices_is_the_last_resort(container: Container) -> None
         "fill", "direct", str(128 * MIB), NVIDIA_VISIBLE_DEVICES=UUIDS[0], CUDA_MEM_LIMIT_0="384m"
     )
     assert got["count"] == "3"
+
+
+@pytest.mark.parametrize("value", ["void", "none", "all", "", " All "])
+def test_nvidia_runtime_keywords_name_no_device(container: Container, value: str) -> None:
+    """NVIDIA's runtime keywords are not device lists: void, none and empty give no device, and all
+    never means every GPU is ours. With nothing else naming a device the library is inert: the limit
+    variable limits nothing and no GPU is refused."""
+    del container.env["MANAGER_VISIBLE_DEVICES"]
+    for visible in ("0", "1"):
+        got = container.run(
+            "fill",
+            "direct",
+            str(8192 * MIB),
+            NVIDIA_VISIBLE_DEVICES=value,
+            CUDA_VISIBLE_DEVICES=visible,
+            CUDA_MEM_LIMIT="1024m",
+        )
+        assert int(got["count"]) == PHYSICAL // (8192 * MIB), (value, visible)
+
+
+def test_void_next_to_the_device_list(container: Container) -> None:
+    """What vgpud injects: NVIDIA_VISIBLE_DEVICES=void and the container's device list. GPU 0 is
+    limited; GPU 1, not in the list, is refused."""
+    env = {"NVIDIA_VISIBLE_DEVICES": "void", "MANAGER_VISIBLE_DEVICES": UUIDS[0], "CUDA_MEM_LIMIT_0": "384m"}
+    assert container.run("fill", "direct", str(128 * MIB), **env)["count"] == "3"
+    assert container.attempt("fill", "direct", str(128 * MIB), CUDA_VISIBLE_DEVICES="1", **env).refused
 
 
 def test_a_bad_limit_is_fatal_at_the_first_cuda_call_only(container: Container) -> None:

@@ -197,8 +197,10 @@ def test_proc_addresses_belong_to_the_library(container: Container) -> None:
     assert got["gpa2.cuMemGetInfo"] == f"{lib}:cuMemGetInfo_v2"
     assert got["gpa2.cuGetProcAddress"] == f"{lib}:cuGetProcAddress_v2"
     assert got["gpa.cuGetProcAddress"] == f"{lib}:cuGetProcAddress_v2"
+    assert got["gpa2.cuDeviceGet"] == f"{lib}:cuDeviceGet"  # the device gate
     # Known but not hooked: the driver's own function.
-    assert got["gpa2.cuDeviceGet"].endswith(":cuDeviceGet") and not got["gpa2.cuDeviceGet"].startswith(lib)
+    name = got["gpa2.cuDeviceGetName"]
+    assert name.endswith(":cuDeviceGetName") and not name.startswith(lib)
 
 
 def test_pinned_host_memory_is_undone_when_already_over(container: Container) -> None:

@@ -31,8 +31,8 @@ int main(void) {
     void *cuda = dlopen("libcuda.so.1", RTLD_NOW);
     gpa2_t gpa2 = (gpa2_t)dlsym(cuda, "cuGetProcAddress_v2");
     const char *names[] = {"cuMemAllocAsync", "cuMemAllocAsync", "cuMemAlloc", "cuInit", "cuCtxCreate",
-                           "cuDeviceGet", NULL};
-    unsigned long long flags[] = {0, 2, 0, 0, 0, 0};
+                           "cuDeviceGet", "cuDeviceGetName", NULL};
+    unsigned long long flags[] = {0, 2, 0, 0, 0, 0, 0};
     for (int i = 0; names[i]; i++) {
         void *p = NULL;
         int st;
@@ -58,10 +58,13 @@ def test_unknown_driver_pointers_are_matched_by_name_only_when_unambiguous(tmp_p
     assert got["cuMemAllocAsync.0"] == f"{lib}:cuMemAllocAsync"
     assert got["cuMemAllocAsync.2"] == f"{lib}:cuMemAllocAsync_ptsz"  # the per-thread-stream flag
     assert got["cuInit.0"] == f"{lib}:cuInit"
-    # cuMemAlloc has a 32-bit and a size_t ABI: the base name does not say which one it is.
+    # One ABI under one name: the hook.
+    assert got["cuDeviceGet.0"] == f"{lib}:cuDeviceGet"
+    # cuMemAlloc has a 32-bit and a size_t ABI: the base name does not say which one it is; nor does
+    # cuCtxCreate's (four variants, two signatures).
     assert got["cuMemAlloc.0"].startswith(f"{driver}:")
     assert got["cuCtxCreate.0"].startswith(f"{driver}:")
-    assert got["cuDeviceGet.0"].startswith(f"{driver}:")
+    assert got["cuDeviceGetName.0"].startswith(f"{driver}:")  # not hooked
 
 
 VERSIONED_CALLER = r"""

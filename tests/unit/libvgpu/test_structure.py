@@ -90,6 +90,8 @@ def test_both_abi_variants_exported(lib: Path) -> None:
     )
     for base in bases:
         assert base in symbols and f"{base}_v2" in symbols, base
+    # Context creation is gated in every ABI variant (a variant left to the driver would be a door).
+    assert {"cuCtxCreate", "cuCtxCreate_v2", "cuCtxCreate_v3", "cuCtxCreate_v4"} <= set(symbols)
 
 
 def test_loads_on_old_glibc(lib: Path) -> None:

@@ -132,13 +132,21 @@ static CUresult alloc_one(const char *door, size_t size, CUdeviceptr *out)
     exit(2);
 }
 
+/* CUDA device 0's primary context made current; exit 3 when that fails, with `setup_error <rc>`
+ * (the failing call's CUresult: 101 when the library refuses device 0). */
 static void setup(void)
 {
     libcuda = dlopen("libcuda.so.1", RTLD_NOW);
-    void *ctx = NULL;
-    if (libcuda == NULL || cuInit(0) != 0 || cuDeviceGet(&device, 0) != 0 || cuDevicePrimaryCtxRetain(&ctx, device) != 0 ||
-        cuCtxSetCurrent(ctx) != 0) {
+    if (libcuda == NULL) {
         fprintf(stderr, "setup failed: %s\n", dlerror());
+        exit(3);
+    }
+    void *ctx = NULL;
+    CUresult r;
+    if ((r = cuInit(0)) != 0 || (r = cuDeviceGet(&device, 0)) != 0 || (r = cuDevicePrimaryCtxRetain(&ctx, device)) != 0 ||
+        (r = cuCtxSetCurrent(ctx)) != 0) {
+        printf("setup_error %d\n", r);
+        fprintf(stderr, "setup failed: CUresult %d\n", r);
         exit(3);
     }
     ctx0 = ctx;
@@ -246,6 +254,7 @@ static void owners(void)
     printf("gpa2.cuMemFreeAsync.ptsz %s\n", owner(proc("gpa2", "cuMemFreeAsync", 2)));
     printf("gpa2.cuMemGetInfo %s\n", owner(proc("gpa2", "cuMemGetInfo", 0)));
     printf("gpa2.cuDeviceGet %s\n", owner(proc("gpa2", "cuDeviceGet", 0)));
+    printf("gpa2.cuDeviceGetName %s\n", owner(proc("gpa2", "cuDeviceGetName", 0)));
     printf("gpa2.cuGetProcAddress %s\n", owner(proc("gpa2", "cuGetProcAddress", 0)));
     printf("gpa.cuGetProcAddress %s\n", owner(proc("gpa", "cuGetProcAddress", 0)));
 }
