@@ -21,9 +21,10 @@ kube:  ## etcd, kube-apiserver, kube-controller-manager, kube-scheduler, kubelet
 chart-crds:  ## cert-manager and ServiceMonitor CRDs (from their Go modules) for the chart's server-side dry run
 	@./hack/fetch-chart-crds.sh
 
-node-deps: build  ## containerd 1.7, runc, CNI loopback, busybox + pause + cudaprobe images, and containerd 2.x (built from its Go module) into ~/.cache/vgpud (the probe links against build/fakecuda)
+node-deps: build  ## containerd 1.7, runc, CNI loopback, busybox + pause + cudaprobe images, containerd 2.x and NVIDIA's nvidia-ctk + nvidia-cdi-hook (built from their Go modules) into ~/.cache/vgpud (the probe links against build/fakecuda)
 	@./hack/install-node.sh
 	@./hack/install-containerd2.sh
+	@./hack/install-nvidia-ctk.sh
 
 node: build kube node-deps  ## a local node (etcd, apiserver, controller manager, scheduler, containerd, kubelet, vgpud) until Ctrl-C; NRI=off for eager, CONTAINERD=2 for containerd 2.x
 	@$(PY) -m tests.e2e.node --nri $(or $(NRI),on) --containerd $(or $(CONTAINERD),1.7)

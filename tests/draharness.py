@@ -12,6 +12,7 @@ from vgpud.dra.checkpoint import CheckpointStore
 from vgpud.dra.claimedits import NodeFacts
 from vgpud.dra.claimindex import ClaimRef
 from vgpud.dra.driver import DraDriver
+from vgpud.dra.driveredits import DriverEdits
 from vgpud.gpu import open_inventory
 from vgpud.gpu.mock import shipped_profiles
 from vgpud.kube.fake import FakeKube
@@ -27,7 +28,13 @@ GPUS = open_inventory("mock", profile=shipped_profiles()["a100-40gb-x2"]).gpus()
 
 class Harness:
     def __init__(
-        self, root: Path, *, lazy: bool = False, client_mode: bool = False, boot: str = BOOT
+        self,
+        root: Path,
+        *,
+        lazy: bool = False,
+        client_mode: bool = False,
+        boot: str = BOOT,
+        driver_edits: DriverEdits | None = None,
     ) -> None:
         self.root = root
         self.kube = FakeKube()
@@ -38,6 +45,7 @@ class Harness:
         self.plugin_dir.mkdir(parents=True, exist_ok=True)
         self.recorder = Recorder()
         self.lazy, self.client_mode = lazy, client_mode
+        self.driver_edits = driver_edits
         self.driver = self.new_driver(boot)
 
     def new_driver(self, boot: str = BOOT) -> DraDriver:
@@ -56,6 +64,7 @@ class Harness:
             cgroup_v2=False,
             memory_ratio=100,
             library_version="1.0",
+            driver_edits=self.driver_edits,
         )
         return DraDriver(
             kube=self.kube,

@@ -1,4 +1,4 @@
-"""The `vgpud` command line: `run`, `gpus`, `health`, `webhook`, `debug tail|state`, `version`.
+"""The `vgpud` command line: `run`, `gpus`, `driver`, `health`, `webhook`, `debug tail|state`, `version`.
 
 Exit codes: 0 success (also after SIGTERM), 1 a runtime failure (GPU discovery, a component that
 cannot start), 2 a usage or configuration error, printed as one line before anything starts.
@@ -18,9 +18,11 @@ from typing import NoReturn
 from vgpud import __version__
 from vgpud.config import (
     DEFAULT_DRIVER_NAME,
+    DRIVER_DESTS,
     GPU_SOURCE_DESTS,
     OPTIONS,
     add_settings_arguments,
+    driver_settings_from,
     gpu_source_from,
     settings_from,
 )
@@ -70,6 +72,16 @@ def build_parser() -> argparse.ArgumentParser:
     )
     add_settings_arguments(gpus, GPU_SOURCE_DESTS)
     gpus.add_argument("--json", action="store_true", help="print JSON instead of a table")
+
+    driver = commands.add_parser(
+        "driver",
+        help="show what a vGPU container receives from the NVIDIA driver",
+        description="Find the driver's device nodes, libraries, binaries, firmware and IPC sockets under "
+        "the driver root and dev root, as `vgpud run` does at start, and print each with its host and "
+        "container path, or (--json) the CDI edits vgpud gives every vGPU container and each GPU.",
+    )
+    add_settings_arguments(driver, DRIVER_DESTS)
+    driver.add_argument("--json", action="store_true", help="print the CDI edits as JSON")
 
     health = commands.add_parser(
         "health",
@@ -153,6 +165,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _run(args)
         if args.command == "gpus":
             return _gpus(args)
+        if args.command == "driver":
+            return _driver(args)
         if args.command == "webhook":
             from vgpud.webhook.main import command
 
@@ -215,6 +229,61 @@ def _gpus(args: argparse.Namespace) -> int:
         )
     else:
         print(f"no GPUs found ({source.backend})")
+    return EXIT_OK
+
+
+def _driver(args: argparse.Namespace) -> int:
+    from vgpud.dra.driveredits import driver_edits
+    from vgpud.gpu import GpuInventoryError
+    from vgpud.nvdriver.discover import DriverRootError, discover
+    from vgpud.nvdriver.node import cdi_hook
+
+    source, roots, hook = driver_settings_from(args)
+    try:
+        gpus = source.inventory().gpus()
+        if not gpus:
+            raise GpuInventoryError(f"no GPUs found ({source.backend})")
+        files = discover(roots, gpus[0].driver_version, [g.minor for g in gpus], cdi_hook(roots, hook))
+    except (GpuInventoryError, DriverRootError) as err:
+        print(f"vgpud driver: error: {err}", file=sys.stderr)
+        return EXIT_FAILURE
+    edits = driver_edits(files)
+    if args.json:
+        devices = [
+            {
+                "uuid": g.uuid,
+                "index": g.index,
+                "minor": g.minor,
+                "containerEdits": edits.by_minor[g.minor].to_cdi(),
+            }
+            for g in gpus
+        ]
+        out = {
+            "driverVersion": files.version,
+            "driverRoot": str(roots.driver_host),
+            "devRoot": str(roots.dev_host),
+            "containerEdits": edits.common.to_cdi(),
+            "devices": devices,
+        }
+        print(json.dumps(out, indent=2))
+        return EXIT_OK
+    print(f"driver {files.version}: driver root {roots.driver_host}, dev root {roots.dev_host}")
+    for title, found in (
+        ("libraries", files.libraries),
+        ("binaries", files.binaries),
+        ("firmware", files.firmware),
+        ("IPC sockets", files.ipc),
+    ):
+        print(f"{title}:" if found else f"{title}: none")
+        for f in found:
+            print(f"  {f.host_path} -> {f.path}")
+    print("device nodes:")
+    for node in (*files.control_nodes, *(files.gpu_nodes[g.minor] for g in gpus)):
+        print(f"  {node.host_path} -> {node.path} ({node.major}:{node.minor}, mode {node.file_mode:o})")
+    if files.cdi_hook:
+        print(f"nvidia-cdi-hook {files.cdi_hook}: links {', '.join(files.links) or 'none'}")
+    else:
+        print(f"no nvidia-cdi-hook: the links are bind mounts ({', '.join(files.links) or 'none'})")
     return EXIT_OK
 
 

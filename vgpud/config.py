@@ -15,13 +15,14 @@ import os
 import socket
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Any
 
 from vgpud.artifacts import DEFAULT_LIBRARY_SOURCE, DEFAULT_REGISTER_CLIENT_SOURCE
 from vgpud.gates import FeatureGates, gates_help, parse_feature_gates
 from vgpud.gpu.healthrules import DEFAULT_IGNORED_XIDS, NO_XIDS, parse_xid_list
 from vgpud.gpu.source import BUILTIN_PROFILES, GPU_BACKENDS, GpuSource, gpu_profile
+from vgpud.nvdriver.discover import DriverRoots
 from vgpud.options import ConfigError, Option, add_arguments, resolve
 from vgpud.parsers import (
     SOCKET_OFF,
@@ -215,7 +216,60 @@ OPTIONS: tuple[Option, ...] = (
         None,
         "path of libnvidia-ml.so.1 (--gpu-backend nvml only)",
         "PATH",
-        unset="the dynamic loader's search",
+        unset="libnvidia-ml.so.1 in the driver root's library directories",
+    ),
+    Option(
+        "driver_root",
+        "--driver-root",
+        "NVIDIA_DRIVER_ROOT",
+        absolute_path,
+        "/",
+        "the NVIDIA driver's root on the host: its libraries, binaries and firmware are found there and "
+        "handed to vGPU containers from there (/run/nvidia/driver under the GPU Operator)",
+        "DIR",
+        rebased=True,
+    ),
+    Option(
+        "driver_root_ctr_path",
+        "--driver-root-ctr-path",
+        "DRIVER_ROOT_CTR_PATH",
+        absolute_path,
+        None,
+        "where vgpud sees the driver root, when it runs in a container that mounts it elsewhere",
+        "DIR",
+        unset="--driver-root",
+    ),
+    Option(
+        "dev_root",
+        "--dev-root",
+        "NVIDIA_DEV_ROOT",
+        absolute_path,
+        None,
+        "the root under which the driver's device nodes are on the host (<dev root>/dev/nvidia0)",
+        "DIR",
+        unset="the driver root if it has a dev/ directory, else /",
+    ),
+    Option(
+        "dev_root_ctr_path",
+        "--dev-root-ctr-path",
+        "DEV_ROOT_CTR_PATH",
+        absolute_path,
+        None,
+        "where vgpud sees the dev root, when it runs in a container that mounts it elsewhere",
+        "DIR",
+        unset="--dev-root, or the driver root's path if the dev root is the driver root",
+    ),
+    Option(
+        "nvidia_cdi_hook_path",
+        "--nvidia-cdi-hook-path",
+        "NVIDIA_CDI_HOOK_PATH",
+        socket_path_or_off,
+        None,
+        "host path of NVIDIA's nvidia-cdi-hook, which vGPU containers' CDI edits run to make the "
+        "driver libraries' links and update the linker cache (vgpud sees it at that path); off: none, "
+        "the links become bind mounts",
+        "PATH",
+        unset="usr/bin, usr/local/bin or usr/local/nvidia/toolkit under the driver root, else none",
     ),
     Option(
         "health_ignored_xids",
@@ -381,6 +435,13 @@ class Settings:
     gpu_backend: str
     gpu_profile: Path | None
     nvml_library: Path | None
+    #: the driver root and dev root on the host, and where vgpud sees them (None: at the host path)
+    driver_root: Path
+    driver_root_ctr_path: Path | None
+    dev_root: Path | None
+    dev_root_ctr_path: Path | None
+    #: a path, SOCKET_OFF, or None: looked for under the driver root
+    nvidia_cdi_hook_path: Path | str | None
     #: XIDs that leave a GPU healthy
     health_ignored_xids: frozenset[int]
     health_recovery_seconds: int
@@ -435,7 +496,18 @@ class Settings:
 
     @property
     def gpu_source(self) -> GpuSource:
-        return GpuSource(self.gpu_backend, self.gpu_profile, self.nvml_library)
+        return GpuSource(self.gpu_backend, self.gpu_profile, self.nvml_library, self.driver_roots.driver_seen)
+
+    @property
+    def driver_roots(self) -> DriverRoots:
+        return driver_roots(
+            self.driver_root, self.driver_root_ctr_path, self.dev_root, self.dev_root_ctr_path
+        )
+
+    @property
+    def driver_root_explicit(self) -> bool:
+        """The driver root was set (not the default /): it must then hold the driver."""
+        return self.driver_root != (self.root_prefix or Path("/"))
 
     @property
     def device_health_check(self) -> bool:
@@ -467,16 +539,48 @@ def settings_from(args: argparse.Namespace, environ: Mapping[str, str] | None = 
     return settings
 
 
-GPU_SOURCE_DESTS = ("gpu_backend", "gpu_profile", "nvml_library")
+GPU_SOURCE_DESTS = ("gpu_backend", "gpu_profile", "nvml_library", "driver_root", "driver_root_ctr_path")
+DRIVER_DESTS = (*GPU_SOURCE_DESTS, "dev_root", "dev_root_ctr_path", "nvidia_cdi_hook_path")
+
+
+def driver_roots(
+    driver_root: Path, driver_seen: Path | None, dev_root: Path | None, dev_seen: Path | None
+) -> DriverRoots:
+    """The roots as the host has them and as vgpud sees them. An unset dev root is the driver root
+    when that has a dev/ directory (the GPU Operator's driver container), else / (NVIDIA's DRA driver
+    decides it the same way)."""
+    seen = driver_seen or driver_root
+    if dev_root is None:
+        if (seen / "dev").is_dir():
+            return DriverRoots(seen, PurePosixPath(driver_root), seen, PurePosixPath(driver_root))
+        dev_root = Path("/")
+    return DriverRoots(seen, PurePosixPath(driver_root), dev_seen or dev_root, PurePosixPath(dev_root))
+
+
+def _resolve_dests(
+    args: argparse.Namespace, environ: Mapping[str, str] | None, dests: tuple[str, ...]
+) -> list[Any]:
+    environ = os.environ if environ is None else environ
+    by_dest = {option.dest: option for option in OPTIONS}
+    return [resolve(by_dest[dest], args, environ, None) for dest in dests]
 
 
 def gpu_source_from(args: argparse.Namespace, environ: Mapping[str, str] | None = None) -> GpuSource:
     """Resolve only the GPU options, so `vgpud gpus` does not depend on unrelated settings."""
-    environ = os.environ if environ is None else environ
-    by_dest = {option.dest: option for option in OPTIONS}
-    source = GpuSource(*(resolve(by_dest[dest], args, environ, None) for dest in GPU_SOURCE_DESTS))
+    backend, profile, library, root, seen = _resolve_dests(args, environ, GPU_SOURCE_DESTS)
+    source = GpuSource(backend, profile, library, seen or root)
     _check_gpu_source(source)
     return source
+
+
+def driver_settings_from(
+    args: argparse.Namespace, environ: Mapping[str, str] | None = None
+) -> tuple[GpuSource, DriverRoots, Path | str | None]:
+    """The GPU source, the driver roots and the nvidia-cdi-hook setting, for `vgpud driver`."""
+    backend, profile, library, root, seen, dev, dev_seen, hook = _resolve_dests(args, environ, DRIVER_DESTS)
+    source = GpuSource(backend, profile, library, seen or root)
+    _check_gpu_source(source)
+    return source, driver_roots(root, seen, dev, dev_seen), hook
 
 
 def _check_gpu_source(source: GpuSource) -> None:

@@ -26,6 +26,7 @@ from vgpud.dra.claimedits import NodeFacts
 from vgpud.dra.claimindex import describe_mismatches
 from vgpud.dra.claimwatch import ClaimWatch
 from vgpud.dra.driver import DraDriver
+from vgpud.dra.driveredits import driver_edits
 from vgpud.dra.service import DeviceHealthService, RegistrationService, node_services, probes
 from vgpud.dra.slices import SliceKeeper, device_names
 from vgpud.gpu import GpuInfo, GpuInventory, GpuInventoryError
@@ -42,6 +43,8 @@ from vgpud.nodesetup import NodeSetupError, cgroup_v2, prepare_manager_root
 from vgpud.nri.conn import Dialer, Identity, probe, run_session
 from vgpud.nri.hooks import NriHooks
 from vgpud.nri.runtime_link import RuntimeLink
+from vgpud.nvdriver.discover import DriverFiles, DriverRootError
+from vgpud.nvdriver.node import node_driver_files
 from vgpud.observe.app import ObserveApp
 from vgpud.observe.drift import DriftChecker
 from vgpud.observe.hub import StreamHub
@@ -90,6 +93,8 @@ class Startup:
     nri_connection: socket.socket | None = None
     #: the GPU backend the GPUs came from (the usage reader asks it for per-process memory)
     inventory: GpuInventory | None = None
+    #: what vGPU containers receive from the driver (None: simulated GPUs, no driver on the node)
+    driver_files: DriverFiles | None = None
 
 
 @dataclass
@@ -272,6 +277,17 @@ def check_node(settings: Settings) -> Startup | None:
     if not gpus:
         log.warning("no GPUs found (%s backend); nothing will be published", source.backend)
     try:
+        driver_files = node_driver_files(
+            settings.driver_roots,
+            gpus[0].driver_version if gpus else "",
+            [gpu.minor for gpu in gpus],
+            required=source.backend == "nvml" or settings.driver_root_explicit,
+            hook_setting=settings.nvidia_cdi_hook_path,
+        )
+    except DriverRootError as err:
+        log.error("%s", err)
+        return None
+    try:
         kube = KubeClient.from_config(settings.kubeconfig)
     except KubeError as err:
         log.error("no Kubernetes API: %s", err)
@@ -290,7 +306,16 @@ def check_node(settings: Settings) -> Startup | None:
         return None
     mode = select_mode(settings)
     return Startup(
-        settings, gpus, kube, layout, boot_id, mode.mode, mode.fallback, mode.connection, inventory
+        settings,
+        gpus,
+        kube,
+        layout,
+        boot_id,
+        mode.mode,
+        mode.fallback,
+        mode.connection,
+        inventory,
+        driver_files,
     )
 
 
@@ -340,6 +365,7 @@ def build_driver(startup: Startup, assigner: EagerAssigner | LazyAssigner, recor
         memory_ratio=settings.device_memory_ratio,
         library_version=LIBRARY_VERSION,
         sm_watcher=settings.feature_gates.enabled("SharedSMUtilizationWatcher"),
+        driver_edits=driver_edits(startup.driver_files) if startup.driver_files else None,
     )
     log.info("partition mode %s, client registration %s", assigner.mode, "on" if client_mode else "off")
     settings.plugin_dir.mkdir(parents=True, exist_ok=True)

@@ -253,3 +253,41 @@ class TestFeatureGates:
     def test_str_round_trips(self) -> None:
         gates = parse_feature_gates("NRISupport=true")
         assert parse_feature_gates(str(gates)) == gates
+
+
+def test_driver_roots_follow_the_toolkits_names(tmp_path: Path) -> None:
+    from pathlib import PurePosixPath
+
+    s = _settings([])
+    assert s.driver_root == Path("/") and not s.driver_root_explicit
+    roots = s.driver_roots
+    assert (roots.driver_seen, roots.driver_host) == (Path("/"), PurePosixPath("/"))
+    assert roots.dev_host == PurePosixPath("/")
+    # the GPU Operator's layout: the host's /run/nvidia/driver mounted at /driver-root in vgpud's pod
+    (tmp_path / "dev").mkdir()
+    env = {"NVIDIA_DRIVER_ROOT": "/run/nvidia/driver", "DRIVER_ROOT_CTR_PATH": str(tmp_path)}
+    s = _settings([], env)
+    assert s.driver_root_explicit
+    roots = s.driver_roots
+    assert (roots.driver_seen, roots.driver_host) == (tmp_path, PurePosixPath("/run/nvidia/driver"))
+    # its dev/ makes it the dev root too, unless one is set
+    assert (roots.dev_seen, roots.dev_host) == (tmp_path, PurePosixPath("/run/nvidia/driver"))
+    roots = _settings(["--dev-root", "/", "--dev-root-ctr-path", "/dev-root"], env).driver_roots
+    assert (roots.dev_seen, roots.dev_host) == (Path("/dev-root"), PurePosixPath("/"))
+    (tmp_path / "dev").rmdir()
+    assert _settings([], env).driver_roots.dev_host == PurePosixPath("/")
+
+
+def test_the_hook_setting_is_a_path_or_off() -> None:
+    assert _settings([]).nvidia_cdi_hook_path is None
+    assert _settings(["--nvidia-cdi-hook-path", "off"]).nvidia_cdi_hook_path == "off"
+    hook = {"NVIDIA_CDI_HOOK_PATH": "/usr/local/nvidia/toolkit/nvidia-cdi-hook"}
+    assert _settings([], hook).nvidia_cdi_hook_path == Path("/usr/local/nvidia/toolkit/nvidia-cdi-hook")
+    with pytest.raises(ConfigError, match="--nvidia-cdi-hook-path"):
+        _settings(["--nvidia-cdi-hook-path", "relative/hook"])
+
+
+def test_under_a_root_prefix_the_default_driver_root_moves_and_is_not_explicit(short_tmp: Path) -> None:
+    s = _settings(["--root-prefix", str(short_tmp)])
+    assert s.driver_root == short_tmp and not s.driver_root_explicit
+    assert _settings(["--root-prefix", str(short_tmp), "--driver-root", "/opt/d"]).driver_root_explicit

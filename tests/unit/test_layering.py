@@ -31,6 +31,8 @@ PURE = {
     "vgpud.quantity",
     "vgpud.registry.cgroup",
     "vgpud.hotplug.rules",
+    "vgpud.nvdriver.elfso",
+    "vgpud.nvdriver.ldcache",
 }
 #: what else a pure module may import (prefix match): generated messages, the protobuf runtime,
 #: grpclib's codec interface

@@ -86,11 +86,57 @@ def qualified_device_id(driver: str, name: str) -> str:
 
 
 @dataclass(frozen=True)
+class DeviceNode:
+    """A CDI `deviceNodes` entry. Zero major/minor, no file mode and gid 0 are left out, as the Go
+    types' `omitempty` does (the runtime fills what is missing from the host node)."""
+
+    path: str
+    host_path: str | None = None
+    major: int = 0
+    minor: int = 0
+    file_mode: int | None = None
+    permissions: str = "rwm"
+    gid: int = 0
+
+    def to_cdi(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"path": self.path}
+        if self.host_path and self.host_path != self.path:
+            out["hostPath"] = self.host_path
+        for key, value in (("major", self.major), ("minor", self.minor), ("fileMode", self.file_mode)):
+            if value:
+                out[key] = value
+        out["permissions"] = self.permissions
+        if self.gid:
+            out["gid"] = self.gid
+        return out
+
+
+@dataclass(frozen=True)
+class Hook:
+    """A CDI `hooks` entry: an OCI hook the runtime runs at `hook_name` (e.g. createContainer)."""
+
+    hook_name: str
+    path: str
+    args: tuple[str, ...]
+    env: tuple[str, ...] = ()
+
+    def to_cdi(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"hookName": self.hook_name, "path": self.path, "args": list(self.args)}
+        if self.env:
+            out["env"] = list(self.env)
+        return out
+
+
+@dataclass(frozen=True)
 class ContainerEdits:
-    """A CDI `containerEdits`: env (`K=V`, in order) and bind mounts."""
+    """A CDI `containerEdits`: env (`K=V`, in order), bind mounts, device nodes, hooks and the
+    additional groups the device nodes need."""
 
     env: tuple[str, ...] = ()
     mounts: tuple[Mount, ...] = ()
+    device_nodes: tuple[DeviceNode, ...] = ()
+    hooks: tuple[Hook, ...] = ()
+    additional_gids: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
         for entry in self.env:
@@ -103,13 +149,32 @@ class ContainerEdits:
         """From an env mapping (its order kept)."""
         return cls(tuple(f"{k}={v}" for k, v in (env or {}).items()), tuple(mounts))
 
+    def plus(self, other: ContainerEdits | None) -> ContainerEdits:
+        """These edits followed by `other`'s (None: these alone)."""
+        if other is None:
+            return self
+        gids = self.additional_gids + tuple(g for g in other.additional_gids if g not in self.additional_gids)
+        return ContainerEdits(
+            self.env + other.env,
+            self.mounts + other.mounts,
+            self.device_nodes + other.device_nodes,
+            self.hooks + other.hooks,
+            gids,
+        )
+
     def to_cdi(self) -> dict[str, Any]:
         """The JSON object; empty lists are omitted, as the Go types' `omitempty` does."""
         out: dict[str, Any] = {}
         if self.env:
             out["env"] = list(self.env)
+        if self.device_nodes:
+            out["deviceNodes"] = [node.to_cdi() for node in self.device_nodes]
+        if self.hooks:
+            out["hooks"] = [hook.to_cdi() for hook in self.hooks]
         if self.mounts:
             out["mounts"] = [_mount(m) for m in self.mounts]
+        if self.additional_gids:
+            out["additionalGids"] = list(self.additional_gids)
         return out
 
 

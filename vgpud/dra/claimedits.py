@@ -1,9 +1,11 @@
 """What Prepare writes into a claim's CDI spec: pure functions from the claim and the assigner's result.
 
 The spec's top-level edits are the claim-common ones (the library, the blanked unsuffixed limits, the
-mode, `MANAGER_VGPU_CLAIM_UID`, the common read-only mounts); each device adds its own `_<idx>` env
-and, in eager mode, its partition's mounts and register UUID. The rules are the reference's
-(vgpu-manager-contracts.md "Env injected", "Mounts").
+mode, `MANAGER_VGPU_CLAIM_UID`, the common read-only mounts) and the driver's (vgpud.nvdriver: the
+control device nodes, libraries, binaries, `NVIDIA_VISIBLE_DEVICES=void`); each device adds its own
+`_<idx>` env, its GPU's device node and, in eager mode, its partition's mounts and register UUID. The
+vGPU rules are the reference's (docs: "Env injected", "Mounts"); the same spec serves eager and NRI
+mode, so both hand a container the same GPU.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from dataclasses import dataclass
 
 from vgpud.dra.cdi import ContainerEdits, claim_spec, device_name, qualified_device_id
 from vgpud.dra.checkpoint import PreparedDevice
+from vgpud.dra.driveredits import DriverEdits
 from vgpud.gpu import GpuInfo
 from vgpud.partition.assigner import PrepareResult
 from vgpud.partition.edits import compatibility_mode, compute_policy, device_env, memory_ratio_env
@@ -55,6 +58,9 @@ class NodeFacts:
     memory_ratio: int
     library_version: str
     sm_watcher: bool = False
+    #: the driver's files and each GPU's device node; None: simulated GPUs on a node without a driver
+    #: (the mock backend), whose containers get the limits and no GPU
+    driver_edits: DriverEdits | None = None
 
 
 def device_minor(name: str) -> int | None:
@@ -78,6 +84,14 @@ def gpu_for(facts: NodeFacts, device: AllocatedDevice) -> GpuInfo:
     if minor is None or minor not in facts.gpus_by_minor:
         raise PrepareError(f"device {device.device!r} is not a GPU of node {facts.node_name}")
     return facts.gpus_by_minor[minor]
+
+
+def gpu_edits(driver: DriverEdits, gpu: GpuInfo) -> ContainerEdits:
+    """The GPU's own device node (PrepareError when the dev root had none for it at start)."""
+    edits = driver.by_minor.get(gpu.minor)
+    if edits is None:
+        raise PrepareError(f"GPU {gpu.uuid} (minor {gpu.minor}) has no device node in the dev root")
+    return edits
 
 
 def claim_common_env(facts: NodeFacts, claim_env: Mapping[str, str]) -> dict[str, str]:
@@ -109,6 +123,7 @@ def build_claim_spec(
 ) -> tuple[dict, tuple[PreparedDevice, ...]]:
     """The claim's CDI spec and the devices to report to the kubelet, in allocation-result order."""
     policy = compute_policy(claim.annotations)
+    driver = facts.driver_edits
     common = ContainerEdits(
         env=_env_list(claim_common_env(facts, result.claim_env)),
         mounts=common_mounts(
@@ -117,7 +132,7 @@ def build_claim_spec(
             client_mode=facts.client_mode,
             sm_watcher=facts.sm_watcher,
         ),
-    )
+    ).plus(driver.common if driver else None)
     cdi_devices: list[tuple[str, ContainerEdits]] = []
     prepared: list[PreparedDevice] = []
     for ordinal, edits in enumerate(result.devices):
@@ -133,7 +148,8 @@ def build_claim_spec(
         )
         env.update(edits.env)
         name = device_name(claim.uid, device.request, gpu.minor, device.share_id, ordinal)
-        cdi_devices.append((name, ContainerEdits(env=_env_list(env), mounts=edits.mounts)))
+        own = ContainerEdits(env=_env_list(env), mounts=edits.mounts)
+        cdi_devices.append((name, own.plus(gpu_edits(driver, gpu) if driver else None)))
         prepared.append(
             PreparedDevice(
                 request_names=(device.request,),
