@@ -190,6 +190,18 @@ VARIANTS: tuple[Variant, ...] = (
             "imagePullSecrets": ["registry"],
         },
     ),
+    Variant(
+        "gpu-operator",
+        {
+            "node": {
+                "driverRoot": "/run/nvidia/driver",
+                "devRoot": "/",
+                "cdiHookPath": "/usr/local/nvidia/toolkit/nvidia-cdi-hook",
+                "runtimeClassName": "nvidia",
+            }
+        },
+    ),
+    Variant("no-cdi-hook", {"node": {"cdiHookPath": "off", "affinity": None}}),
     Variant("cert-manager", {"webhook": {"certManager": {"enabled": True}}}, crds=("cert-manager.io",)),
     Variant(
         "service-monitor", {"metrics": {"serviceMonitor": {"enabled": True}}}, crds=("monitoring.coreos.com",)

@@ -37,6 +37,8 @@ from vgpud.config import OPTIONS, Settings, settings_from
 from vgpud.relaxations import Relaxation, nri_selector
 from vgpud.webhook.config import WEBHOOK_OPTIONS, WebhookSettings, webhook_settings_from
 
+#: the driver's roots, mounted elsewhere in the container: vgpud maps what it sees there to host paths
+DRIVER_ROOT_VOLUMES = {"driver-root": "/driver-root", "dev-root": "/dev-root/dev"}
 #: the chart's default driver name
 DRIVER = yaml.safe_load((CHART / "values.yaml").read_text())["driverName"]
 #: env the chart sets that is not a vgpud setting: the pod IP for $(POD_IP), the API server override
@@ -140,7 +142,8 @@ def test_every_host_path_is_mounted_at_the_same_path(variant: Variant) -> None:
     mounts = {m["name"]: m for m in container(daemon)["volumeMounts"]}
     assert set(volumes) == set(mounts)
     for name, host in volumes.items():
-        assert mounts[name]["mountPath"] == host["path"], name
+        if name not in DRIVER_ROOT_VOLUMES:  # vgpud maps those itself (DRIVER_ROOT_CTR_PATH ...)
+            assert mounts[name]["mountPath"] == host["path"], name
     by_path = {host["path"]: mounts[name] for name, host in volumes.items()}
     paths = values["hostPaths"]
     for key in ("kubeletRegistrarDir", "kubeletPluginsDir"):
@@ -384,3 +387,52 @@ def test_app_version_is_vgpuds_version() -> None:
     project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
     assert chart["appVersion"] == project["version"]
     assert chart["apiVersion"] == "v2"
+
+
+@pytest.mark.parametrize("variant", VARIANTS, ids=ids)
+def test_the_driver_root_is_mounted_read_only_and_mapped_to_the_hosts(variant: Variant) -> None:
+    manifests = render(variant.values)
+    node = values_of(variant)["node"]
+    daemon = one(manifests, "DaemonSet")
+    volumes = {v["name"]: v["hostPath"] for v in daemon["spec"]["template"]["spec"]["volumes"]}
+    mounts = {m["name"]: m for m in container(daemon)["volumeMounts"]}
+    assert volumes["driver-root"] == {"path": node["driverRoot"], "type": "Directory"}
+    assert mounts["driver-root"]["mountPath"] == DRIVER_ROOT_VOLUMES["driver-root"]
+    assert mounts["driver-root"]["readOnly"] is True
+    assert mounts["driver-root"]["mountPropagation"] == "HostToContainer"
+    roots = daemon_settings(manifests).driver_roots
+    assert str(roots.driver_host) == node["driverRoot"]
+    assert str(roots.driver_seen) == "/driver-root"
+    if node["devRoot"]:
+        assert volumes["dev-root"]["path"] == node["devRoot"].rstrip("/") + "/dev"
+        assert mounts["dev-root"]["mountPath"] == DRIVER_ROOT_VOLUMES["dev-root"]
+        assert (str(roots.dev_host), str(roots.dev_seen)) == (node["devRoot"], "/dev-root")
+    else:
+        assert "dev-root" not in volumes
+    hook = node["cdiHookPath"]
+    settings = daemon_settings(manifests)
+    if hook in ("", "off"):
+        assert "cdi-hook" not in volumes
+        assert settings.nvidia_cdi_hook_path == ("off" if hook else None)
+    else:  # at its own path: vgpud checks it there and writes that path into the CDI hooks
+        assert volumes["cdi-hook"] == {"path": hook, "type": "File"}
+        assert mounts["cdi-hook"]["mountPath"] == hook and mounts["cdi-hook"]["readOnly"] is True
+        assert str(settings.nvidia_cdi_hook_path) == hook
+    pod = daemon["spec"]["template"]["spec"]
+    assert pod.get("runtimeClassName", "") == node["runtimeClassName"]
+
+
+def test_by_default_vgpud_runs_on_gpu_nodes_only() -> None:
+    pod = one(render({}), "DaemonSet")["spec"]["template"]["spec"]
+    terms = pod["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"][
+        "nodeSelectorTerms"
+    ]
+    labels = {(t["matchExpressions"][0]["key"], tuple(t["matchExpressions"][0]["values"])) for t in terms}
+    # either label makes a GPU node (the terms are ORed): GPU feature discovery's, node feature discovery's
+    assert labels == {
+        ("nvidia.com/gpu.present", ("true",)),
+        ("feature.node.kubernetes.io/pci-10de.present", ("true",)),
+    }
+    # null removes a default map in helm (an empty map would merge into it and change nothing)
+    pod = one(render({"node": {"affinity": None}}), "DaemonSet")["spec"]["template"]["spec"]
+    assert "affinity" not in pod
