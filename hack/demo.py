@@ -3,22 +3,27 @@
 1. brings up etcd + kube-apiserver, kube-controller-manager, kube-scheduler, containerd (NRI + CDI)
    and the kubelet (DRA), everything under one temp dir, then installs vgpud as a user does: the vgpud
    image (make image) imported into containerd and `helm install` of helm/vgpud, so vgpud runs as the
-   chart's DaemonSet pod with its service account and the webhook as its Deployment; vgpud sees
-   simulated GPUs (2x A100-40GB: the fake libnvidia-ml.so.1 of csrc/fakenvml, whose state the fake
-   libcuda.so.1 of csrc/fakecuda shares, mounted into its pod); prints where each log is;
-2. shows the chart's pods and the ResourceSlice vgpud published (consumable memory and cores);
+   chart's DaemonSet pod with its service account and the webhook as its Deployment; the node is laid
+   out like a GPU node with simulated GPUs (2x A100-40GB): a driver root with the fake libcuda.so and
+   libnvidia-ml.so (csrc/fakecuda, csrc/fakenvml) under their versioned names, nvidia-smi, NVIDIA's
+   nvidia-cdi-hook, device nodes, and a fake kernel behind them; vgpud reads the GPUs through NVML
+   from that root (the chart's `node.driverRoot`); prints where each log is;
+2. shows the chart's pods, the GPUs, what a vGPU container receives from the driver (`vgpud driver`),
+   and the ResourceSlice vgpud published (consumable memory and cores);
 3. creates a claim with two requests (8Gi + 50 cores, 4Gi + 20 cores) and ONE pod whose two containers
    use one request each; the scheduler allocates, the kubelet prepares through vgpud, containerd asks
    vgpud's NRI plugin for each container's edits;
-4. prints what each container received: its vGPU env, its vgpud mounts, and the pids.config it sees
-   after running vgpu-register inside it (as libvgpu does at CUDA init);
-5. shows the memory limit enforced: a pod on a 4096Mi claim runs a CUDA program (a dynamic-libc image,
-   the fake driver mounted as the NVIDIA container toolkit mounts the real one, libvgpu-control.so
-   preloaded by vgpud's edits) that allocates 256 MiB at a time; the library refuses the allocation
+4. prints what each container received: its GPU (device nodes), its vGPU env, its vgpud mounts, and
+   the pids.config it sees after running vgpu-register inside it (as libvgpu does at CUDA init);
+5. shows the memory limit enforced: a pod on a 4096Mi claim runs a CUDA program (a dynamic-libc image
+   whose env says NVIDIA_VISIBLE_DEVICES=all, with no volume and no host PID namespace: the GPU's node,
+   the driver's libraries and nvidia-smi come from vgpud's CDI edits, libvgpu-control.so preloaded by
+   them) that allocates 256 MiB at a time; the library refuses the allocation
    that would pass 4096 MiB with CUDA_ERROR_OUT_OF_MEMORY (2), though the GPU has 40 GiB free, and
    vgpud's metrics show what the container holds;
 6. prints where the live hook stream is, waits (Ctrl-C when interactive, DEMO_SECONDS otherwise, default
-   2) and tears the whole node down. Needs root, hack/install-kube.sh, hack/install-node.sh and make image.
+   2) and tears the whole node down. Needs root, hack/install-kube.sh, hack/install-node.sh,
+   hack/install-nvidia-ctk.sh and make image.
 """
 
 from __future__ import annotations
@@ -38,13 +43,9 @@ from tests.e2e import workload as w  # noqa: E402
 from tests.e2e.leftovers import stop_on_signals  # noqa: E402
 from tests.e2e.node import (  # noqa: E402
     DEVICE_CLASS,
-    FAKE_NVML_LIBRARY,
-    FAKE_PROFILE_ENV,
-    FAKE_STATE_ENV,
     GPU_PROFILE,
     INSTALL_HINT,
     LocalNode,
-    fake_gpu_available,
     node_available,
 )
 from vgpud import metrics_names as names  # noqa: E402
@@ -115,6 +116,9 @@ def show_container(node: LocalNode, pod: dict, name: str) -> None:
     memory, cores = CONTAINERS[name]
     print(f"{BOLD}container {name}{RESET} (request {memory} memory + {cores} cores, id {cid[:12]})")
     env = w.container_env(node, cid)
+    gpu_nodes = w.exec_in(node, cid, "ls /dev | grep nvidia | tr '\\n' ' '").stdout.strip()
+    visible = env.get("NVIDIA_VISIBLE_DEVICES")
+    print(f"  GPU device nodes (vgpud's CDI edits): {gpu_nodes}; NVIDIA_VISIBLE_DEVICES={visible}")
     print("  vGPU environment (empty ones left out):")
     for key in sorted(k for k in env if k.startswith(ENV_PREFIXES) and env[k]):
         print(f"    {key}={env[key]}")
@@ -143,7 +147,16 @@ def show_enforced(node: LocalNode) -> None:
         f"\npod {LIMITED_POD} (image {fakegpu.image(node)}, a dynamic libc) on claim {LIMITED_CLAIM} "
         f"({LIMITED_MEMORY} memory), runs: memprobe {' '.join(args)}"
     )
-    print(f"  driver: {fakegpu.DRIVER_LIB_DIR}/libcuda.so.1 and libnvidia-ml.so.1 bind-mounted (the fakes)")
+    spec = pod["spec"]
+    volumes = [v["name"] for v in spec.get("volumes", [])]
+    print(f"  pod spec: volumes {volumes} (no hostPath), hostPID {spec.get('hostPID', False)}")
+    cid = w.container_id(pod, "alloc")
+    lib = f"{fakegpu.DRIVER_LIB_DIR}/libcuda.so.1"
+    target = w.exec_in(node, cid, f"readlink -f {lib}").stdout.strip()
+    env = w.container_env(node, cid)
+    print(f"  from vgpud's CDI edits: {lib} -> {target} (the driver root's file), ", end="")
+    print(f"NVIDIA_VISIBLE_DEVICES={env.get('NVIDIA_VISIBLE_DEVICES')} (the image says all)")
+    print("  nvidia-smi -L in the container:", w.exec_in(node, cid, "nvidia-smi -L").stdout.strip())
     out = fakegpu.probe_result(node, NAMESPACE, pod, "alloc", ("count", "total", "error"))
     total, error = int(out["total"]), int(out["error"])
     print(f"  limit enforced:  {LIMIT_MIB} MiB (the claim's memory)")
@@ -197,7 +210,7 @@ def wait_for_user() -> None:
 def main() -> int:
     if os.geteuid() != 0:
         sys.exit("make demo needs root (containerd, runc and the kubelet do)")
-    if not (node_available() and fake_gpu_available()):
+    if not node_available():
         sys.exit(f"the local node is not installed: {INSTALL_HINT}")
     if not chart.chart_available():
         sys.exit(f"no vgpud image or helm: {chart.INSTALL_HINT}")
@@ -222,14 +235,13 @@ def run_demo(node: LocalNode) -> int:
         print(f"$ {node.install_command}")
         show_release(node)
 
-        section(f"GPUs (simulated: the fake NVML serving profile {GPU_PROFILE})")
-        env = {
-            **os.environ,
-            FAKE_PROFILE_ENV: str(node.gpu_profile_path),
-            FAKE_STATE_ENV: str(node.fake_gpu_state),
-        }
-        argv = [*VGPUD, "gpus", "--gpu-backend", "nvml", "--nvml-library", str(FAKE_NVML_LIBRARY)]
-        subprocess.run(argv, check=False, cwd=REPO, env=env)
+        section(f"GPUs (simulated, profile {GPU_PROFILE}), through NVML in the node's driver root")
+        env = {k: v for k, v in os.environ.items() if not k.startswith("FAKE_")}
+        root = ["--driver-root", str(node.driver_root)]
+        subprocess.run([*VGPUD, "gpus", *root], check=False, cwd=REPO, env=env)
+
+        section("What every vGPU container receives from the driver (vgpud driver)")
+        subprocess.run([*VGPUD, "driver", *root], check=False, cwd=REPO, env=env)
 
         section("What vgpud published")
         print(f"DeviceClass {DEVICE_CLASS} (the chart's; selects the vGPUs of manager.nvidia.com)")

@@ -27,7 +27,7 @@ PAUSE_IMAGE=localhost/vgpud-pause:v1
 # The dynamic-libc image: libc6 from the host's suite (bookworm), so programs built here run in it.
 LIBC_SUITE=${LIBC_SUITE:-bookworm}
 CUDA_IMAGE=localhost/vgpud-cudaprobe:v1
-CUDA_IMAGE_RECIPE=1                # bump when the cudaprobe image recipe below changes
+CUDA_IMAGE_RECIPE=2                # bump when the cudaprobe image recipe below changes
 CACHE=${VGPUD_CACHE:-$HOME/.cache/vgpud}
 HERE=$(cd "$(dirname "$0")" && pwd)
 REPO=$(dirname "$HERE")
@@ -170,7 +170,7 @@ build_cuda_image() {
     --file "$tmp/memprobe:/usr/local/bin/memprobe:0755" \
     --file "$NODE_ROOT/usr/bin/busybox:/bin/busybox:0755" \
     --dir /tmp:1777 --dir /etc --dir /proc --dir /sys --dir /dev --dir /root:0700 \
-    --dir /usr/lib/x86_64-linux-gnu --cmd /bin/sh
+    --dir /usr/lib/x86_64-linux-gnu --env NVIDIA_VISIBLE_DEVICES=all --cmd /bin/sh
   rm -f "$tmp/memprobe"
   echo "$cuda_image_stamp" >"$tmp/.stamp"
   rm -rf "$CUDA_IMAGES_DIR" && mv "$tmp" "$CUDA_IMAGES_DIR"

@@ -7,6 +7,7 @@ stays UNIMPLEMENTED (a grpcio client on the DRA socket)."""
 from __future__ import annotations
 
 import json
+import os
 import re
 import subprocess
 import sys
@@ -19,9 +20,10 @@ import grpc
 import pytest
 
 from tests.conformance.grpcio_calls import get_info, watch_resources
+from tests.fakedriver import build_driver_root
 from tests.fakegpu_state import raise_xid, set_lost
 from tests.kubeapi import ApiServer, free_port
-from tests.support import built
+from tests.support import built, require
 from tests.unit.fakes.gpu import UUID_A, UUID_B, profile_text
 from tests.vgpudproc import Vgpud, ensure_node, node_slices
 
@@ -36,18 +38,25 @@ def api(kube_apiserver: ApiServer) -> ApiServer:
 
 
 class FakeNode:
+    """vgpud on the fake NVML named by path (its profile and state by env), and a driver root laid out
+    for the same GPUs, which the nvml backend requires (the GPUs' device nodes, the driver files)."""
+
     def __init__(self, root: Path, api: ApiServer, *flags: str) -> None:
+        require(os.geteuid() == 0, "root (mknod of the driver root's device nodes)", "run the tests as root")
         self.api = api
         profile = root / "profile.yaml"
         profile.write_text(profile_text())
         self.state_file = root / "gpu.state"
         self.metrics_port = free_port()
+        (root / "driver").mkdir()
+        driver = build_driver_root(root / "driver", profile).root
+        library = str(built("fakenvml/libnvidia-ml.so.1"))
         self.vgpud = Vgpud(
             root,
             node=NODE,
             port=free_port(),
             kubeconfig=api.kubeconfig,
-            gpus=("--gpu-backend", "nvml", "--nvml-library", str(built("fakenvml/libnvidia-ml.so.1"))),
+            gpus=("--gpu-backend", "nvml", "--nvml-library", library, "--driver-root", str(driver)),
             env={"FAKE_NVML_PROFILE": str(profile), "FAKE_GPU_STATE": str(self.state_file)},
             extra=["--metrics-address", f"127.0.0.1:{self.metrics_port}", *flags],
         )

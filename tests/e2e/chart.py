@@ -4,9 +4,10 @@
 The values differ from the chart's defaults only where this node differs from a real one: its host
 paths live under the node's temp dir, it has no kube-proxy (so pods reach the API server at 127.0.0.1,
 through `kubernetesServiceHost`), its only pod network is the host's (so the webhook runs with
-hostNetwork on a free port), it has no GPU (the mock backend) and no registry (the image is imported,
-never pulled). Everything else, RBAC included, is the chart as shipped: vgpud runs with its
-ServiceAccount's rights only.
+hostNetwork on a free port), its driver root is the node's fake one (tests/fakedriver.py: vgpud reads
+the simulated GPUs through its libnvidia-ml.so.1, the nvml backend, or uses the mock backend), and it
+has no registry (the image is imported, never pulled). Everything else, RBAC included, is the chart as
+shipped: vgpud runs with its ServiceAccount's rights only.
 """
 
 from __future__ import annotations
@@ -85,33 +86,14 @@ def values(node: LocalNode, tag: str) -> dict[str, Any]:
 
 
 def gpu_values(node: LocalNode) -> dict[str, Any]:
-    """The mock backend, or with `fake_gpu` the nvml backend on the fake libnvidia-ml.so.1 and the
-    state it shares with the containers' fake driver: host files mounted at their own paths."""
-    if not node.fake_gpu:
-        return {"gpu": {"backend": "mock", "profile": "a100-40gb-x2"}}
-    from tests.e2e.node import FAKE_NVML_LIBRARY, FAKE_PROFILE_ENV, FAKE_STATE_ENV, HEALTH_RECOVERY_S
+    """The node's driver root (as `node.driverRoot`, the chart mounts it), and the nvml backend over it
+    with `fake_gpu` (NVML found there, as on a GPU node), else the mock backend."""
+    from tests.e2e.node import GPU_PROFILE, HEALTH_RECOVERY_S
 
-    files = {
-        "fake-nvml": (FAKE_NVML_LIBRARY, "File"),
-        "fake-profile": (node.gpu_profile_path, "File"),
-        "fake-state": (node.fake_gpu_dir, "Directory"),
-    }
-    return {
-        "gpu": {"backend": "nvml", "nvmlLibrary": str(FAKE_NVML_LIBRARY)},
-        "extraEnv": [
-            {"name": FAKE_PROFILE_ENV, "value": str(node.gpu_profile_path)},
-            {"name": FAKE_STATE_ENV, "value": str(node.fake_gpu_state)},
-            {"name": "HEALTH_RECOVERY_SECONDS", "value": str(HEALTH_RECOVERY_S)},
-        ],
-        "extraVolumes": [
-            {"name": name, "hostPath": {"path": str(path), "type": kind}}
-            for name, (path, kind) in files.items()
-        ],
-        "extraVolumeMounts": [
-            {"name": name, "mountPath": str(path), "readOnly": name != "fake-state"}
-            for name, (path, _kind) in files.items()
-        ],
-    }
+    if not node.fake_gpu:
+        return {"gpu": {"backend": "mock", "profile": GPU_PROFILE}, "driverRoot": str(node.driver_root)}
+    recovery = {"name": "HEALTH_RECOVERY_SECONDS", "value": str(HEALTH_RECOVERY_S)}
+    return {"gpu": {"backend": "nvml"}, "driverRoot": str(node.driver_root), "extraEnv": [recovery]}
 
 
 def helm(node: LocalNode, *args: str, values_: dict[str, Any] | None = None) -> str:

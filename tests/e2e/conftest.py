@@ -11,9 +11,13 @@ registration, cleanup, Synchronize after a restart, the NRI deadline) take WITH_
 WITH_CHART_AND_CD2, or NRI_TRACKS for the NRI track alone on both runtimes. VGPUD_E2E_CONTAINERD=2 runs
 every other track on containerd 2.x too (the whole suite on 2.x, by hand; `make test` leaves it unset).
 
-A module that needs vgpud on the simulated GPUs (tests/e2e/fakegpu.py) parametrizes `node` indirectly
-with FAKE_GPU_TRACKS. It is the same fixture, so pytest stops one node before it starts the next: two
-nodes never run at once (they would share /run/containerd and the kubepods cgroups)."""
+Every node is laid out like a GPU node (a fake driver root that vgpud's CDI edits hand to vGPU
+containers, tests/e2e/node.py). On FAKE_GPU_TRACKS, the cgroup track and the chart track vgpud itself
+reads the GPUs through NVML over that root (the nvml backend); elsewhere it uses the mock backend with
+the same profile. A module that needs vgpud's NVML view (its usage metrics, device health)
+parametrizes `node` indirectly with FAKE_GPU_TRACKS. It is the same fixture, so pytest stops one node
+before it starts the next: two nodes never run at once (they would share /run/containerd and the
+kubepods cgroups)."""
 
 from __future__ import annotations
 
@@ -32,7 +36,6 @@ from tests.e2e.node import (
     CONTAINERD_VERSIONS,
     INSTALL_HINT,
     LocalNode,
-    fake_gpu_available,
     node_available,
 )
 from tests.support import require
@@ -43,7 +46,7 @@ FAKE_GPU_TRACKS = {"nri-fakegpu": True, "eager-fakegpu": False}
 #: the NRI track on the fake GPUs in cgroup mode (DevicePluginClientMode off): the library finds its
 #: container's processes by cgroup, nothing registers (tests/e2e/test_node_cgroup_mode.py)
 CGROUP_TRACKS = {"nri-cgroup": True}
-#: the NRI track with vgpud installed by the Helm chart
+#: the NRI track with vgpud installed by the Helm chart, on the nvml backend over the driver root
 CHART_TRACKS = {"chart": True}
 #: the default tracks on containerd 2.x
 CD2_TRACKS = {"eager-cd2": False, "nri-cd2": True}
@@ -82,9 +85,7 @@ def node(request: pytest.FixtureRequest) -> Iterator[LocalNode]:
     containerd = CONTAINERD_2 if request.param in CD2_TRACKS else default_containerd()
     what = f"the local node (containerd {containerd}, runc, kubelet, images)"
     require(node_available(containerd), what, INSTALL_HINT)
-    fake_gpu = request.param in FAKE_GPU_TRACKS or request.param in CGROUP_TRACKS
-    if fake_gpu:
-        require(fake_gpu_available(), "the fake GPU driver and the dynamic-libc image", INSTALL_HINT)
+    fake_gpu = request.param in {**FAKE_GPU_TRACKS, **CGROUP_TRACKS, **CHART_TRACKS}
     chart = request.param in CHART_TRACKS
     if chart:
         require(chart_available(), "helm and the vgpud image", CHART_INSTALL_HINT)

@@ -8,17 +8,21 @@ kube-scheduler, containerd 1.7 or, with `containerd=CONTAINERD_2`, containerd 2.
 by track, restrict_oom_score_adj, cgroupfs, its sockets under the temp dir, the local images imported;
 both with bookworm's runc), kubelet (DRA, cgroupfs, failCgroupV1: false)
 and vgpud as a host process with the mock GPU backend and the reference DaemonSet's environment.
-`LocalNode(fake_gpu=True)` runs vgpud on the NVML backend with the fake libnvidia-ml.so.1
-(build/fakenvml) serving the same profile, and a fake GPU state file that the node's containers share
-with it (tests/e2e/fakegpu.py mounts the fake driver into them), and imports the dynamic-libc image
-localhost/vgpud-cudaprobe. `LocalNode(chart=True)` installs vgpud with `helm install` of helm/vgpud
+Every node is laid out like a GPU node (tests/fakedriver.py): a driver root with the fake libcuda and
+libnvidia-ml under their versioned names, nvidia-smi, NVIDIA's nvidia-cdi-hook (built from the
+toolkit's Go module), firmware and device nodes made with mknod, served by a fake kernel that gives
+the fakes their simulated GPUs and each caller's host PID; the node is labelled as GPU feature discovery
+labels GPU nodes. vgpud hands that driver to vGPU containers through its CDI edits, so pods carry no
+driver volumes and keep their own PID namespace. `LocalNode(fake_gpu=True)` runs vgpud on the NVML
+backend over that root (the fake libnvidia-ml.so.1 sharing the containers' simulated GPUs) instead of
+the mock backend. `LocalNode(chart=True)` installs vgpud with `helm install` of helm/vgpud
 instead of running it as a host process (tests/e2e/chart.py). `start()` returns once the node is Ready,
 vgpud's health service says SERVING, its ResourceSlice is published and the kubelet has registered its
 DRA plugin; `restart_kubelet()` stops the kubelet and starts it again; `stop()` tears everything down
 by PID in reverse order and leaves no process, mount or cgroup behind. The node's IP is an address of
 its own on `lo` (tests/e2e/nodeip.py), so host-network pods bind nowhere but this host. The binaries
-come from hack/install-kube.sh (kube.env), hack/install-node.sh (node.env) and, for containerd 2.x,
-hack/install-containerd2.sh (containerd2.env).
+come from hack/install-kube.sh (kube.env), hack/install-node.sh (node.env), hack/install-nvidia-ctk.sh
+(nvidia-ctk.env) and, for containerd 2.x, hack/install-containerd2.sh (containerd2.env).
 
     python -m tests.e2e.node [--nri on|off] [--containerd 1.7|2] [--fake-gpu] [--chart]
         bring a node up, print where everything is, Ctrl-C stops it
@@ -59,6 +63,7 @@ from tests.e2e.leftovers import (
     stop_on_signals,
 )
 from tests.e2e.nodeip import claim_node_ip, release_node_ip
+from tests.fakedriver import DriverRoot, FakeKernel, build_driver_root, fake_driver_available
 from tests.kubeapi import ApiServer, api_request, binary, cache_dir, free_port, log_tail, start_apiserver
 from tests.support import BUILD, REPO
 
@@ -74,18 +79,16 @@ STOP_TIMEOUT_S = 15.0
 #: what vgpud logs when a kubelet's NotifyRegistrationStatus says its DRA plugin is registered
 PLUGIN_REGISTERED = f"kubelet registered DRA plugin {DRIVER} "
 SERVING = 1
-#: the fake GPUs (csrc/fakecuda, csrc/fakenvml): the variables both fakes read
-FAKE_PROFILE_ENV = "FAKE_NVML_PROFILE"
-FAKE_STATE_ENV = "FAKE_GPU_STATE"
+#: the simulated GPUs' state file, which the fake kernel serves to every fake (tests/fakedriver.py)
 FAKE_STATE_FILE = "state"
-FAKE_CUDA_LIBRARY = BUILD / "fakecuda" / "libcuda.so.1"
-FAKE_NVML_LIBRARY = BUILD / "fakenvml" / "libnvidia-ml.so.1"
+#: the label NVIDIA's GPU feature discovery puts on GPU nodes (the chart runs vgpud only there)
+GPU_NODE_LABEL = "nvidia.com/gpu.present=true"
 #: one Prometheus text sample: name, labels, value
 _SAMPLE = re.compile(r"^(\w+)(?:\{(.*)\})? (\S+)$")
 _LABEL = re.compile(r'(\w+)="([^"]*)"')
 INSTALL_HINT = (
-    "run make build, hack/install-kube.sh, hack/install-node.sh and hack/install-containerd2.sh "
-    "(the test command does it)"
+    "run make build, hack/install-kube.sh, hack/install-node.sh, hack/install-containerd2.sh and "
+    "hack/install-nvidia-ctk.sh (the test command does it)"
 )
 #: the runtimes a node runs on: containerd 1.7 (Debian's, config version 2) and containerd 2.x (built
 #: from its Go module, config version 3 or 4; docs/containerd2.md)
@@ -148,15 +151,17 @@ def node_available(containerd: str = CONTAINERD_1) -> bool:
     kube = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kubelet")
     have_kube = all(binary(name) for name in kube)
     built = all((BUILD / "libvgpu" / name).exists() for name in ("vgpu-register", "libvgpu-control.so"))
-    return have_node and have_kube and built
+    image = env.get("CUDA_IMAGE_TAR")
+    have_image = image is not None and Path(image).is_file()
+    hook = cdi_hook_binary()
+    driver = fake_driver_available() and hook is not None and hook.is_file()
+    return have_node and have_kube and built and have_image and driver
 
 
-def fake_gpu_available() -> bool:
-    """True when a `LocalNode(fake_gpu=True)` has what it needs beyond `node_available()`: the fakes
-    (make build) and the dynamic-libc image (hack/install-node.sh)."""
-    image = node_env().get("CUDA_IMAGE_TAR")
-    fakes = FAKE_CUDA_LIBRARY.exists() and FAKE_NVML_LIBRARY.exists()
-    return fakes and image is not None and Path(image).is_file()
+def cdi_hook_binary() -> Path | None:
+    """NVIDIA's nvidia-cdi-hook (hack/install-nvidia-ctk.sh), which the node's driver root carries."""
+    path = _env_file("nvidia-ctk.env").get("NVIDIA_CDI_HOOK_BIN")
+    return Path(path) if path else None
 
 
 # --------------------------------------------------------------------------------------------------
@@ -225,13 +230,16 @@ class LocalNode:
     install_command: str = ""
     #: seconds between vgpud's drift self-checks (which also count eager partition conflicts)
     drift_interval: int = 5
-    #: vgpud sees the fake GPUs (fake NVML + shared state) instead of the mock backend
+    #: vgpud sees the fake GPUs through NVML over the driver root, instead of the mock backend
     fake_gpu: bool = False
     #: this node's IP (an address on `lo`, see tests/e2e/nodeip.py); set by start()
     node_ip: str = ""
     #: vgpud installed with the Helm chart (tests/e2e/chart.py): the DaemonSet and the webhook as pods
     #: of the node, instead of vgpud as a host process
     chart: bool = False
+    #: the node's driver root and its fake kernel; set by start()
+    driver: DriverRoot | None = None
+    fake_kernel: FakeKernel | None = None
     _cgroups_before: set[Path] = field(default_factory=set)
     _netns_before: set[str] = field(default_factory=set)
     _shared_before: set[Path] = field(default_factory=set)
@@ -290,8 +298,13 @@ class LocalNode:
 
     @property
     def fake_gpu_dir(self) -> Path:
-        """Holds the fake GPU state file (FAKE_GPU_STATE) vgpud and the containers share."""
+        """Holds the simulated GPUs' state file that the fake kernel serves to vgpud and containers."""
         return self.workdir / "fakegpu"
+
+    @property
+    def driver_root(self) -> Path:
+        """The node's NVIDIA driver root (and dev root): what a GPU node has at /."""
+        return self.workdir / "driver"
 
     @property
     def fake_gpu_state(self) -> Path:
@@ -346,8 +359,6 @@ class LocalNode:
             raise FileNotFoundError(
                 f"the local node (containerd {self.containerd}) is not installed: {INSTALL_HINT}"
             )
-        if self.fake_gpu and not fake_gpu_available():
-            raise FileNotFoundError(f"no fake GPU driver or dynamic-libc image: {INSTALL_HINT}")
         self.env = env
         for line in reap_dead_nodes(own=self.workdir):
             print(f"local node: {line}", file=sys.stderr, flush=True)
@@ -357,9 +368,10 @@ class LocalNode:
         self._cgroups_before = cgroup_dirs()
         self._netns_before = set(os.listdir("/run/netns")) if os.path.isdir("/run/netns") else set()
         self._shared_before = _shared_run_entries()
-        for sub in ("logs", "c", "cdi", "nri", "cni", "kubelet", "vgpu", "pod-logs", "fakegpu"):
+        for sub in ("logs", "c", "cdi", "nri", "cni", "kubelet", "vgpu", "pod-logs", "fakegpu", "driver"):
             (self.workdir / sub).mkdir(parents=True, exist_ok=True)
         try:
+            self.start_driver()
             self.api = start_apiserver(self.workdir / "kube", timeout_s=timeout_s, controllers=True)
             self._start_controller_manager()
             self._start_scheduler()
@@ -388,6 +400,9 @@ class LocalNode:
         self._remove_all_containers()
         _stop(self.procs.pop("containerd", None))
         kill_pids(pids_naming(self.containerd_socket))  # shims whose containerd is gone
+        if self.fake_kernel is not None:
+            self.fake_kernel.stop()
+            self.fake_kernel = None
         remove_cgroups(cgroup_dirs() - self._cgroups_before)
         _stop(self.procs.pop("kube-scheduler", None))
         _stop(self.procs.pop("kube-controller-manager", None))
@@ -404,6 +419,21 @@ class LocalNode:
             print(f"local node: kept {self.workdir}", file=sys.stderr)
         else:
             shutil.rmtree(self.workdir, ignore_errors=True)
+
+    # -- the GPU node's driver ------------------------------------------------------------------------
+    def start_driver(self) -> None:
+        """Lay out the driver root (once per node) and start its fake kernel. The root is a shared
+        mount of its own, as / is on a systemd host: the chart mounts it with HostToContainer
+        propagation, which the runtime refuses on a private mount (this machine's / is one)."""
+        profile = self.gpu_profile_path
+        if self.driver is None:
+            self.driver = build_driver_root(self.driver_root, profile, cdi_hook=cdi_hook_binary())
+            root = str(self.driver_root)
+            subprocess.run(["mount", "--bind", root, root], check=True, capture_output=True)
+            subprocess.run(["mount", "--make-rshared", root], check=True, capture_output=True)
+        socket = self.driver.kernel_socket
+        log = self.log("fakegpu-kernel")
+        self.fake_kernel = FakeKernel.start(profile, self.fake_gpu_state, socket, log=log)
 
     # -- kube-controller-manager, kube-scheduler -----------------------------------------------------
     def _start_control_plane_component(self, name: str, *extra: str) -> None:
@@ -573,10 +603,7 @@ state = "{w}/c/state"
         return subprocess.run(argv, capture_output=True, text=True, check=check, timeout=timeout)
 
     def _import_images(self) -> None:
-        keys = ["PAUSE_IMAGE_TAR", "BUSYBOX_IMAGE_TAR"]
-        if self.fake_gpu:
-            keys.append("CUDA_IMAGE_TAR")
-        for key in keys:
+        for key in ("PAUSE_IMAGE_TAR", "BUSYBOX_IMAGE_TAR", "CUDA_IMAGE_TAR"):
             self.ctr("images", "import", "--no-unpack=false", self.env[key])
 
     def _remove_all_containers(self) -> None:
@@ -650,6 +677,7 @@ state = "{w}/c/state"
             f"--cert-dir={self.kubelet_dir}/pki",
             f"--hostname-override={self.name}",
             f"--node-ip={self.node_ip}",
+            f"--node-labels={GPU_NODE_LABEL}",
             "--v=2",
         ]
         env = {**os.environ, "PATH": f"{self.env['NODE_PATH']}:{os.environ.get('PATH', '/usr/bin:/bin')}"}
@@ -720,15 +748,10 @@ state = "{w}/c/state"
         assert self.api is not None
         gates = f"NRISupport={str(self.nri).lower()},DevicePluginClientMode={str(self.client_mode).lower()}"
         if self.fake_gpu:
-            gpus = {
-                "GPU_BACKEND": "nvml",
-                "NVML_LIBRARY": str(FAKE_NVML_LIBRARY),
-                FAKE_PROFILE_ENV: str(self.gpu_profile_path),
-                FAKE_STATE_ENV: str(self.fake_gpu_state),
-                "HEALTH_RECOVERY_SECONDS": str(HEALTH_RECOVERY_S),
-            }
+            gpus = {"GPU_BACKEND": "nvml", "HEALTH_RECOVERY_SECONDS": str(HEALTH_RECOVERY_S)}
         else:
             gpus = {"GPU_BACKEND": "mock", "GPU_PROFILE": GPU_PROFILE}
+        gpus["NVIDIA_DRIVER_ROOT"] = str(self.driver_root)
         return {
             "NODE_NAME": self.name,
             "FEATURE_GATES": gates,
@@ -756,7 +779,9 @@ state = "{w}/c/state"
             self.vgpud_port = free_port()
         if not self.metrics_port:
             self.metrics_port = free_port()
-        env = {**os.environ, **self.vgpud_env(), "PYTHONUNBUFFERED": "1"}
+        # no test setting of the fakes: vgpud's NVML finds its GPUs through the driver root's kernel
+        own = {k: v for k, v in os.environ.items() if not k.startswith("FAKE_")}
+        env = {**own, **self.vgpud_env(), "PYTHONUNBUFFERED": "1"}
         argv = [sys.executable, "-m", "vgpud", "run"]
         with self.log("vgpud").open("ab") as out:
             self.procs["vgpud"] = subprocess.Popen(

@@ -1,15 +1,13 @@
 """Cgroup mode on a real node: NRISupport on, DevicePluginClientMode off. Nothing registers; the control
 library decides which of the GPU's processes are its container's by cgroup (v1 here: the `memory` path
 of the host PID, read through the host /proc vgpud mounts at /etc/vgpu-manager/.host_proc, equal to its
-own). The pods have their own PID namespace, as ordinary pods do, so NVML's host PIDs are not the
+own). The pods have their own PID namespace, as every pod on the node does, so NVML's host PIDs are not the
 container's PIDs: the fakes record host PIDs as the real kernel module does (tests/e2e/fakegpu.py).
 
 Exact numbers prove the rule: a container's free memory and fill depend on which processes it counts,
 and the same probe run with another MANAGER_COMPATIBILITY_MODE in the same container counts others."""
 
 from __future__ import annotations
-
-from typing import Any
 
 import pytest
 
@@ -20,18 +18,16 @@ from tests.e2e.node import LocalNode
 from tests.e2e.test_node_limits import first_gpu_uuid, pinned_request, wait_used
 from vgpud import metrics_names as names
 from vgpud.nodesetup import cgroup_v2
-from vgpud.partition.layout import ENV_COMPATIBILITY_MODE
+from vgpud.partition.layout import CONT_HOST_PROC, ENV_COMPATIBILITY_MODE
 
 MiB, GiB = 1 << 20, 1 << 30
 CHUNK = 256 * MiB
 CUDA_ERROR_OUT_OF_MEMORY = 2
 RESULT_KEYS = ("count", "total", "error")
+#: where vgpud mounts the host /proc in cgroup mode (no client registration)
+HOST_PROC_IN_CONTAINER = str(CONT_HOST_PROC)
 
 pytestmark = pytest.mark.parametrize("node", sorted(CGROUP_TRACKS), indirect=True)
-
-
-def own_pid_probe(node: LocalNode, name: str, request: str, *args: str) -> dict[str, Any]:
-    return fakegpu.own_pid_namespace(fakegpu.probe_container(node, name, request, *args))
 
 
 def probe_in(node: LocalNode, cid: str, command: str, mode: str | None = None) -> dict[str, str]:
@@ -50,8 +46,8 @@ def test_env_says_cgroup_mode_and_nothing_registers(node: LocalNode) -> None:
     claim = w.create_claim(node, ns, "gpu", [w.vgpu_request("gpu", "4Gi", "10")])
     uid = claim["metadata"]["uid"]
     before = registrations(node)
-    probe = own_pid_probe(node, "main", "gpu", "fill", "direct", str(CHUNK), "hold")
-    fakegpu.create_probe_pod(node, ns, "p", [probe], "gpu", host_pid=False)
+    probe = fakegpu.probe_container(node, "main", "gpu", "fill", "direct", str(CHUNK), "hold")
+    fakegpu.create_probe_pod(node, ns, "p", [probe], "gpu")
     pod = w.wait_running(node, ns, "p")
     cid = w.container_id(pod, "main")
 
@@ -59,7 +55,7 @@ def test_env_says_cgroup_mode_and_nothing_registers(node: LocalNode) -> None:
     # the contracts' values: cgroup v1 | open kernel = 101 (this host), cgroup v2 | open kernel = 102
     assert env[ENV_COMPATIBILITY_MODE] == ("102" if cgroup_v2() else "101"), env
     assert env["MANAGER_CLIENT_REGISTER_UUID"] == "", env
-    assert fakegpu.HOST_PROC_IN_CONTAINER in w.container_mounts(node, cid)
+    assert HOST_PROC_IN_CONTAINER in w.container_mounts(node, cid)
     # its own PID namespace: the probe is PID 1 there, and another number on the host
     host_pid = w.task_pid(node, cid)
     assert w.ns_pid(host_pid) == 1 and host_pid != 1
@@ -91,11 +87,11 @@ def test_two_containers_on_one_gpu_count_only_their_own_processes(node: LocalNod
     ]
     uid = w.create_claim(node, ns, "gpu", requests)["metadata"]["uid"]
     containers = [
-        own_pid_probe(node, "ca", "a", "fill", "direct", str(CHUNK), "hold"),
-        own_pid_probe(node, "cb", "b", "fill", "direct", str(CHUNK), "hold"),
-        own_pid_probe(node, "cc", "c", "take", str(CHUNK)),
+        fakegpu.probe_container(node, "ca", "a", "fill", "direct", str(CHUNK), "hold"),
+        fakegpu.probe_container(node, "cb", "b", "fill", "direct", str(CHUNK), "hold"),
+        fakegpu.probe_container(node, "cc", "c", "take", str(CHUNK)),
     ]
-    fakegpu.create_probe_pod(node, ns, "p", containers, "gpu", host_pid=False)
+    fakegpu.create_probe_pod(node, ns, "p", containers, "gpu")
     pod = w.wait_running(node, ns, "p")
     for name, limit in (("ca", 2 * GiB), ("cb", 3 * GiB)):
         out = fakegpu.probe_result(node, ns, pod, name, RESULT_KEYS)

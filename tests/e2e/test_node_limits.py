@@ -1,7 +1,8 @@
 """The control library enforces a claim's memory on a real node, both tracks: a dynamic-libc container
-runs a CUDA program (memprobe) with libvgpu-control.so preloaded by vgpud's edits and the fake driver
-mounted as the NVIDIA container toolkit mounts the real one (tests/e2e/fakegpu.py). vgpud runs on the
-fake NVML with the same GPU state, so its metrics and debug state show what each container holds."""
+runs a CUDA program (memprobe) with libvgpu-control.so preloaded and the fake driver handed over by
+vgpud's edits, as NVIDIA's container toolkit hands over the real one (tests/e2e/fakegpu.py). vgpud runs
+on the fake NVML of the same driver root, so its metrics and debug state show what each container
+holds, by the host PIDs the fake kernel records."""
 
 from __future__ import annotations
 
@@ -75,7 +76,7 @@ def test_container_gets_oom_at_its_claims_memory(node: LocalNode) -> None:
     fakegpu.create_probe_pod(node, ns, "p", [probe], "gpu")
     pod = w.wait_running(node, ns, "p")
 
-    # the probe's own environment (hostPID: /proc/1 in the container is the host's init)
+    # the probe's own environment, read from the host
     cid = w.container_id(pod, "main")
     environ = Path(f"/proc/{w.task_pid(node, cid)}/environ").read_bytes()
     env = dict(item.split("=", 1) for item in environ.decode().split("\0") if "=" in item)
