@@ -7,7 +7,11 @@ Each phase runs in its own process with LD_PRELOAD of the library, device 0 = th
 (MANAGER_VISIBLE_DEVICE_0, CUDA_VISIBLE_DEVICES), MANAGER_COMPATIBILITY_MODE=0 (every process on the
 GPU counts: the machine must be otherwise idle) and the partition directories in a temporary directory.
 
-    python3 bench/gpu/acceptance.py [--fake] [--out FILE] [--phases memory,torch,core,overhead]
+Phase `driver` (first) checks what vgpud hands a container of the GPU itself: its CDI edits against
+nvidia-ctk's, and a process in new mount and PID namespaces given only those edits of one GPU
+(bench/gpu/driver.py).
+
+    python3 bench/gpu/acceptance.py [--fake] [--out FILE] [--phases driver,memory,torch,core,overhead]
 """
 
 from __future__ import annotations
@@ -27,7 +31,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from bench.gpu import cuda, verdict
+from bench.gpu import cuda, driver, verdict
 from bench.gpu.target import BUILD, LIBRARY, Target, build_library, driver_facts
 
 MIB = 1 << 20
@@ -38,7 +42,7 @@ TORCH_CHUNK = 256 * MIB
 DOORS = ("cuMemAlloc_v2", "cuGetProcAddress_v2", "cuMemAllocManaged", "cuMemAllocAsync", "cuMemCreate")
 TORCH_CONFS = ("", "expandable_segments:True", "backend:cudaMallocAsync")
 CORE_LIMITS = (30, 60)
-PHASES = ("memory", "torch", "core", "overhead")
+PHASES = ("driver", "memory", "torch", "core", "overhead")
 SAMPLE_S = 0.1
 PHASE_TIMEOUT_S = 180
 #: the whole run must finish within this (the GPU machine is lent for minutes)
@@ -78,6 +82,7 @@ class Run:
     figures: dict = field(default_factory=dict)
     nvml: cuda.Nvml | None = None
     handle: cuda.c_void_p | None = None
+    driver_settings: driver.DriverSettings = field(default_factory=driver.DriverSettings)
 
     def env(self, preload: bool = True, **extra: str) -> dict[str, str]:
         env = self.target.env(
@@ -308,10 +313,21 @@ def registration(pids: Path) -> dict:
     return verdict.record("registration", count > 0, f"{count} PIDs registered in pids.config", pids=count)
 
 
-STEPS = {"memory": memory, "torch": torch_checks, "core": core, "overhead": overhead}
+def driver_checks(run: Run) -> None:
+    """vgpud's edits against nvidia-ctk's, and a container given one GPU's edits (bench/gpu/driver.py)."""
+    driver.phase(run, run.driver_settings, limit=LIMIT, chunk=CHUNK)
 
 
-def main(argv: list[str] | None = None) -> int:
+STEPS = {
+    "driver": driver_checks,
+    "memory": memory,
+    "torch": torch_checks,
+    "core": core,
+    "overhead": overhead,
+}
+
+
+def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
@@ -328,6 +344,29 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--core-seconds", type=float, help="each core run's length (default 20, --fake 3)")
     parser.add_argument("--no-build", action="store_true", help="use the library as built")
+    ctk, hook = driver.default_tools()
+    parser.add_argument(
+        "--nvidia-ctk",
+        type=Path,
+        default=ctk,
+        help=f"nvidia-ctk for phase driver (default: <cache>/nvidia-ctk.env's, else {driver.BUILD_CTK_DIR}/)",
+    )
+    parser.add_argument(
+        "--nvidia-cdi-hook", type=Path, default=hook, help="nvidia-cdi-hook for phase driver (found as above)"
+    )
+    parser.add_argument("--driver-root", type=Path, default=Path("/"), help="phase driver's driver root")
+    parser.add_argument("--dev-root", type=Path, help="phase driver's dev root (default: the driver root)")
+    parser.add_argument("--vgpud-python", help="the Python running vgpud (default: .venv's, else this one)")
+    parser.add_argument(
+        "--container-fault",
+        choices=driver.FAULTS,
+        help="self-test: give the container another GPU's node, or no memory limit (its check must fail)",
+    )
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
     args = parser.parse_args(argv)
     phases = [p for p in args.phases.split(",") if p]
     unknown = sorted(set(phases) - set(PHASES))
@@ -341,6 +380,14 @@ def main(argv: list[str] | None = None) -> int:
             Target.create(args.fake, Path(work), args.mode),
             Settings.of(args.fake, args.core_seconds),
             args.library.resolve(),
+            driver_settings=driver.DriverSettings(
+                nvidia_ctk=args.nvidia_ctk,
+                nvidia_cdi_hook=args.nvidia_cdi_hook,
+                driver_root=args.driver_root,
+                dev_root=args.dev_root,
+                vgpud_python=args.vgpud_python,
+                fault=args.container_fault,
+            ),
         )
         run.target.adopt()
         if args.no_build:

@@ -133,3 +133,59 @@ def overhead(hooked_run: dict, plain_run: dict) -> dict[str, Any]:
     }
     owners = f"launch owners: with {hooked_run['launch_owner']}, without {plain_run['launch_owner']}"
     return record("overhead", ok, owners, **figures)
+
+
+def driver_edits(figures: dict) -> dict[str, Any]:
+    """vgpud's GPU edits differ from the toolkit's spec only where ALLOWED_DIFFERENCES says so."""
+    unexpected = [d for d in figures["differences"] if not d["allowed"]]
+    allowed = sorted({d["allowed"] for d in figures["differences"] if d["allowed"]})
+    if unexpected:
+        shown = "; ".join(
+            f"{d['scope']} {d['kind']} {d['key']} "
+            + (f"(only in {d['only_in']})" if d.get("only_in") else "(changed)")
+            for d in unexpected[:8]
+        )
+        detail = f"{len(unexpected)} difference(s) vgpud does not document: {shown}"
+    else:
+        rules = ", ".join(allowed) or "none"
+        detail = f"as nvidia-ctk's but for {figures['allowed']} allowed difference(s): {rules}"
+    return record("driver_edits", not unexpected, detail, **figures)
+
+
+def container(figures: dict) -> dict[str, Any]:
+    """The container given one GPU sees that GPU alone, by its UUID, the limit as its memory, is
+    refused at the limit through the library, and runs on the driver root's libcuda."""
+    seen, gpu, limit, lib = figures["sees"], figures["gpu"], figures["limit"], figures["libcuda"]
+    problems = []
+    context = seen.get("device_rc")
+    if figures["rc"] != 0 and not (figures["rc"] == 3 and context not in (None, 0)):  # 3: no context
+        problems.append(f"the probe exited {figures['rc']}: {figures.get('stderr') or 'no stderr'}")
+    if seen.get("pid") != 1:
+        problems.append(f"the probe is pid {seen.get('pid')} there, not 1 (no PID namespace of its own)")
+    for api in ("cuda", "nvml"):
+        if seen.get(f"{api}_count") != 1:
+            problems.append(f"{api} sees {seen.get(f'{api}_count')} GPUs, not 1")
+        if seen.get(f"{api}_uuid") != gpu["uuid"]:
+            problems.append(f"{api} sees {seen.get(f'{api}_uuid') or 'no GPU'} at 0, not {gpu['uuid']}")
+    if context != 0:
+        problems.append(f"no context on CUDA device 0 (CUresult {context}): memory not measured")
+    else:
+        if seen.get("meminfo_total") != limit:
+            problems.append(f"cuMemGetInfo_v2 total {seen.get('meminfo_total')} != limit {limit}")
+        total = seen.get("total", 0)
+        if seen.get("error") != OOM:
+            problems.append(f"allocation stopped with {seen.get('error')}, not {OOM}")
+        if total > limit or total + ALLOC_SLACK < limit:
+            problems.append(f"allocated {total}, not within {ALLOC_SLACK} below the limit {limit}")
+        if not hooked(str(seen.get("alloc_owner", ""))):
+            problems.append(f"cuMemAlloc_v2 is {seen.get('alloc_owner')}'s, not the library's")
+    if (seen.get("libcuda_dev"), seen.get("libcuda_ino")) != (lib["dev"], lib["ino"]):
+        problems.append(
+            f"the libcuda.so.1 loaded there ({seen.get('libcuda_realpath') or seen.get('libcuda_path')}) "
+            f"is not the driver root's {lib['host']}"
+        )
+    detail = "; ".join(problems) or (
+        f"sees {gpu['uuid']} alone, {limit} bytes, OOM (2) after {seen.get('count')} allocations; "
+        f"libcuda.so.1 -> {lib['host']}"
+    )
+    return record("container", not problems, detail, **figures)

@@ -1,7 +1,9 @@
 """bench/gpu/acceptance.py end to end on the fake driver + NVML (--fake): every check of the real-GPU
 run is in its JSON and passes, except what a fake cannot do (PTX JIT, PyTorch), which is skipped
 with its reason; with a library that enforces nothing in LD_PRELOAD the memory checks fail and the
-script exits 1. Plus the pure rules that judge the figures."""
+script exits 1. Phase `driver` on a fake driver root (root and nvidia-ctk needed): vgpud's edits as
+the toolkit's, a container given one GPU's edits sees it alone under its limit, and a container given
+the wrong GPU or no limit fails. Plus the pure rules that judge the figures."""
 
 from __future__ import annotations
 
@@ -13,10 +15,11 @@ from pathlib import Path
 
 import pytest
 
-from bench.gpu import verdict
+from bench.gpu import edits, verdict
 from bench.gpu.acceptance import parse
+from bench.gpu.driver import default_tools
 from bench.gpu.target import module_flavour
-from tests.support import REPO, built
+from tests.support import REPO, built, require
 
 SCRIPT = REPO / "bench" / "gpu" / "acceptance.py"
 GIB = 1 << 30
@@ -34,6 +37,24 @@ PASSING = (
     "duration",
 )
 SKIPPED = ("ptx_jit", *TORCH)
+DRIVER = ("driver_edits", "container")
+#: the fake driver root's GPU the container gets (a100-40gb-x2, index 1) and the one it must not see
+CONTAINER_GPU = "GPU-bdad1e16-755f-41d4-985c-16737eb6e907"
+OTHER_GPU = "GPU-2db41dd2-f9b4-4c97-9654-9baa4a150479"
+
+
+def driver_phase_runs() -> bool:
+    """Phase driver's checks can run here: root (mknod, namespaces) and nvidia-ctk + nvidia-cdi-hook."""
+    return os.geteuid() == 0 and None not in default_tools()
+
+
+def require_driver_phase() -> None:
+    require(os.geteuid() == 0, "root (mknod, mount and PID namespaces)", "run the tests as root")
+    require(
+        None not in default_tools(),
+        "nvidia-ctk and nvidia-cdi-hook",
+        "run hack/install-nvidia-ctk.sh (make node-deps, which the test command runs)",
+    )
 
 
 def acceptance(tmp_path: Path, *args: str) -> tuple[int, dict, str]:
@@ -53,10 +74,12 @@ def acceptance(tmp_path: Path, *args: str) -> tuple[int, dict, str]:
 def test_fake_run_passes_every_check(tmp_path: Path) -> None:
     rc, report, log = acceptance(tmp_path)
     checks = {c["name"]: c for c in report["checks"]}
-    assert sorted(checks) == sorted(PASSING + SKIPPED), log
-    failing = {n: checks[n]["detail"] for n in PASSING if checks[n]["status"] != "pass"}
+    assert sorted(checks) == sorted(PASSING + SKIPPED + DRIVER), log
+    assert report["phases"][0] == "driver" and [c["name"] for c in report["checks"][1:3]] == list(DRIVER)
+    passing = PASSING + DRIVER if driver_phase_runs() else PASSING
+    failing = {n: checks[n]["detail"] for n in passing if checks[n]["status"] != "pass"}
     assert not failing, log
-    for name in SKIPPED:
+    for name in set(SKIPPED + DRIVER) - set(passing):
         assert checks[name]["status"] == "skip" and checks[name]["detail"], checks[name]
     assert rc == 0 and report["ok"] is True, log
 
@@ -102,12 +125,87 @@ def test_the_gpu_path_over_a_fake_driver_found_by_soname(tmp_path: Path) -> None
     report = json.loads(out.read_text())
     checks = {c["name"]: c for c in report["checks"]}
     assert proc.returncode == 0 and report["mode"] == "gpu", proc.stderr
-    assert sorted(checks) == sorted(PASSING + SKIPPED), proc.stderr
+    assert sorted(checks) == sorted(PASSING + SKIPPED + DRIVER), proc.stderr
+    for name in DRIVER:  # no driver root holds a GPU found through FAKE_NVML_PROFILE
+        assert checks[name]["status"] == "skip" and "FAKE_NVML_PROFILE" in checks[name]["detail"]
     assert checks["ptx_jit"]["status"] == "pass"  # no skip on this path (the fake loads any image)
     assert report["environment"]["uuid"] == "GPU-2db41dd2-f9b4-4c97-9654-9baa4a150479"  # NVML index 0
     assert report["environment"]["libcuda"] == str(fakecuda / "libcuda.so.1")
     assert report["figures"]["core"]["core_unlimited"]["grid"] == 4 * 108
     assert report["figures"]["overhead"]["launches"] == 100_000
+
+
+@pytest.mark.needs_build
+def test_driver_phase_on_a_fake_node(tmp_path: Path) -> None:
+    """vgpud's edits of a fake driver root differ from nvidia-ctk's only by the two hooks it does not
+    emit; a process whose root holds only GPU 1's edits sees GPU 1 alone, 4 GiB, OOM at the limit,
+    through the library, on the root's libcuda."""
+    require_driver_phase()
+    rc, report, log = acceptance(tmp_path, "--phases", "driver", "--no-build")
+    checks = {c["name"]: c for c in report["checks"]}
+    assert (
+        rc == 0 and checks["driver_edits"]["status"] == "pass" and checks["container"]["status"] == "pass"
+    ), log
+
+    compared = checks["driver_edits"]
+    assert {(d["kind"], d["key"], d["allowed"]) for d in compared["differences"]} == {
+        ("hook", "update-application-profile", "update-application-profile"),
+        ("hook", "apply-cuda-memory-limits", "apply-cuda-memory-limits"),
+    }
+    assert compared["unexpected"] == 0 and all(d["why"] for d in compared["differences"])
+    assert sorted(compared["vgpud"]) == sorted(["common", CONTAINER_GPU, OTHER_GPU])
+    assert "NVIDIA_VISIBLE_DEVICES=void" in compared["toolkit"]["common"]["env"]
+
+    ctr = checks["container"]
+    seen = ctr["sees"]
+    assert (seen["pid"], seen["cuda_count"], seen["nvml_count"]) == (1, 1, 1)
+    assert seen["cuda_uuid"] == seen["nvml_uuid"] == CONTAINER_GPU == ctr["gpu"]["uuid"]
+    assert (seen["meminfo_total"], seen["error"], seen["total"]) == (4 * GIB, 2, 4 * GIB)
+    assert seen["alloc_owner"] == "/etc/vgpu-manager/driver/libvgpu-control.so"
+    assert seen["libcuda_path"] == "/usr/lib/x86_64-linux-gnu/libcuda.so.1"
+    assert (seen["libcuda_dev"], seen["libcuda_ino"]) == (ctr["libcuda"]["dev"], ctr["libcuda"]["ino"])
+    root = ctr["root"]
+    gpu_nodes = [
+        n.split()[0] for n in root["device_nodes"] if n.startswith("/dev/nvidia") and n[11:12].isdigit()
+    ]
+    assert gpu_nodes == ["/dev/nvidia1"]
+    assert (
+        root["env"]["CUDA_MEM_LIMIT_1"] == "4096m"
+        and root["env"]["MANAGER_VISIBLE_DEVICE_1"] == CONTAINER_GPU
+    )
+    version = report["figures"]["driver"]["driver_version"]
+    assert f"/usr/lib/x86_64-linux-gnu/libcuda.so.1 -> libcuda.so.{version}" in root["symlinks"]
+    assert sorted(root["hooks"]) == sorted(
+        ["create-symlinks", "update-ldcache", "enable-cuda-compat", "disable-device-node-modification"]
+    )
+    assert root["ldcache"].endswith("over /usr/lib/x86_64-linux-gnu")
+    assert "/lib64/ld-linux-x86-64.so.2" in root["files"] and "/usr/local/bin/ctrprobe" in root["files"]
+    assert root["root"] in ("pivot_root", "chroot")
+
+
+@pytest.mark.needs_build
+@pytest.mark.parametrize(
+    ("fault", "wrong"),
+    [
+        ("wrong-gpu", f"cuda sees {OTHER_GPU} at 0, not {CONTAINER_GPU}"),
+        ("no-limit", f"cuMemGetInfo_v2 total {40 * GIB} != limit {4 * GIB}"),
+    ],
+)
+def test_a_container_with_the_wrong_gpu_or_no_limit_fails(tmp_path: Path, fault: str, wrong: str) -> None:
+    """--container-fault gives the container GPU 0's node (its env still names GPU 1), or drops its
+    CUDA_MEM_LIMIT_1: the probe runs as before and the container check itself fails; exit 1."""
+    require_driver_phase()
+    rc, report, log = acceptance(tmp_path, "--phases", "driver", "--no-build", "--container-fault", fault)
+    checks = {c["name"]: c for c in report["checks"]}
+    assert rc == 1 and report["ok"] is False, log
+    assert checks["driver_edits"]["status"] == "pass"
+    ctr = checks["container"]
+    assert ctr["status"] == "fail" and wrong in ctr["detail"], ctr["detail"]
+    assert ctr["fault"] == fault and ctr["sees"]["pid"] == 1
+    if fault == "wrong-gpu":  # the library refuses a GPU not the container's: no context, nothing measured
+        assert ctr["sees"]["device_rc"] == 101 and "memory not measured" in ctr["detail"]
+    else:  # the whole GPU: no OOM up to the probe's cap (the limit + 4 chunks)
+        assert (ctr["sees"]["error"], ctr["sees"]["total"]) == (0, 4 * GIB + (4 << 29))
 
 
 @pytest.mark.needs_build
@@ -219,3 +317,145 @@ def test_summary_mean_and_p95() -> None:
 )
 def test_module_flavour(version: str, license_: str, flavour: str) -> None:
     assert module_flavour(version, license_) == flavour
+
+
+LIB = "/usr/lib/x86_64-linux-gnu"
+XORG = "/usr/lib/xorg/modules"
+HOOK = "/usr/bin/nvidia-cdi-hook"
+FILE_OPTIONS = ["ro", "nosuid", "nodev", "rbind", "rprivate"]
+
+
+def _mount(path: str) -> dict:
+    return {"hostPath": path, "containerPath": path, "options": FILE_OPTIONS}
+
+
+def _hook(name: str, *args: str) -> dict:
+    return {"hookName": "createContainer", "path": HOOK, "args": ["nvidia-cdi-hook", name, *args]}
+
+
+def _node(path: str, major: int, minor: int) -> dict:
+    return {"path": path, "hostPath": path, "major": major, "minor": minor, "fileMode": 0o666}
+
+
+def _real_node_pair() -> tuple[dict, dict]:
+    """A toolkit spec and vgpud edits as a real GPU node with graphics files gives them."""
+    ctl, gpu = _node("/dev/nvidiactl", 195, 255), _node("/dev/nvidia0", 195, 0)
+    common = [_mount(f"{LIB}/libcuda.so.570.1"), _mount(f"{LIB}/libEGL_nvidia.so.570.1")]
+    cuda_link = f"libcuda.so.1::{LIB}/libcuda.so"
+    dri = [_node("/dev/dri/card1", 226, 1), _node("/dev/dri/renderD128", 226, 128)]
+    by_path = "../card1::/dev/dri/by-path/pci-0000:19:00.0-card"
+    spec = {
+        "devices": [
+            {
+                "name": "GPU-x",
+                "containerEdits": {
+                    "deviceNodes": [gpu, *dri],
+                    "hooks": [
+                        _hook("create-symlinks", "--link", by_path),
+                        _hook("apply-cuda-memory-limits", "--gpu-id", "GPU-x"),
+                    ],
+                },
+            }
+        ],
+        "containerEdits": {
+            "env": ["NVIDIA_VISIBLE_DEVICES=void"],
+            "deviceNodes": [ctl],
+            "mounts": [
+                *common,
+                _mount("/usr/share/glvnd/egl_vendor.d/10_nvidia.json"),
+                _mount("/etc/vulkan/icd.d/nvidia_icd.json"),
+                _mount(f"{LIB}/libnvidia-egl-wayland.so.1.1.13"),
+                _mount(f"{LIB}/libnvidia-egl-xcb.so.1"),
+                _mount(f"{XORG}/drivers/nvidia_drv.so"),
+                _mount(f"{XORG}/extensions/libglxserver_nvidia.so.570.1"),
+            ],
+            "hooks": [
+                _hook(
+                    "create-symlinks",
+                    *("--link", cuda_link),
+                    *("--link", f"../libnvidia-allocator.so.1::{LIB}/gbm/nvidia-drm_gbm.so"),
+                    *("--link", f"libglxserver_nvidia.so.570.1::{XORG}/extensions/libglxserver_nvidia.so"),
+                ),
+                _hook("update-ldcache", "--folder", LIB, "--folder", f"{XORG}/extensions"),
+                _hook("update-application-profile"),
+            ],
+        },
+    }
+    ours = {
+        "driverVersion": "570.1",
+        "containerEdits": {
+            "env": ["NVIDIA_VISIBLE_DEVICES=void"],
+            "deviceNodes": [ctl],
+            "mounts": [{**m, "type": "bind"} for m in common],
+            "hooks": [
+                _hook("create-symlinks", "--link", cuda_link),
+                _hook("update-ldcache", "--folder", LIB),
+            ],
+        },
+        "devices": [
+            {"uuid": "GPU-x", "index": 0, "minor": 0, "containerEdits": {"deviceNodes": [dict(gpu)]}}
+        ],
+    }
+    return spec, ours
+
+
+def test_a_real_nodes_graphics_files_are_allowed_differences() -> None:
+    spec, ours = _real_node_pair()
+    found = edits.compare(spec, ours)
+    assert found["unexpected"] == 0, [d for d in found["differences"] if not d["allowed"]]
+    rules = {(d["scope"], d["key"]): d["allowed"] for d in found["differences"]}
+    assert rules[("GPU-x", "/dev/dri/renderD128")] == "dri-nodes"
+    assert rules[("GPU-x", "create-symlinks")] == "dri-nodes"
+    assert rules[("GPU-x", "apply-cuda-memory-limits")] == "apply-cuda-memory-limits"
+    assert rules[("common", "update-application-profile")] == "update-application-profile"
+    assert rules[("common", f"update-ldcache --folder {XORG}/extensions")] == "graphics-folders"
+    gbm = f"create-symlinks --link ../libnvidia-allocator.so.1::{LIB}/gbm/nvidia-drm_gbm.so"
+    assert rules[("common", gbm)] == "graphics-links"
+    mounts = sorted(d["allowed"] for d in found["differences"] if d["kind"] == "mount")
+    assert mounts == ["egl-libraries"] * 2 + ["graphics-configs"] * 2 + ["xorg-modules"] * 2
+    assert all(d["why"] for d in found["differences"])
+    assert verdict.driver_edits(found)["status"] == "pass"
+
+
+def _toolkit_mounts(spec: dict, ours: dict, path: str) -> None:
+    spec["containerEdits"]["mounts"].append(_mount(path))
+
+
+#: changes to the real-node pair that no allowance covers, and the kind of difference each makes
+CHANGES = {
+    # the toolkit hands over a library of the driver's version that vgpud does not
+    "versioned library": (
+        lambda s, o: _toolkit_mounts(s, o, f"{LIB}/libnvidia-ptxjitcompiler.so.570.1"),
+        "mount",
+    ),
+    # ... or, as a file, one of the names vgpud makes as a link
+    "a vgpud link's name": (lambda s, o: _toolkit_mounts(s, o, f"{LIB}/libcuda.so.1"), "mount"),
+    # vgpud hands over something the toolkit does not
+    "vgpud only": (lambda s, o: o["containerEdits"]["mounts"].append(_mount("/usr/bin/nvidia-smi")), "mount"),
+    # the same node with another mode
+    "node mode": (
+        lambda s, o: o["devices"][0]["containerEdits"]["deviceNodes"][0].update(fileMode=0o600),
+        "device_node",
+    ),
+    # a toolkit-only library folder that holds more than graphics files
+    "library folder": (
+        lambda s, o: (
+            s["containerEdits"]["hooks"][1]["args"].extend(["--folder", f"{LIB}/vdpau"])
+            or _toolkit_mounts(s, o, f"{LIB}/vdpau/libvdpau_nvidia.so.570.1")
+        ),
+        "hook_arg",
+    ),
+    # vgpud without the GPU
+    "no device": (lambda s, o: o["devices"].clear(), "device"),
+}
+
+
+@pytest.mark.parametrize("change", sorted(CHANGES))
+def test_other_differences_fail(change: str) -> None:
+    spec, ours = _real_node_pair()
+    apply, kind = CHANGES[change]
+    apply(spec, ours)
+    found = edits.compare(spec, ours)
+    assert kind in {d["kind"] for d in found["differences"] if not d["allowed"]}, found["differences"]
+    check = verdict.driver_edits(found)
+    assert check["status"] == "fail" and "vgpud does not document" in check["detail"]
