@@ -235,7 +235,7 @@ def _gpus(args: argparse.Namespace) -> int:
 def _driver(args: argparse.Namespace) -> int:
     from vgpud.dra.driveredits import driver_edits
     from vgpud.gpu import GpuInventoryError
-    from vgpud.nvdriver.discover import DriverRootError, discover
+    from vgpud.nvdriver.discover import DeviceNodeInfo, DriverRootError, discover
     from vgpud.nvdriver.node import cdi_hook
 
     source, roots, hook = driver_settings_from(args)
@@ -277,9 +277,17 @@ def _driver(args: argparse.Namespace) -> int:
         print(f"{title}:" if found else f"{title}: none")
         for f in found:
             print(f"  {f.host_path} -> {f.path}")
-    print("device nodes:")
-    for node in (*files.control_nodes, *(files.gpu_nodes[g.minor] for g in gpus)):
-        print(f"  {node.host_path} -> {node.path} ({node.major}:{node.minor}, mode {node.file_mode:o})")
+
+    def show(node: DeviceNodeInfo, what: str = "") -> None:
+        mode = f"{node.major}:{node.minor}, mode {node.file_mode:o}"
+        print(f"  {node.host_path} -> {node.path} ({mode}){what}")
+
+    print("device nodes, every vGPU container:")
+    for node in files.control_nodes:
+        show(node)
+    print("device nodes, each GPU's containers their GPU's only:")
+    for g in gpus:
+        show(files.gpu_nodes[g.minor], f": {g.uuid}")
     if files.cdi_hook:
         print(f"nvidia-cdi-hook {files.cdi_hook}: links {', '.join(files.links) or 'none'}")
     else:

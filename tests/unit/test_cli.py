@@ -29,6 +29,7 @@ def vgpud(*argv: str, env: dict[str, str] | None = None) -> subprocess.Completed
         ["--help"],
         ["run", "--help"],
         ["gpus", "--help"],
+        ["driver", "--help"],
         ["health", "--help"],
         ["debug", "tail", "--help"],
         ["debug", "state", "--help"],
@@ -181,3 +182,44 @@ def test_gpus_without_nvml_names_the_library(short_tmp) -> None:
     result = vgpud("gpus", "--nvml-library", str(missing))
     assert result.returncode == 1
     assert str(missing) in result.stderr
+
+
+def test_gpus_finds_nvml_in_the_driver_root_or_says_where_it_looked(short_tmp) -> None:
+    result = vgpud("gpus", "--driver-root", str(short_tmp))
+    assert result.returncode == 1
+    assert f"no libnvidia-ml.so.1 under the driver root {short_tmp}" in result.stderr
+    from tests.unit.nvdriver.roots import driver
+    from vgpud.gpu.mock import PROFILES_DIR
+
+    driver(short_tmp, lib_dir="usr/lib64")  # the fake NVML as libnvidia-ml.so.1 there, env mode
+    found = vgpud(
+        "gpus",
+        "--json",
+        "--driver-root",
+        str(short_tmp),
+        env={"FAKE_NVML_PROFILE": str(PROFILES_DIR / "a100-40gb-x2.yaml")},
+    )
+    assert found.returncode == 0, found.stderr
+    assert len(json.loads(found.stdout)) == 2
+
+
+def test_driver_prints_what_a_container_gets_or_why_not(short_tmp) -> None:
+    mock = ("--gpu-backend", "mock", "--gpu-profile", "a100-40gb-x2")
+    missing = vgpud("driver", *mock, "--driver-root", str(short_tmp))
+    assert missing.returncode == 1
+    assert "no libcuda.so.550.54.15 or libnvidia-ml.so.550.54.15 under the driver root" in missing.stderr
+    from tests.unit.nvdriver.roots import driver, gpu_nodes
+
+    driver(short_tmp)
+    gpu_nodes(short_tmp)
+    shown = vgpud("driver", *mock, "--driver-root", str(short_tmp), "--json")
+    assert shown.returncode == 0, shown.stderr
+    out = json.loads(shown.stdout)
+    assert out["driverVersion"] == "550.54.15" and out["driverRoot"] == str(short_tmp)
+    assert [d["minor"] for d in out["devices"]] == [0, 1]
+    assert out["devices"][1]["containerEdits"]["deviceNodes"][0]["path"] == "/dev/nvidia1"
+    assert "NVIDIA_VISIBLE_DEVICES=void" in out["containerEdits"]["env"]
+    table = vgpud("driver", *mock, "--driver-root", str(short_tmp), "--nvidia-cdi-hook-path", "off")
+    assert table.returncode == 0, table.stderr
+    assert f"{short_tmp}/usr/lib/x86_64-linux-gnu/libcuda.so.550.54.15 -> " in table.stdout
+    assert "no nvidia-cdi-hook: the links are bind mounts" in table.stdout

@@ -221,14 +221,15 @@ def _versioned_libraries(root: Path, dirs: Sequence[PurePosixPath], version: str
 
 
 def library_links(root: Path, libraries: Sequence[PurePosixPath]) -> list[str]:
-    """`target::link` pairs: `libcuda.so.1::<dir>/libcuda.so` for libcuda, and each library's soname
-    and `.so` links where the root has such a link beside it (the toolkit's create-symlinks rule)."""
+    """`target::link` pairs: the toolkit's fixed links (`libcuda.so.1::<dir>/libcuda.so` ...), and
+    each library's soname and `.so` links where the root has such a link beside it (its
+    create-symlinks rule)."""
     links: dict[str, None] = {}
-    prefix, target, link = names.LIBCUDA_DEV_LINK
     for library in libraries:
         directory, name = library.parent, library.name
-        if fnmatch.fnmatchcase(name, prefix + "*.*"):
-            links.setdefault(f"{target}::{directory / link}")
+        for prefix, target, link in names.EXTRA_LINKS:
+            if fnmatch.fnmatchcase(name, prefix + "*.*"):
+                links.setdefault(f"{target or name}::{directory / link}")
         if not fnmatch.fnmatchcase(name, "*.*.*"):
             continue
         try:

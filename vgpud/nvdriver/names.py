@@ -111,5 +111,10 @@ HOOK_UPDATE_LDCACHE = "update-ldcache"
 HOOK_DISABLE_DEVICE_NODE_MODIFICATION = "disable-device-node-modification"
 HOOK_ENV = ("NVIDIA_CTK_DEBUG=false",)
 
-#: the link the toolkit always adds next to libcuda (the development name `libcuda.so`)
-LIBCUDA_DEV_LINK = ("libcuda.so.", "libcuda.so.1", "libcuda.so")
+#: links the toolkit always adds beside some libraries: (library name prefix, the link's target or ''
+#: for the library's own name, the link's name); a library matches when its name is prefix + "*.*"
+EXTRA_LINKS = (
+    ("libcuda.so.", "libcuda.so.1", "libcuda.so"),
+    ("libGLX_nvidia.so.", "", "libGLX_indirect.so.0"),
+    ("libnvidia-opticalflow.so.", "libnvidia-opticalflow.so.1", "libnvidia-opticalflow.so"),
+)

@@ -154,3 +154,33 @@ def test_nvml_is_found_under_the_root(tmp_path: Path) -> None:
     assert d.find_nvml(DriverRoots.same(tmp_path)) is None
     driver(tmp_path, lib_dir="usr/lib64")
     assert d.find_nvml(DriverRoots.same(tmp_path)) == tmp_path / f"usr/lib64/libnvidia-ml.so.{VERSION}"
+
+
+def test_the_toolkits_fixed_links_beside_glx_and_opticalflow(tmp_path: Path) -> None:
+    for name in (f"libGLX_nvidia.so.{VERSION}", f"libnvidia-opticalflow.so.{VERSION}", "libc.so.6"):
+        place(tmp_path, f"{LIB_DIR}/{name}")
+    libs = [PurePosixPath(f"/{LIB_DIR}/{n}") for n in os.listdir(tmp_path / LIB_DIR)]
+    lib = f"/{LIB_DIR}"
+    assert sorted(d.library_links(tmp_path, sorted(libs))) == [
+        f"libGLX_nvidia.so.{VERSION}::{lib}/libGLX_indirect.so.0",
+        f"libnvidia-opticalflow.so.1::{lib}/libnvidia-opticalflow.so",
+    ]
+
+
+def test_the_start_up_decision_is_strict_only_when_the_driver_is_required(tmp_path: Path) -> None:
+    from vgpud.nvdriver.node import node_driver_files
+
+    roots = DriverRoots.same(tmp_path)
+    assert node_driver_files(roots, VERSION, [0], required=False, hook_setting=None) is None
+    with pytest.raises(DriverRootError, match="vGPU containers would get no GPU"):
+        node_driver_files(roots, VERSION, [0], required=True, hook_setting=None)
+    assert node_driver_files(roots, VERSION, [], required=True, hook_setting=None) is None  # no GPUs
+    driver(tmp_path)
+    gpu_nodes(tmp_path, (0,))
+    place(tmp_path, "usr/bin/nvidia-cdi-hook", mode=0o755)
+    files = node_driver_files(roots, VERSION, [0], required=True, hook_setting=None)
+    assert files is not None and files.cdi_hook == f"{tmp_path}/usr/bin/nvidia-cdi-hook"
+    off = node_driver_files(roots, VERSION, [0], required=True, hook_setting="off")
+    assert off is not None and off.cdi_hook is None
+    with pytest.raises(DriverRootError, match="not an executable file"):
+        node_driver_files(roots, VERSION, [0], required=True, hook_setting=tmp_path / "none")
