@@ -43,17 +43,10 @@ class Container:
     env: dict[str, str] = field(default_factory=dict)
 
     def run(self, *args: str, preload: bool = True, timeout: float = 60, **extra: str) -> dict[str, str]:
-        """Run memprobe to completion; its `key value` lines as a dict."""
-        proc = subprocess.run(
-            [str(self.probe), *args],
-            env=self.environ(preload, **extra),
-            capture_output=True,
-            text=True,
-            timeout=timeout,
-            check=False,
-        )
-        assert proc.returncode == 0, proc.stdout + proc.stderr
-        return parse(proc.stdout)
+        """Run memprobe to completion, which must succeed; its `key value` lines as a dict."""
+        out = self.attempt(*args, preload=preload, timeout=timeout, **extra)
+        assert out.returncode == 0, f"{out.lines}\n{out.stderr}"
+        return out.lines
 
     def attempt(self, *args: str, preload: bool = True, timeout: float = 60, **extra: str) -> Outcome:
         """Run memprobe to completion, whatever its exit status."""

@@ -55,42 +55,25 @@ def probe(
     return parse(proc.stdout), proc.stderr
 
 
-def usable(got: dict[str, str], i: int) -> dict[str, str]:
-    """What every door answers for ordinal / index i when it may be used."""
-    want = {"count": "2", "nvml.count": "2"}
-    for door in DOORS:
-        want |= {f"get.{door}.{i}": SUCCESS, f"get.{door}.{i}.d": str(i)}
-        want |= {
-            f"retain.{door}.{i}": SUCCESS,
-            f"retain.{door}.{i}.active": "1",
-            f"retain.{door}.{i}.ctx": "0",
-        }
-    for variant, door in CREATES:
-        key = f"create.{variant}.{door}.{i}"
-        want |= {key: SUCCESS, f"{key}.ctx": "0", f"{key}.current": "0"}
-    for call in ("index", "index_v2"):
-        want |= {f"nvml.{call}.{i}": SUCCESS, f"nvml.{call}.{i}.h": "0"}
-    want |= {f"nvml.uuid.{i}": SUCCESS, f"nvml.uuid.{i}.h": "0"}
-    return want
-
-
-def refused(i: int) -> dict[str, str]:
-    """What every door answers for ordinal / index i of a GPU that is not the container's: the
+def expected(i: int, *, ok: bool) -> dict[str, str]:
+    """What every door answers for ordinal / index i: success when the GPU may be used; else the
     error, and nothing handed out, retained, created or made current."""
+    cuda = SUCCESS if ok else INVALID_DEVICE
+    nvml = SUCCESS if ok else NVML_NOT_FOUND
+    untouched = "0" if ok else "1"  # the probe's flag: 1 when the output was left as it was
     want = {"count": "2", "nvml.count": "2"}
     for door in DOORS:
-        want |= {f"get.{door}.{i}": INVALID_DEVICE, f"get.{door}.{i}.d": "-7"}
+        want |= {f"get.{door}.{i}": cuda, f"get.{door}.{i}.d": str(i) if ok else "-7"}
         want |= {
-            f"retain.{door}.{i}": INVALID_DEVICE,
-            f"retain.{door}.{i}.active": "0",
-            f"retain.{door}.{i}.ctx": "1",
+            f"retain.{door}.{i}": cuda,
+            f"retain.{door}.{i}.active": "1" if ok else "0",
+            f"retain.{door}.{i}.ctx": untouched,
         }
     for variant, door in CREATES:
         key = f"create.{variant}.{door}.{i}"
-        want |= {key: INVALID_DEVICE, f"{key}.ctx": "1", f"{key}.current": "1"}
-    for call in ("index", "index_v2"):
-        want |= {f"nvml.{call}.{i}": NVML_NOT_FOUND, f"nvml.{call}.{i}.h": "1"}
-    want |= {f"nvml.uuid.{i}": NVML_NOT_FOUND, f"nvml.uuid.{i}.h": "1"}
+        want |= {key: cuda, f"{key}.ctx": untouched, f"{key}.current": untouched}
+    for call in ("index", "index_v2", "uuid"):
+        want |= {f"nvml.{call}.{i}": nvml, f"nvml.{call}.{i}.h": untouched}
     return want
 
 
@@ -103,9 +86,9 @@ def test_a_gpu_not_configured_is_refused_at_every_door(container: Container, dev
     got, stderr = probe(
         container, devprobe, 128 * MIB, MANAGER_VISIBLE_DEVICES=UUIDS[0], CUDA_MEM_LIMIT_0="1024m"
     )
-    assert subset(got, refused(1)) == {}
+    assert subset(got, expected(1, ok=False)) == {}
     # GPU 0 works, and is limited (the CUDA and NVML views too).
-    assert subset(got, usable(got, 0)) == {}
+    assert subset(got, expected(0, ok=True)) == {}
     assert (got["fill.count"], got["fill.error"]) == ("8", OUT_OF_MEMORY)
     assert got["nvml.total.0"] == str(LIMIT) and "nvml.total.1" not in got
     # One line for the refused GPU, however many doors refused it; none for ours.
@@ -118,8 +101,8 @@ def test_the_refused_gpu_is_any_gpu_the_library_was_not_given(container: Contain
     got, stderr = probe(
         container, devprobe, 128 * MIB, MANAGER_VISIBLE_DEVICE_1=UUIDS[1], CUDA_MEM_LIMIT_1="512m"
     )
-    assert subset(got, refused(0)) == {}
-    assert subset(got, usable(got, 1)) == {}
+    assert subset(got, expected(0, ok=False)) == {}
+    assert subset(got, expected(1, ok=True)) == {}
     assert got["nvml.total.1"] == str(512 * MIB)
     assert "fill.count" not in got  # ordinal 0 is not the container's: no context, no memory
     assert refusal_lines(stderr) == [f"vgpu: refused device {UUIDS[0]}: not one of this container's devices"]
@@ -127,7 +110,7 @@ def test_the_refused_gpu_is_any_gpu_the_library_was_not_given(container: Contain
 
 def test_both_gpus_configured_both_work(container: Container, devprobe: Path) -> None:
     got, stderr = probe(container, devprobe, 128 * MIB, CUDA_MEM_LIMIT_0="1024m", CUDA_MEM_LIMIT_1="512m")
-    assert subset(got, usable(got, 0) | usable(got, 1)) == {}
+    assert subset(got, expected(0, ok=True) | expected(1, ok=True)) == {}
     assert (got["fill.count"], got["fill.error"]) == ("8", OUT_OF_MEMORY)
     assert (got["nvml.total.0"], got["nvml.total.1"]) == (str(LIMIT), str(512 * MIB))
     assert refusal_lines(stderr) == []
@@ -140,7 +123,7 @@ def test_no_device_configured_is_inert(container: Container, devprobe: Path, vis
     del container.env["MANAGER_VISIBLE_DEVICES"]
     extra = {"CUDA_MEM_LIMIT": "1024m"} | ({"NVIDIA_VISIBLE_DEVICES": visible} if visible is not None else {})
     got, stderr = probe(container, devprobe, 4096 * MIB, **extra)
-    assert subset(got, usable(got, 0) | usable(got, 1)) == {}
+    assert subset(got, expected(0, ok=True) | expected(1, ok=True)) == {}
     assert got["fill.count"] == str(PHYSICAL // (4096 * MIB))
     assert refusal_lines(stderr) == []
     plain, _ = probe(container, devprobe, 4096 * MIB, preload=False, **extra)
