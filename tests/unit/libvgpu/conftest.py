@@ -99,12 +99,17 @@ def fakes() -> tuple[Path, Path]:
     return built("fakecuda/libcuda.so.1"), built("fakenvml/libnvidia-ml.so.1")
 
 
+def build_probe(factory: pytest.TempPathFactory, fakes: tuple[Path, Path], name: str) -> Path:
+    """c/<name>.c built against the fake libcuda.so.1, as a CUDA program links the driver."""
+    source = (Path(__file__).parent / "c" / f"{name}.c").read_text()
+    cuda_dir = fakes[0].parent
+    out = factory.mktemp(name) / name
+    return compile_c(out, source, f"-L{cuda_dir}", "-l:libcuda.so.1", f"-Wl,-rpath,{cuda_dir}")
+
+
 @pytest.fixture(scope="session")
 def probe(tmp_path_factory: pytest.TempPathFactory, fakes: tuple[Path, Path]) -> Path:
-    source = (Path(__file__).parent / "c" / "memprobe.c").read_text()
-    cuda_dir = fakes[0].parent
-    out = tmp_path_factory.mktemp("probe") / "memprobe"
-    return compile_c(out, source, f"-L{cuda_dir}", "-l:libcuda.so.1", f"-Wl,-rpath,{cuda_dir}")
+    return build_probe(tmp_path_factory, fakes, "memprobe")
 
 
 @pytest.fixture

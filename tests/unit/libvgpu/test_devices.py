@@ -15,7 +15,7 @@ import pytest
 
 from tests.support import built
 from tests.unit.libvgpu.cbuild import compile_c, library_dirs, preload_env
-from tests.unit.libvgpu.conftest import MIB, PHYSICAL, UUIDS, Container, parse
+from tests.unit.libvgpu.conftest import MIB, PHYSICAL, UUIDS, Container, build_probe, parse
 
 SUCCESS = "0"
 OUT_OF_MEMORY = "2"
@@ -34,10 +34,7 @@ def refusal_lines(stderr: str) -> list[str]:
 
 @pytest.fixture(scope="session")
 def devprobe(tmp_path_factory: pytest.TempPathFactory, fakes: tuple[Path, Path]) -> Path:
-    source = (Path(__file__).parent / "c" / "devprobe.c").read_text()
-    cuda_dir = fakes[0].parent
-    out = tmp_path_factory.mktemp("devprobe") / "devprobe"
-    return compile_c(out, source, f"-L{cuda_dir}", "-l:libcuda.so.1", f"-Wl,-rpath,{cuda_dir}")
+    return build_probe(tmp_path_factory, fakes, "devprobe")
 
 
 def probe(
@@ -327,26 +324,22 @@ int main(void) {
 }
 """.replace("__UUID0__", UUIDS[0]).replace("__UUID1__", UUIDS[1])
 
+#: the caller's allocation doors, each printed per device
+ALLOC_KINDS = (
+    "alloc",
+    "alloc_v1",
+    "pitch",
+    "managed",
+    "async",
+    "pool",
+    "array",
+    "hostalloc",
+    "register",
+    "create",
+)
 #: what the caller prints for device d when it may be used
 DOUBLE_USABLE = {
-    **{
-        f"{k}.{d}": SUCCESS
-        for d in (0, 1)
-        for k in (
-            "alloc",
-            "alloc_v1",
-            "pitch",
-            "managed",
-            "async",
-            "pool",
-            "array",
-            "hostalloc",
-            "register",
-            "meminfo",
-            "totalmem",
-            "create",
-        )
-    },
+    **{f"{k}.{d}": SUCCESS for d in (0, 1) for k in (*ALLOC_KINDS, "meminfo", "totalmem")},
     **{f"pcibus.{d}": f"0 {d}" for d in (0, 1)},
     **{f"green.{d}": "0 0" for d in (0, 1)},
     **{f"nvml.{k}.{d}": f"0 {d}" for d in (0, 1) for k in ("pci_v2", "pci", "serial", "uuidv")},
@@ -376,21 +369,7 @@ def test_a_context_on_a_gpu_not_configured_gets_nothing(tmp_path: Path) -> None:
     allocation of any kind, no memory view; the other device-naming doors refuse GPU 1 too."""
     got, stderr = run_doubles(tmp_path, MANAGER_VISIBLE_DEVICES=UUIDS[0])
     want = DOUBLE_USABLE | {
-        **{
-            f"{k}.1": OUT_OF_MEMORY
-            for k in (
-                "alloc",
-                "alloc_v1",
-                "pitch",
-                "managed",
-                "async",
-                "pool",
-                "array",
-                "hostalloc",
-                "register",
-                "create",
-            )
-        },
+        **{f"{k}.1": OUT_OF_MEMORY for k in ALLOC_KINDS},
         "meminfo.1": INVALID_DEVICE,
         "totalmem.1": INVALID_DEVICE,
         "pcibus.1": f"{INVALID_DEVICE} -7",
