@@ -215,7 +215,7 @@ class ServerThread:
     async def _main(self) -> None:
         self.token = trio.lowlevel.current_trio_token()
         if self.freeze:
-            # as vgpud.daemon does: start-up's objects frozen once the caches have listed
+            # as vgpud run does (vgpud.node.parts): start-up's objects frozen once the caches have listed
             freeze_when_listed([self.world.pods, self.world.claim_objects])
         with trio.CancelScope() as self.scope:
             async with trio_asyncio.open_loop(), running(self.world.pods, self.world.claim_objects):
@@ -257,7 +257,7 @@ def one_round(n: int, *, reference: bool = False, freeze: bool = True, register:
     root = Path(tempfile.mkdtemp(prefix="vgb", dir="/tmp"))
     try:
         world = World(root)
-        world.cache.replace([])  # synchronized
+        world.containers.replace([])  # synchronized
         containers = [world.add_container(i) for i in range(n)]
         server = world.server()
         expected = "INVALID_ARGUMENT" if reference else "OK"

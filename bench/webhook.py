@@ -41,7 +41,8 @@ from tests.unit.webhook.builders import POLICY, FakeLookup, review, spec_claim, 
 from vgpud.webhook.admit import Admitter
 from vgpud.webhook.cpu import INLINE_BODY_BYTES, CpuLane
 from vgpud.webhook.review import parse_review
-from vgpud.webhook.rules import Rule, check_pod, summary
+from vgpud.webhook.rules import check_pod
+from vgpud.webhook.violations import Rule, summary
 
 GOAL_MS = 100.0
 SIZES = (1, 1000, 2000)

@@ -24,7 +24,7 @@ from vgpud._pb.grpc.health.v1 import (
     HealthCheckResponseServingStatus,
     HealthStub,
 )
-from vgpud.supervisor import HealthRegistry
+from vgpud.componenthealth import HealthRegistry
 
 log = logging.getLogger("vgpud.health")
 

@@ -43,6 +43,8 @@ from typing import TypeVar
 
 import betterproto2
 
+from vgpud.compat.betterproto2 import declared_fields
+
 M = TypeVar("M", bound=betterproto2.Message)
 
 MAX_DEPTH = 100
@@ -111,24 +113,20 @@ def parse_strict(data: bytes, message_type: type[M]) -> M:
 
 @functools.cache
 def _layout(message_type: type[betterproto2.Message]) -> dict[int, _Field]:
-    """Field number -> `_Field`, from betterproto2's own metadata (computed once per class)."""
-    meta = message_type._betterproto
+    """Field number -> `_Field`, from betterproto2's own metadata (`vgpud.compat.betterproto2`; computed
+    once per class)."""
     layout = {}
-    for name, field in meta.meta_by_field_name.items():
-        message = None
-        if field.proto_type == betterproto2.TYPE_MAP:
-            message = meta.cls_by_field[name]  # the generated Entry class: key = 1, value = 2
-        elif field.proto_type == betterproto2.TYPE_MESSAGE:
-            message = field.unwrap() if field.unwrap else meta.cls_by_field[name]
+    for field in declared_fields(message_type):
+        is_map = field.proto_type == betterproto2.TYPE_MAP
         layout[field.number] = _Field(
-            name=name,
+            name=field.name,
             proto_type=field.proto_type,
             wire_type=_WIRE_TYPE_OF[field.proto_type],
-            repeated=bool(field.repeated) or field.proto_type == betterproto2.TYPE_MAP,
-            packed=bool(field.repeated) and field.proto_type in betterproto2.PACKED_TYPES,
-            once=message is not None and field.proto_type != betterproto2.TYPE_MAP and not field.repeated,
+            repeated=field.repeated or is_map,
+            packed=field.repeated and field.proto_type in betterproto2.PACKED_TYPES,
+            once=field.message is not None and not is_map and not field.repeated,
             utf8=field.proto_type == betterproto2.TYPE_STRING,
-            message=message,
+            message=field.message,
         )
     return layout
 

@@ -24,7 +24,7 @@ from vgpud.dra.service import (
     DeviceHealthService,
     RegistrationService,
 )
-from vgpud.dra.slices import device_names
+from vgpud.dra.slicebuild import device_names
 from vgpud.gpu import open_inventory
 from vgpud.gpu.health import DeviceHealth, HealthBoard
 from vgpud.gpu.mock import PROFILES_DIR

@@ -25,7 +25,8 @@ from tests.e2e import workload as w
 from tests.e2e.node import DEVICE_CLASS, DRIVER, LocalNode
 from tests.e2e.test_node_containers import CONFIG_MOUNT, crictl, debug_state
 from vgpud.observe.client import Endpoint, get_json
-from vgpud.webhook.rules import Policy, check_pod, claim_vgpu_requests
+from vgpud.webhook.claims import Policy, claim_vgpu_requests
+from vgpud.webhook.rules import check_pod
 
 SIDECAR, INIT, APP = "side", "setup", "main"
 #: request -> (memory, cores, the CUDA_MEM_LIMIT_<i> value the container gets)

@@ -24,8 +24,9 @@ import pytest
 from tests.e2e.node import INSTALL_HINT, node_env
 from tests.support import require
 from tests.unit.libvgpu import cgroup2
+from vgpud.containers.values import DeviceRule
 from vgpud.hotplug.cgroup2dev import attached_filters, replace_device_filter
-from vgpud.hotplug.devrules import DeviceRule, container_rules
+from vgpud.hotplug.devrules import container_rules
 
 #: the added device: present on most hosts, opened with no capability (unlike /dev/kmsg or /dev/mem)
 DEVICE = Path("/dev/fuse")

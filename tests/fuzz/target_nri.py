@@ -13,8 +13,8 @@ same result whatever the read boundaries). Contract per input:
 * `MuxDecoder.feed` raises only `MuxError`, and only for an over-long frame;
 * `decode_create_container` raises only `MalformedMessage`, and agrees with betterproto2 on what it
   accepts; so do the upb decoders of PostStartContainer and StopContainer (the same two fields), and
-  the hot-plug target the hooks make of a container (`vgpud.nri.hooks.event_target`: id, pod, cgroups
-  path, device rules) is the same from upb's message as from betterproto2's.
+  the record the hooks make of a container (`vgpud.nri.hooks.event_record`: id, pod, cgroups path,
+  device rules) is the same from upb's message as from betterproto2's.
 """
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ from vgpud._pb.nri.pkg.api.v1alpha1 import (
 )
 from vgpud.nri import mux
 from vgpud.nri.fastcodec import decode_create_container, upb_decoder
-from vgpud.nri.hooks import event_target
+from vgpud.nri.hooks import event_record
 from vgpud.nri.ttrpc import (
     ClientConnection,
     FrameDecoder,
@@ -193,10 +193,10 @@ def _fastcodec(body: bytes) -> str:
     slow = parse_strict(body, CreateContainerRequest)
     for decode in _LIFECYCLE_DECODERS:
         event = decode(body)
-        upb_target = event_target(event.pod, event.container, running=True, pid=event.container.pid)
+        upb_record = event_record(event.pod, event.container, running=True, pid=event.container.pid)
         pod, ctr = slow.pod or PodSandbox(), slow.container or Container()
-        if upb_target != event_target(pod, ctr, running=True, pid=ctr.pid):
-            raise ContractBroken("the hot-plug target differs between upb's and betterproto2's message")
+        if upb_record != event_record(pod, ctr, running=True, pid=ctr.pid):
+            raise ContractBroken("the container's record differs between upb's and betterproto2's message")
     if (fast.pod.uid, fast.container.name, list(fast.container.env)) != (
         slow.pod.uid if slow.pod else "",
         slow.container.name if slow.container else "",

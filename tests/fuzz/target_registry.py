@@ -1,6 +1,6 @@
 """Fuzz target: the registry's request path, called directly: the gRPC message framing and strict
 decode (`vgpud.grpcserve.read_unary` as the registry calls it, over grpclib's own receive buffer), the
-request's validation (`resolve.parse_query`), and the caller's identity from its cgroup text
+request's validation (`request.parse_query`), and the caller's identity from its cgroup text
 (`cgroup.parse_proc_cgroup`; a process may name its own sub-cgroups, so part of that text is the
 caller's).
 
@@ -27,9 +27,10 @@ from grpclib.protocol import Buffer
 from tests.fuzz.driver import ContractBroken, Target, kind_of, surface_inputs, text
 from tests.fuzz.messages import random_message
 from vgpud._pb.registry import ContainerDeviceRequest
+from vgpud.containers.values import is_pod_uid
 from vgpud.grpcserve import MESSAGE_PREFIX, read_unary
-from vgpud.registry.cgroup import CgroupParseError, is_pod_uid, parse_proc_cgroup
-from vgpud.registry.resolve import BadRequest, parse_query
+from vgpud.registry.cgroup import CgroupParseError, parse_proc_cgroup
+from vgpud.registry.request import BadRequest, parse_query
 from vgpud.registry.server import MAX_MESSAGE
 
 REQUEST, CGROUP = range(2)

@@ -24,7 +24,8 @@ from tests.soak.plan import Step
 from vgpud.observe.client import Endpoint, get_json
 from vgpud.relaxations import Relaxation
 from vgpud.supervisor import Backoff, HealthAfter
-from vgpud.webhook.rules import Policy, check_pod
+from vgpud.webhook.claims import Policy
+from vgpud.webhook.rules import check_pod
 
 #: live soak pods at most (a create beyond it is skipped): well inside two mock A100s at 1 GiB, 5 %
 MAX_PODS = 10

@@ -14,10 +14,10 @@ import trio_asyncio
 from grpclib.client import Channel
 
 from vgpud._pb.grpc.health.v1 import HealthCheckRequest, HealthCheckResponseServingStatus, HealthStub
+from vgpud.componenthealth import HealthRegistry, HealthState
 from vgpud.grpcserve import Bound, serve
 from vgpud.health import HealthService
 from vgpud.sockpath import SocketPathError, remove_stale_socket
-from vgpud.supervisor import HealthRegistry, HealthState
 
 
 def _bind_socket_file(path: Path) -> None:

@@ -11,12 +11,10 @@ import trio
 from hypothesis import given
 from hypothesis import strategies as st
 
+from vgpud.componenthealth import ComponentHealth, HealthRegistry, HealthState
 from vgpud.supervisor import (
     Backoff,
-    ComponentHealth,
     HealthAfter,
-    HealthRegistry,
-    HealthState,
     Ready,
     Restart,
     Supervisor,

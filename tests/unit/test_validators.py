@@ -8,13 +8,14 @@ from collections.abc import Callable
 
 import pytest
 
+from vgpud.containers.values import is_pod_uid
 from vgpud.dra.cdi import cdi_vendor
 from vgpud.dra.claimedits import device_minor
 from vgpud.gpu.healthrules import parse_xid_list
 from vgpud.parsers import dns_subdomain, nri_idx, parse_host_port
 from vgpud.partition.assigner import is_register_uuid
 from vgpud.partition.layout import check_dns_label, check_partition_key, check_token
-from vgpud.registry.cgroup import container_id_of_status, is_pod_uid, membership_of_path
+from vgpud.registry.cgroup import container_id_of_status, membership_of_path
 
 UID = "3c4d5e6f-7a8b-4c9d-8e0f-1a2b3c4d5e6f"
 CONTAINER_ID = "0123456789abcdef" * 4

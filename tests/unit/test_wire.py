@@ -29,6 +29,7 @@ from tests.stdproto import message_class
 from vgpud._pb import ttrpc
 from vgpud._pb.k8s.io.kubelet.pkg.apis.dra import v1
 from vgpud._pb.nri.pkg.api import v1alpha1 as nri
+from vgpud.compat.betterproto2 import declared_fields
 from vgpud.wire import MAX_DEPTH, MalformedMessage, check_message, parse_strict
 
 _SINGULAR = ("double", "float", "int32", "int64", "uint32", "uint64", "sint32", "sint64")
@@ -55,11 +56,11 @@ def _scalars_protobuf() -> type[Message]:
     fd = descriptor_pb2.FieldDescriptorProto
     file = descriptor_pb2.FileDescriptorProto(name="wiretest.proto", package="wiretest", syntax="proto3")
     described = file.message_type.add(name="Scalars")
-    for name, meta in Scalars._betterproto.meta_by_field_name.items():
-        field = described.field.add(name=name, number=meta.number)
-        field.type = getattr(fd, f"TYPE_{meta.proto_type.upper()}")
-        field.label = fd.LABEL_REPEATED if meta.repeated else fd.LABEL_OPTIONAL
-        if meta.proto_type == betterproto2.TYPE_MESSAGE:
+    for declared in declared_fields(Scalars):
+        field = described.field.add(name=declared.name, number=declared.number)
+        field.type = getattr(fd, f"TYPE_{declared.proto_type.upper()}")
+        field.label = fd.LABEL_REPEATED if declared.repeated else fd.LABEL_OPTIONAL
+        if declared.proto_type == betterproto2.TYPE_MESSAGE:
             field.type_name = ".wiretest.Scalars"
     pool = descriptor_pool.DescriptorPool()
     pool.Add(file)

@@ -1,8 +1,10 @@
 """`DraDriver`: the DRA node service's state machine, one per `vgpud run`, as its callers see it.
 
-The steps live one concept per module: `prepare`, `unprepare`, `cleanup` (interrupted Prepares),
-`partitions` (the eager partitions in use, for observability). `index` is the read side the NRI
-plugin, the registry and the observability ask (`claimindex`). All share one `DraContext`.
+The steps live one concept per module: `prepare` (one pass: `gather` the facts, `decide` per claim,
+apply: `materialize` writes the plans), `unprepare`, `cleanup` (interrupted Prepares), `partitions`
+(the eager partitions in use, for observability). `index` is the read side the NRI plugin, the
+registry and the observability ask (`claimindex`). The steps' entry points share one `DraContext`;
+Prepare hands its parts on only as each function needs them.
 """
 
 from __future__ import annotations

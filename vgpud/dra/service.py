@@ -173,7 +173,7 @@ class DeviceHealthService(DraResourceHealthBase):
         devices: Mapping[str, str] | None = None,
         resend_interval: float = HEALTH_RESEND_INTERVAL_S,
     ) -> None:
-        """`devices`: GPU UUID -> DRA device name, in the order reported (`slices.device_names`)."""
+        """`devices`: GPU UUID -> DRA device name, in the order reported (`slicebuild.device_names`)."""
         self._board = board
         self._pool = pool
         self._devices = dict(devices or {})

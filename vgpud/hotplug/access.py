@@ -26,12 +26,13 @@ from typing import Protocol
 
 import trio
 
+from vgpud.containers.values import DeviceRule
 from vgpud.dra.claimedits import device_minor
 from vgpud.hotplug import cgroup1dev
 from vgpud.hotplug.cgpath import CgroupPathError, cgroup_dir
 from vgpud.hotplug.cgroup2dev import DeviceFilterError, replace_device_filter
 from vgpud.hotplug.devfilter import check_rule, verdict
-from vgpud.hotplug.devrules import DeviceRule, container_rules, gpu_rules
+from vgpud.hotplug.devrules import container_rules, gpu_rules
 from vgpud.hotplug.rules import Attachment
 from vgpud.hotplug.service import ApplyError
 
@@ -49,7 +50,7 @@ CGROUP_ERRORS = (OSError, cgroup1dev.DeviceCgroupError, DeviceFilterError, Cgrou
 
 
 class Target(Protocol):
-    """A container instance as the NRI plugin keeps it (`vgpud.nri.targets.TargetContainer`)."""
+    """A container instance as the NRI plugin keeps it (`vgpud.containers.record.NodeContainer`)."""
 
     @property
     def running(self) -> bool: ...

@@ -12,7 +12,7 @@ import os
 from collections.abc import Iterable
 from pathlib import Path, PurePosixPath
 
-from vgpud.hotplug.devrules import DeviceRule
+from vgpud.containers.values import DeviceRule
 
 ALLOW_FILE = "devices.allow"
 DENY_FILE = "devices.deny"

@@ -16,9 +16,9 @@ import os
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
+from vgpud.containers.values import DeviceRule
 from vgpud.hotplug import bpfsys
 from vgpud.hotplug.devfilter import LICENSE, compile_filter
-from vgpud.hotplug.devrules import DeviceRule
 
 
 class DeviceFilterError(Exception):

@@ -22,7 +22,7 @@ from __future__ import annotations
 import struct
 from collections.abc import Sequence
 
-from vgpud.hotplug.devrules import DeviceRule
+from vgpud.containers.values import DeviceRule
 
 #: the license string the program is loaded with (no helper is called, so any string loads)
 LICENSE = "Apache"

@@ -11,7 +11,8 @@ driver's GPU nodes are `/dev/nvidia<minor>` with the fixed major 195, the contro
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import NamedTuple
+
+from vgpud.containers.values import DeviceRule
 
 #: the NVIDIA driver's fixed character major (`/dev/nvidia<minor>`, `/dev/nvidiactl`)
 NVIDIA_MAJOR = 195
@@ -23,25 +24,6 @@ UVM_DEVICE_NAME = "nvidia-uvm"
 UVM_MINORS = (0, 1)
 #: what a vGPU device node needs (read and write; `m`, mknod, stays with whoever creates the node)
 GPU_ACCESS = "rw"
-
-
-class DeviceRule(NamedTuple):
-    """One device cgroup rule (OCI `LinuxDeviceCgroup`)."""
-
-    allow: bool
-    #: "c", "b" or "a" (every device)
-    type: str
-    #: None: any major
-    major: int | None
-    #: None: any minor
-    minor: int | None
-    access: str
-
-    def __str__(self) -> str:
-        """The cgroup v1 `devices.allow` line: `c 195:0 rw`."""
-        major = "*" if self.major is None else str(self.major)
-        minor = "*" if self.minor is None else str(self.minor)
-        return f"{self.type} {major}:{minor} {self.access}"
 
 
 def char_rule(major: int, minor: int, access: str = GPU_ACCESS) -> DeviceRule:

@@ -11,25 +11,28 @@ list has arrived, then whenever a container instance stops or goes, a claim's pr
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Mapping
-from dataclasses import replace
+from collections.abc import Awaitable, Callable, Mapping
 from functools import partial
 from pathlib import Path, PurePosixPath
 
 import trio
 
+from vgpud.containers.store import ContainerStore
 from vgpud.dra.claimindex import ClaimIndex
 from vgpud.grpcserve import serve
-from vgpud.hotplug.access import CgroupDeviceAccess, CgroupV1Devices, CgroupV2Devices, DeviceCgroup
+from vgpud.hotplug.access import (
+    CgroupDeviceAccess,
+    CgroupV1Devices,
+    CgroupV2Devices,
+    DeviceCgroup,
+    RuntimeUpdates,
+)
 from vgpud.hotplug.claims import slave_claims
 from vgpud.hotplug.limits import ConfigLimits
-from vgpud.hotplug.rules import Attachment, AttachState, KnownContainer
+from vgpud.hotplug.rules import Attachment, AttachState
 from vgpud.hotplug.service import HotPlugService
 from vgpud.hotplug.store import HOTPLUG_FILE, AttachmentStore
 from vgpud.hotplug.table import AttachmentTable
-from vgpud.nri.hooks import NriHooks
-from vgpud.nri.runtime_link import RuntimeLink
-from vgpud.nri.targets import TargetContainer
 from vgpud.recorder import Recorder
 
 log = logging.getLogger("vgpud.hotplug")
@@ -97,36 +100,10 @@ class HotPlug:
             self._poked = trio.Event()
 
 
-class NriTargets:
-    """The NRI plugin's containers as the hot-plug sees them: a vGPU container is one the plugin gave
-    a directory (it is in the NRI cache)."""
-
-    def __init__(self, nri: NriHooks) -> None:
-        self.nri = nri
-
-    @property
-    def synced(self) -> bool:
-        return self.nri.targets.synced
-
-    def _known(self, found: TargetContainer | None) -> KnownContainer | None:
-        if found is None:
-            return None
-        return replace(found.known(), vgpu=found.container_id in self.nri.cache)
-
-    def container(self, pod_uid: str, container: str) -> KnownContainer | None:
-        instance = self.nri.targets.container(pod_uid, container)
-        return self._known(self.nri.targets.by_id(instance.container_id) if instance else None)
-
-    def instance(self, container_id: str) -> KnownContainer | None:
-        return self._known(self.nri.targets.by_id(container_id))
-
-    def by_id(self, container_id: str) -> TargetContainer | None:
-        return self.nri.targets.by_id(container_id)
-
-    def directory(self, container_id: str) -> PurePosixPath | None:
-        """The vGPU container's directory (None: not a vGPU container)."""
-        entry = self.nri.cache.instance(container_id)
-        return entry.directory if entry is not None else None
+def vgpu_directory(containers: ContainerStore, container_id: str) -> PurePosixPath | None:
+    """The vGPU container's directory (None: not a vGPU container of this node)."""
+    record = containers.by_id(container_id)
+    return record.directory if record is not None and record.vgpu else None
 
 
 def build_hotplug(
@@ -134,8 +111,9 @@ def build_hotplug(
     socket: Path,
     plugin_dir: Path,
     boot_id: str,
-    nri: NriHooks,
-    link: RuntimeLink,
+    containers: ContainerStore,
+    gone_listeners: list[Callable[[str], Awaitable[None]]],
+    link: RuntimeUpdates,
     index: ClaimIndex,
     recorder: Recorder,
     cgroup: DeviceCgroup,
@@ -143,8 +121,9 @@ def build_hotplug(
     driver: str,
     uuid_of_minor: Mapping[int, str],
 ) -> HotPlug:
-    """The component from the daemon's parts: the NRI plugin's containers and its link to the runtime,
-    the claim index, and the node's devices cgroup."""
+    """The component from the daemon's parts: the node's containers (the NRI plugin writes them and
+    tells `gone_listeners` when an instance stops or goes), its link to the runtime, the claim index,
+    and the node's devices cgroup."""
     table = AttachmentTable(AttachmentStore(plugin_dir / HOTPLUG_FILE, boot_id))
 
     def others(attachment: Attachment) -> list[Attachment]:
@@ -156,19 +135,21 @@ def build_hotplug(
             and a.state is not AttachState.DETACHING
         ]
 
-    targets = NriTargets(nri)
     access = CgroupDeviceAccess(
-        targets=targets,
+        targets=containers,
         runtime=link,
         cgroup=cgroup,
         limits=ConfigLimits(
-            directory=targets.directory, cdi_root=cdi_root, driver=driver, uuid_of_minor=uuid_of_minor
+            directory=partial(vgpu_directory, containers),
+            cdi_root=cdi_root,
+            driver=driver,
+            uuid_of_minor=uuid_of_minor,
         ),
         others=others,
     )
     service = HotPlugService(
         table=table,
-        targets=targets,
+        targets=containers,
         claims=partial(slave_claims, index),
         prepared=lambda uid: uid in index.prepared_claim_uids(),
         access=access,
@@ -176,5 +157,5 @@ def build_hotplug(
     )
     component = HotPlug(service, socket)
     index.listeners.append(component.poke)
-    nri.on_container_gone.append(component.on_container_gone)
+    gone_listeners.append(component.on_container_gone)
     return component

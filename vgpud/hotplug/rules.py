@@ -28,8 +28,9 @@ from enum import StrEnum
 
 from grpclib.const import Status
 
+from vgpud.containers.record import NodeContainer
+from vgpud.containers.values import is_pod_uid
 from vgpud.partition.layout import LayoutError, check_dns_label
-from vgpud.registry.cgroup import is_pod_uid
 
 #: attachments on one node; far above what a node's GPUs can be shared into, and it bounds the table
 #: and its file
@@ -64,21 +65,6 @@ class AttachKey:
     @property
     def target(self) -> str:
         return f"container {self.container} of pod {self.target_pod_uid}"
-
-
-@dataclass(frozen=True)
-class KnownContainer:
-    """A container instance as the runtime reported it through NRI."""
-
-    container_id: str
-    pod_uid: str
-    container: str
-    pod_namespace: str
-    pod_name: str
-    running: bool
-    #: a vGPU container of this node (vgpud made its directory): only there does a control library
-    #: enforce the slave's limits
-    vgpu: bool = False
 
 
 @dataclass(frozen=True, order=True)
@@ -163,7 +149,7 @@ def parse_key(target_pod_uid: str, container_name: str, slave_pod_uid: str) -> A
     return AttachKey(target_pod_uid, container_name, slave_pod_uid)
 
 
-def check_target(key: AttachKey, target: KnownContainer | None, synced: bool) -> KnownContainer:
+def check_target(key: AttachKey, target: NodeContainer | None, synced: bool) -> NodeContainer:
     """The running container instance to attach to."""
     if target is None:
         if not synced:
@@ -211,7 +197,7 @@ def check_slave_claims(key: AttachKey, claims: Iterable[SlaveClaim]) -> tuple[Sl
 def plan_attach(
     key: AttachKey,
     *,
-    target: KnownContainer | None,
+    target: NodeContainer | None,
     synced: bool,
     slave_claims: Iterable[SlaveClaim],
     attachments: Mapping[AttachKey, Attachment],

@@ -35,13 +35,13 @@ from grpclib.const import Status
 from grpclib.exceptions import GRPCError
 
 from vgpud._pb.vgpud.hotplug import v1 as pb
+from vgpud.containers.record import NodeContainer
 from vgpud.grpcserve import read_unary
 from vgpud.hotplug.rules import (
     AttachKey,
     Attachment,
     AttachState,
     Decision,
-    KnownContainer,
     Refusal,
     Repair,
     SlaveClaim,
@@ -72,11 +72,11 @@ class TargetLookup(Protocol):
         """The runtime's full list has arrived (until then an unknown container may still exist)."""
         ...
 
-    def container(self, pod_uid: str, container: str) -> KnownContainer | None:
+    def newest(self, pod_uid: str, name: str) -> NodeContainer | None:
         """The newest instance of (pod UID, container name), None when the runtime reported none."""
         ...
 
-    def instance(self, container_id: str) -> KnownContainer | None:
+    def by_id(self, container_id: str) -> NodeContainer | None:
         """The instance with this ID, None when the runtime does not report it (any more)."""
         ...
 
@@ -176,7 +176,7 @@ class HotPlugService(pb.HotPlugBase):
         with self._timed("Attach", message) as call:
             async with self._lock:
                 key = self._key(call, message)
-                target = self.targets.container(key.target_pod_uid, key.container)
+                target = self.targets.newest(key.target_pod_uid, key.container)
                 if target is not None:
                     call.update(pod_namespace=target.pod_namespace, pod_name=target.pod_name)
                 plan = self._decide(
@@ -313,7 +313,7 @@ class HotPlugService(pb.HotPlugBase):
         async with self._lock:
             repairs = plan_reconcile(
                 self.table.attachments,
-                running=lambda cid: (found := self.targets.instance(cid)) is not None and found.running,
+                running=lambda cid: (found := self.targets.by_id(cid)) is not None and found.running,
                 prepared=self.prepared,
             )
             for attachment, repair, why in repairs:

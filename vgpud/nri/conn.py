@@ -30,6 +30,7 @@ from vgpud import excgroup
 from vgpud._pb.nri.pkg.api.v1alpha1 import RegisterPluginRequest
 from vgpud.nri import mux, ttrpc
 from vgpud.nri.hooks import HookError, NriHooks
+from vgpud.nri.methods import plugin_methods
 from vgpud.nri.runtime_link import CallFailed, RuntimeLink
 from vgpud.nri.sync import gc_paused
 from vgpud.sockpath import socket_at
@@ -64,6 +65,8 @@ class NriSession:
         self._hooks = hooks
         self._identity = identity
         self._link = link
+        #: bare method name -> (decoder, hook, encoder), bound to this session's hooks
+        self._methods = plugin_methods(hooks)
         #: why the session ended ("" while it runs): calls still waiting fail with it
         self._ended = ""
         self._mux = mux.MuxDecoder()
@@ -195,14 +198,14 @@ class NriSession:
             request.method if request.method in requests or len(requests) < COUNTED_METHODS else "(other)"
         )
         requests[method] = requests.get(method, 0) + 1
-        entry = self._hooks.methods.get(request.method) if request.service == PLUGIN_SERVICE else None
+        entry = self._methods.get(request.method) if request.service == PLUGIN_SERVICE else None
         if entry is None:
             return self._server.fail(
                 request.stream_id,
                 ttrpc.Code.UNIMPLEMENTED,
                 f"{request.service}/{request.method}: not implemented by vgpud",
             )
-        decode, handler = entry
+        decode, handler, encode = entry
         try:
             message = decode(request.payload)
         except MalformedMessage as err:
@@ -221,7 +224,6 @@ class NriSession:
         except Exception as err:  # a bug must not take the session down; the runtime sees UNKNOWN
             log.exception("NRI: %s failed", request.method)
             return self._server.fail(request.stream_id, ttrpc.Code.UNKNOWN, f"{request.method}: {err!r}")
-        encode = self._hooks.encoders.get(request.method, bytes)
         return self._server.respond(request.stream_id, encode(response))
 
 

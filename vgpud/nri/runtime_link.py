@@ -27,7 +27,7 @@ from vgpud._pb.nri.pkg.api.v1alpha1 import (
     UpdateContainersRequest,
     UpdateContainersResponse,
 )
-from vgpud.hotplug.devrules import DeviceRule
+from vgpud.containers.values import DeviceRule
 from vgpud.wire import MalformedMessage, parse_strict
 
 DEVICE_TYPES = frozenset("abc")

@@ -6,8 +6,8 @@ from dataclasses import dataclass, field
 
 import trio
 
+from vgpud.containers.record import NodeContainer
 from vgpud.nri.sync import SyncContainer, SyncPod, SyncTarget
-from vgpud.nri.targets import TargetContainer
 
 
 @dataclass
@@ -63,7 +63,7 @@ class SessionState:
     claimed: list[SyncContainer] = field(default_factory=list)
     #: every container of the chunks received so far (the hot-plug targets), and those of them whose
     #: pod was not in their chunk
-    targets: list[tuple[str, TargetContainer]] = field(default_factory=list)
+    targets: list[NodeContainer] = field(default_factory=list)
     unresolved: list[SyncTarget] = field(default_factory=list)
     #: every container those chunks reported, with or without a claim UID
     reported: int = 0

@@ -22,8 +22,9 @@ from google.protobuf.message import DecodeError
 
 from vgpud._pb import nri_api_pb2
 from vgpud._pb.nri.pkg.api.v1alpha1 import ContainerState
+from vgpud.containers.linux import ContainerLinux
+from vgpud.containers.record import Injection, NodeContainer
 from vgpud.nri.envs import env_value
-from vgpud.nri.targets import ContainerLinux, TargetContainer
 from vgpud.partition.layout import ENV_CLAIM_UID
 from vgpud.wire import MalformedMessage
 
@@ -61,7 +62,7 @@ class SyncContainer(NamedTuple):
 
 class SyncTarget(NamedTuple):
     """A container whose pod was not in its chunk (a split Synchronize), as much of it as a hot-plug
-    needs: `target_of` makes the `TargetContainer` once its pod is known."""
+    needs: `target_of` makes its `NodeContainer` once its pod is known."""
 
     id: str
     pod_sandbox_id: str
@@ -79,9 +80,9 @@ class SyncBatch(NamedTuple):
     pods: tuple[SyncPod, ...] = ()
     #: the containers with a claim UID in their env
     claimed: tuple[SyncContainer, ...] = ()
-    #: (ID, target) of every container whose pod came in the same chunk (all of them, unless the
-    #: request was split)
-    targets: tuple[tuple[str, TargetContainer], ...] = ()
+    #: every container whose pod came in the same chunk (all of them, unless the request was split),
+    #: without its vGPU claim's facts (the hooks add them)
+    targets: tuple[NodeContainer, ...] = ()
     #: the others: their pods came in another chunk
     unresolved: tuple[SyncTarget, ...] = ()
     #: how many containers the chunk reported, with and without a claim UID
@@ -126,10 +127,9 @@ def decode_sync(data: bytes) -> SyncBatch:
         return _reduce(request)
 
 
-def target_of(t: SyncTarget, pod: SyncPod) -> TargetContainer:
-    return TargetContainer(
-        t.id, pod.uid, t.name, pod.namespace, pod.name, t.state in LIVE_STATES, t.pid, t.linux
-    )
+def target_of(t: SyncTarget, pod: SyncPod) -> NodeContainer:
+    live = t.state in LIVE_STATES
+    return NodeContainer(t.id, pod.uid, t.name, pod.namespace, pod.name, live, t.pid, t.linux)
 
 
 def _reduce(request: nri_api_pb2.SynchronizeRequest) -> SyncBatch:  # type: ignore[name-defined]
@@ -138,13 +138,14 @@ def _reduce(request: nri_api_pb2.SynchronizeRequest) -> SyncBatch:  # type: igno
     pod_of = {pod.id: pod for pod in pods}
     claimed, targets, unresolved = [], [], []
     live, new = LIVE_STATES, tuple.__new__  # a third of the NamedTuple constructor's cost
+    no_claim = ("", Injection.NO_CLAIM, None, ())  # its vGPU fields: the hooks set those of claimed ones
     for c in containers:  # one pass, no generator per container: a node reports thousands
         cid, sandbox, name, state = c.id, c.pod_sandbox_id, c.name, c.state
-        linux = ContainerLinux(c)  # read when a hot-plug needs it (vgpud.nri.targets)
+        linux = ContainerLinux(c)  # read when a hot-plug needs it (vgpud.containers.linux)
         pod = pod_of.get(sandbox)
         if pod is not None:
-            fields = (cid, pod.uid, name, pod.namespace, pod.name, state in live, c.pid, linux)
-            targets.append((cid, new(TargetContainer, fields)))
+            fields = (cid, pod.uid, name, pod.namespace, pod.name, state in live, c.pid, linux, *no_claim)
+            targets.append(new(NodeContainer, fields))
         else:
             unresolved.append(SyncTarget(cid, sandbox, name, state, c.pid, linux))
         env = c.env

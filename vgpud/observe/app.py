@@ -88,7 +88,7 @@ class ObserveApp:
         assert self._state is not None
         where = CallFilter.from_query(query, extra=frozenset({"n"}))
         n = _int_param(query, "n", DEFAULT_CALLS, allowed=frozenset(CallFilter.names()) | {"n"})
-        recorder = self._state.parts.recorder
+        recorder = self._state.recorder
         return {
             "last_seq": recorder.last_seq,
             "calls": [c.to_dict() for c in recorder.recent(n, where=where)],

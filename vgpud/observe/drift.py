@@ -1,26 +1,27 @@
-"""The drift self-check: do the NRI cache, the runtime's containers, the directories on disk and the
+"""The drift self-check: do the vGPU containers the runtime reported, the directories on disk and the
 checkpoint still agree? Differences are logged and counted, never fixed (DESIGN §5): a fix guessed
 from a disagreement could delete the directory of a running container.
 
 `compare` is pure (every rule below is one branch of it); `confirmed` keeps only what two consecutive
 checks both found, because a hook in flight legitimately disagrees for a moment (CreateContainer makes
-the directory before it caches the entry; RemoveContainer drops the entry before the directory goes).
+the directory before it records the container injected; RemoveContainer drops the record before the
+directory goes).
 
 Kinds (NRI: only with the NRI plugin and after its first Synchronize):
 
-    cached-not-in-runtime    the cache names a container the runtime no longer reports        NRI
     runtime-not-cached       the runtime runs a container of a prepared vGPU claim of its
-                             own namespace that is not cached                                 NRI
+                             own namespace that vgpud did not inject                          NRI
     not-injected             the runtime reported a valid vGPU container without the mounts
                              and env vgpud intended (created while vgpud was away)             NRI
-    claim-mismatch           cache and runtime name different claims for one container        NRI
-    directory-missing        a cached container's directory is not on disk                    NRI
+    directory-missing        an injected container's directory is not on disk                 NRI
     orphan-directory         a directory under `claims/<uid>/` no live container owns         NRI
     orphan-claim-directory   `claims/<uid>` of a claim the checkpoint does not hold prepared  always
     claim-directory-missing  a prepared vGPU claim without `claims/<uid>`                     always
 
-The runtime's view is the last Synchronize plus the CreateContainer and removal events since
-(`NriHooks.runtime`), keyed by container ID; the subject of a container difference is
+The runtime's view is the last Synchronize plus the CreateContainer and removal events since (the
+node's container store, `vgpud.containers`: one record per instance says both what the runtime
+reported and what vgpud injected, so the two cannot name different claims or different containers),
+keyed by container ID; the subject of a container difference is
 `<pod UID>/<container> <ID>`. In eager mode the same periodic pass counts partition conflicts (bug-2): the
 containers that now use requests Prepare put into different partitions (read from the API, only for
 claims with more than one partition).
@@ -33,16 +34,18 @@ import logging
 import os
 import time
 from collections import Counter
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import TYPE_CHECKING
 
 import trio
 
+from vgpud.containers.record import Injection, NodeContainer
+
 if TYPE_CHECKING:
-    from vgpud.nri.cache import CacheEntry, NotInjected, RuntimeContainer
-    from vgpud.observe.state import NodeParts
+    from vgpud.containers.store import ContainerStore
+    from vgpud.dra.driver import DraDriver
 
 log = logging.getLogger("vgpud.observe.drift")
 
@@ -52,10 +55,8 @@ LOGGED_PER_CHECK = 20
 
 
 class DriftKind(enum.StrEnum):
-    CACHED_NOT_IN_RUNTIME = "cached-not-in-runtime"
     RUNTIME_NOT_CACHED = "runtime-not-cached"
     NOT_INJECTED = "not-injected"
-    CLAIM_MISMATCH = "claim-mismatch"
     DIRECTORY_MISSING = "directory-missing"
     ORPHAN_DIRECTORY = "orphan-directory"
     ORPHAN_CLAIM_DIRECTORY = "orphan-claim-directory"
@@ -89,15 +90,12 @@ class DiskState:
 class NriView:
     """The NRI side of one check; None in a check when the node runs without NRI."""
 
-    #: by container ID
-    cache: Mapping[str, CacheEntry]
-    runtime: Mapping[str, RuntimeContainer]
-    #: the cache has been rebuilt by a Synchronize (before that the NRI rules do not apply)
+    #: the containers with a vGPU claim UID in their env (every injection state)
+    containers: Sequence[NodeContainer]
+    #: the store has been rebuilt by a Synchronize (before that the NRI rules do not apply)
     synced: bool
     #: compare the directories below claim directories (lazy mode: one per container)
     lazy: bool = True
-    #: valid vGPU containers the runtime reported without their injection, by container ID
-    not_injected: Mapping[str, NotInjected] = field(default_factory=dict)
 
 
 def compare(
@@ -107,7 +105,7 @@ def compare(
     prepared: frozenset[str],
     vgpu_claims: Mapping[str, str],
 ) -> list[Difference]:
-    """Every disagreement between the NRI cache, the runtime, the disk and the checkpoint, sorted.
+    """Every disagreement between the vGPU containers, the disk and the checkpoint, sorted.
     `vgpu_claims`: the prepared vGPU claims -> their namespace (only a pod of that namespace gets one)."""
     found: list[Difference] = []
     for claim in sorted(disk.claim_dirs - prepared):
@@ -124,41 +122,24 @@ def _subject(pod_uid: str, container: str, container_id: str) -> str:
 
 
 def _compare_nri(nri: NriView, disk: DiskState, vgpu_claims: Mapping[str, str]) -> Iterable[Difference]:
-    for cid, entry in nri.cache.items():
-        subject = _subject(entry.pod_uid, entry.container, cid)
-        running = nri.runtime.get(cid)
-        if running is None:
-            yield Difference(DriftKind.CACHED_NOT_IN_RUNTIME, subject, f"claim {entry.claim_uid}")
-        elif running.claim_uid != entry.claim_uid:
+    owned: set[PurePosixPath] = set()
+    for c in nri.containers:
+        subject = _subject(c.pod_uid, c.name, c.container_id)
+        if c.injection is Injection.INJECTED:
+            if nri.lazy and c.directory not in disk.container_dirs:
+                yield Difference(DriftKind.DIRECTORY_MISSING, subject, str(c.directory))
+        elif c.injection is Injection.MISSING:
             yield Difference(
-                DriftKind.CLAIM_MISMATCH,
+                DriftKind.NOT_INJECTED,
                 subject,
-                f"cache: claim {entry.claim_uid}, runtime: claim {running.claim_uid}",
+                f"{c.pod_namespace}/{c.pod_name}, claim {c.claim_uid}, missing {', '.join(c.missing)}",
             )
-        if nri.lazy and entry.directory not in disk.container_dirs:
-            yield Difference(DriftKind.DIRECTORY_MISSING, subject, str(entry.directory))
-    for cid, found in nri.not_injected.items():
-        yield Difference(
-            DriftKind.NOT_INJECTED,
-            _subject(found.pod_uid, found.container, cid),
-            f"{found.pod_namespace}/{found.pod_name}, claim {found.claim_uid}, "
-            f"missing {', '.join(found.missing)}",
-        )
-    for cid, running in nri.runtime.items():
-        if (
-            cid not in nri.cache
-            and cid not in nri.not_injected
-            and vgpu_claims.get(running.claim_uid) == running.pod_namespace
-        ):
-            where = f"{running.pod_namespace}/{running.pod_name}" if running.pod_name else "pod ?"
-            yield Difference(
-                DriftKind.RUNTIME_NOT_CACHED,
-                _subject(running.pod_uid, running.container, cid),
-                f"{where}, claim {running.claim_uid}",
-            )
+        elif vgpu_claims.get(c.claim_uid) == c.pod_namespace:
+            where = f"{c.pod_namespace}/{c.pod_name}" if c.pod_name else "pod ?"
+            yield Difference(DriftKind.RUNTIME_NOT_CACHED, subject, f"{where}, claim {c.claim_uid}")
+        if c.directory is not None:
+            owned.add(c.directory)
     if nri.lazy:
-        owned = {entry.directory for entry in nri.cache.values()}
-        owned |= {found.directory for found in nri.not_injected.values()}
         for directory in sorted(disk.container_dirs - owned):
             yield Difference(DriftKind.ORPHAN_DIRECTORY, str(directory), "no live container owns it")
 
@@ -219,12 +200,22 @@ class DriftStatus:
 
 class DriftChecker:
     """The supervised component: a check every `interval` seconds (the first after one interval, when
-    the NRI cache has had its first Synchronize)."""
+    the NRI plugin has had its first Synchronize)."""
 
-    def __init__(self, parts: NodeParts, interval: float = DEFAULT_INTERVAL) -> None:
+    def __init__(
+        self,
+        claims_dir: Path,
+        driver: DraDriver,
+        containers: ContainerStore | None,
+        interval: float = DEFAULT_INTERVAL,
+    ) -> None:
+        """`driver`: its prepared claims, and (eager mode) the claims' partitions; `containers`: the NRI
+        plugin's store (None in eager mode)."""
         if interval <= 0:
             raise ValueError(f"drift interval must be > 0, got {interval}")
-        self._parts = parts
+        self._claims_dir = claims_dir
+        self._driver = driver
+        self._containers = containers
         self._interval = interval
         self._previous: list[Difference] = []
         self._reported: set[tuple[DriftKind, str]] = set()
@@ -243,25 +234,16 @@ class DriftChecker:
 
     async def check(self) -> DriftStatus:
         """One pass: compare, confirm, log what changed, count; the new status."""
-        parts = self._parts
-        lazy = parts.nri is not None
-        disk = await trio.to_thread.run_sync(
-            lambda: scan_disk(Path(parts.layout.claims_dir), containers=lazy)
-        )
+        store, index = self._containers, self._driver.index
+        lazy = store is not None
+        disk = await trio.to_thread.run_sync(lambda: scan_disk(self._claims_dir, containers=lazy))
         # everything else is read right after the disk, on the Trio thread, with no await between
-        nri = None
-        if parts.nri is not None:
-            nri = NriView(
-                cache=dict(parts.nri.cache.items()),
-                runtime=dict(parts.nri.runtime.items()),
-                synced=parts.nri.cache.synced,
-                not_injected=dict(parts.nri.not_injected.items()),
-            )
+        nri = NriView(store.select(), synced=store.synced) if store is not None else None
         current = compare(
             nri=nri,
             disk=disk,
-            prepared=parts.driver.index.prepared_claim_uids(),
-            vgpu_claims=parts.driver.index.vgpu_claim_namespaces(),
+            prepared=index.prepared_claim_uids(),
+            vgpu_claims=index.vgpu_claim_namespaces(),
         )
         found = confirmed(self._previous, current)
         self._previous = current
@@ -293,7 +275,7 @@ class DriftChecker:
 
     async def _partition_conflicts(self) -> tuple[int, str]:
         """Eager mode: the containers that now use more than one partition of one claim."""
-        found = await self._parts.driver.claim_partitions(min_partitions=2)
+        found = await self._driver.claim_partitions(min_partitions=2)
         errors = [f"claim {c.claim.namespace}/{c.claim.name}: {c.error}" for c in found if c.error]
         current = {}
         for claim in found:

@@ -27,15 +27,21 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from vgpud import metrics_names as names
+from vgpud.containers.record import Injection
 from vgpud.hotplug.rules import AttachState
 from vgpud.observe.drift import DriftKind
-from vgpud.observe.state import NodeParts, StreamStats, build_info
+from vgpud.observe.state import NodeIdentity, StreamStats, WatchedDevices, build_info
 from vgpud.partition.nrionly import RefusalReason
 from vgpud.recorder import HookCall, Outcome
 
 if TYPE_CHECKING:
+    from vgpud.componenthealth import HealthRegistry
+    from vgpud.dra.driver import DraDriver
+    from vgpud.hotplug.node import HotPlug
+    from vgpud.nri.hooks import NriHooks
     from vgpud.observe.drift import DriftChecker
     from vgpud.observe.usage import UsageReader
+    from vgpud.recorder import Recorder
 
 #: 100 us (a skipped CreateContainer) to 2 s (the runtime's NRI deadline) and beyond (DRA Prepare)
 HOOK_BUCKETS = (
@@ -72,12 +78,28 @@ class NodeMetrics:
 
     def __init__(
         self,
-        parts: NodeParts,
+        identity: NodeIdentity,
         *,
+        recorder: Recorder,
+        health: HealthRegistry,
+        driver: DraDriver,
         stream: StreamStats,
+        nri: NriHooks | None = None,
+        devices: WatchedDevices | None = None,
+        hotplug: HotPlug | None = None,
         drift: DriftChecker | None = None,
         usage: UsageReader | None = None,
     ) -> None:
+        """The parts it reads at scrape time (None: not on this node), and the recorder it listens to."""
+        self.identity = identity
+        self.health = health
+        self.driver = driver
+        self.stream = stream
+        self.nri = nri
+        self.devices = devices
+        self.hotplug = hotplug
+        self.drift = drift
+        self.usage = usage
         self.registry = CollectorRegistry()
         ProcessCollector(registry=self.registry)
         self.calls = Counter(
@@ -96,9 +118,9 @@ class NodeMetrics:
             names.REGISTRY_REQUESTS.labels,
             registry=self.registry,
         )
-        self.registry.register(StateCollector(parts, stream, drift, usage))
+        self.registry.register(StateCollector(self))
         self._children: dict[tuple[str, str, str], tuple[Counter, Histogram]] = {}
-        parts.recorder.add_listener(self.observe)
+        recorder.add_listener(self.observe)
 
     def observe(self, call: HookCall) -> None:
         """The recorder listener: count the call and its latency (label children cached: O(1))."""
@@ -133,66 +155,62 @@ def _counter(name: names.MetricName, value: float | None = None) -> CounterMetri
 
 
 class StateCollector(Collector):
-    """Reads the daemon's state at scrape time."""
+    """Reads the daemon's state at scrape time, from the parts its `NodeMetrics` names."""
 
-    def __init__(
-        self, parts: NodeParts, stream: StreamStats, drift: DriftChecker | None, usage: UsageReader | None
-    ) -> None:
-        self._parts = parts
-        self._stream = stream
-        self._drift = drift
-        self._usage = usage
+    def __init__(self, node: NodeMetrics) -> None:
+        self._node = node
 
     def collect(self) -> Iterator[Metric]:
-        parts = self._parts
+        node, identity = self._node, self._node.identity
         info = build_info()
         build = _gauge(names.BUILD_INFO)
         build.add_metric([info["version"], info["python"]], 1)
         yield build
         mode = _gauge(names.PARTITION_MODE)
-        mode.add_metric([parts.mode], 1)
+        mode.add_metric([identity.mode], 1)
         yield mode
-        yield _counter(names.NRI_EAGER_FALLBACKS, 1 if parts.nri_fallback else 0)
+        yield _counter(names.NRI_EAGER_FALLBACKS, 1 if identity.nri_fallback else 0)
         fallback = _gauge(names.NRI_EAGER_FALLBACK_INFO)
-        if parts.nri_fallback:
-            fallback.add_metric([parts.nri_fallback], 1)
+        if identity.nri_fallback:
+            fallback.add_metric([identity.nri_fallback], 1)
         yield fallback
         mismatches = _gauge(names.CLAIM_MODE_MISMATCHES)
-        by_mode = Tally(m.prepared.value for m in parts.driver.index.mismatches())
+        by_mode = Tally(m.prepared.value for m in node.driver.index.mismatches())
         for prepared in ("eager", "lazy"):
             mismatches.add_metric([prepared], by_mode[prepared])
         yield mismatches
         refusals = _counter(names.PREPARE_REFUSALS)
         for reason in RefusalReason:  # every reason, 0 until the first refusal
-            refusals.add_metric([reason.value], parts.driver.refusals.get(reason.value, 0))
+            refusals.add_metric([reason.value], node.driver.refusals.get(reason.value, 0))
         yield refusals
         health = _gauge(names.COMPONENT_HEALTH)
-        for component, entry in sorted(parts.health.snapshot().items()):
+        for component, entry in sorted(node.health.snapshot().items()):
             for state in type(entry.state):  # every state of the enum, 1 for the current one
                 health.add_metric([component, state.value], 1 if entry.state is state else 0)
         yield health
         yield from self._device_health()
-        if parts.nri is not None:
-            yield from self._nri()
+        if node.nri is not None:
+            yield from self._nri(node.nri)
         yield from self._drift_metrics()
         yield from self._usage_metrics()
         attachments = _gauge(names.HOTPLUG_ATTACHMENTS)  # no samples while the API is not served
-        if parts.hotplug is not None:
-            by_state = Tally(a.state.value for a in parts.hotplug.service.table.attachments.values())
+        if node.hotplug is not None:
+            by_state = Tally(a.state.value for a in node.hotplug.service.table.attachments.values())
             for state in AttachState:
                 attachments.add_metric([state.value], by_state.get(state.value, 0))
         yield attachments
-        yield _gauge(names.STREAM_CLIENTS, self._stream.clients)
+        yield _gauge(names.STREAM_CLIENTS, node.stream.clients)
         closed = _counter(names.STREAM_DROPS)
-        for reason, count in sorted(self._stream.closed.items()):
+        for reason, count in sorted(node.stream.closed.items()):
             closed.add_metric([reason], count)
         yield closed
 
     def _device_health(self) -> Iterator[Metric]:
         """Each GPU's health and XID counts, while the watcher runs."""
-        board, watcher = self._parts.device_health, self._parts.health_watch
-        if board is None or watcher is None:
+        devices = self._node.devices
+        if devices is None:
             return
+        board, watcher = devices.board, devices.watcher
         healthy = _gauge(names.DEVICE_HEALTHY)
         snapshot = board.snapshot()
         for index, uuid in sorted(watcher.uuids().items()):
@@ -204,17 +222,15 @@ class StateCollector(Collector):
             xids.add_metric([uuid, str(xid), kind], count)
         yield xids
 
-    def _nri(self) -> Iterator[Metric]:
-        nri = self._parts.nri
-        assert nri is not None
+    def _nri(self, nri: NriHooks) -> Iterator[Metric]:
         stats = nri.stats
         sync = _gauge(names.NRI_SYNC_CONTAINERS)
         sync.add_metric(["reported"], stats.sync_reported)
         sync.add_metric(["rebuilt"], stats.sync_rebuilt)
         yield sync
         yield _counter(names.NRI_SYNC_INVALID, stats.sync_invalid)
-        yield _gauge(names.NRI_CACHE_ENTRIES, len(nri.cache))
-        yield _gauge(names.NRI_NOT_INJECTED, len(nri.not_injected))
+        yield _gauge(names.NRI_CACHE_ENTRIES, nri.containers.count(Injection.INJECTED))
+        yield _gauge(names.NRI_NOT_INJECTED, nri.containers.count(Injection.MISSING))
         yield _counter(names.NRI_CONNECTION_CLOSES, stats.connection_closes)
         yield _gauge(names.NRI_CONNECTED, 1 if nri.session_state().connected else 0)
         yield _counter(names.NRI_REMOVED_DIRECTORIES, stats.removed_dirs)
@@ -225,9 +241,9 @@ class StateCollector(Collector):
         yield _counter(names.NRI_OTHER_MODE_CONTAINERS, stats.other_mode)
 
     def _drift_metrics(self) -> Iterator[Metric]:
-        if self._drift is None:
+        if self._node.drift is None:
             return
-        status = self._drift.status()
+        status = self._node.drift.status()
         yield _counter(names.DRIFT_CHECKS, status.checks)
         detected = _counter(names.DRIFT_DETECTED)
         current = _gauge(names.DRIFT_DIFFERENCES)
@@ -243,9 +259,9 @@ class StateCollector(Collector):
 
     def _usage_metrics(self) -> Iterator[Metric]:
         """The usage reader's last pass: one sample per container and device (nothing when it is off)."""
-        if self._usage is None:
+        if self._node.usage is None:
             return
-        status = self._usage.status()
+        status = self._node.usage.status()
         yield _counter(names.USAGE_READS, status.reads)
         memory, core = _gauge(names.CONTAINER_MEMORY_LIMIT), _gauge(names.CONTAINER_CORE_LIMIT)
         ledger, processes = _gauge(names.CONTAINER_LEDGER_BYTES), _gauge(names.CONTAINER_LEDGER_PROCESSES)

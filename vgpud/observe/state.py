@@ -59,11 +59,13 @@ from typing import TYPE_CHECKING, Any
 import trio
 
 from vgpud import __version__
+from vgpud.containers.record import Injection
 from vgpud.partition.layout import Layout
 from vgpud.partition.nrionly import RefusalReason
 from vgpud.recorder import Recorder
 
 if TYPE_CHECKING:
+    from vgpud.componenthealth import ComponentHealth, HealthRegistry
     from vgpud.dra.claimindex import ClaimIndex, ClaimRef
     from vgpud.dra.driver import DraDriver
     from vgpud.dra.partitions import ClaimPartitions
@@ -74,32 +76,30 @@ if TYPE_CHECKING:
     from vgpud.observe.drift import DriftChecker
     from vgpud.observe.usage import UsageReader
     from vgpud.registry.server import RegistryServer
-    from vgpud.supervisor import ComponentHealth, HealthRegistry
 
 JsonObject = dict[str, Any]
 #: eager partitions are read from the API: the state answers without them after this long
 PARTITIONS_TIMEOUT = 5.0
 
 
-@dataclass
-class NodeParts:
-    """The daemon objects the observability reads (and never writes)."""
+@dataclass(frozen=True)
+class NodeIdentity:
+    """Which node this vgpud serves and in which partition mode."""
 
     node_name: str
+    #: "lazy" | "eager"
     mode: str
     #: why NRISupport fell back to eager mode at start ("" when it did not)
-    nri_fallback: str
-    layout: Layout
-    recorder: Recorder
-    health: HealthRegistry
-    driver: DraDriver
-    nri: NriHooks | None = None
-    registry: RegistryServer | None = None
-    #: every GPU's health, and its writer (None when the watcher does not run)
-    device_health: HealthBoard | None = None
-    health_watch: HealthWatcher | None = None
-    #: the hot-plug API (None when it is not served)
-    hotplug: HotPlug | None = None
+    nri_fallback: str = ""
+
+
+@dataclass(frozen=True)
+class WatchedDevices:
+    """Every GPU's health and the watcher that writes it: only while one runs (without it every GPU
+    stays published healthy, and neither the state nor the metrics show device health)."""
+
+    board: HealthBoard
+    watcher: HealthWatcher
 
 
 @dataclass
@@ -128,8 +128,9 @@ def health_json(components: Mapping[str, ComponentHealth], now: float) -> JsonOb
     }
 
 
-def device_health_json(board: HealthBoard, watcher: HealthWatcher) -> JsonObject:
+def device_health_json(devices: WatchedDevices) -> JsonObject:
     """Each GPU's health as the board holds it, and what the watcher counted."""
+    board, watcher = devices.board, devices.watcher
     indices = {uuid: index for index, uuid in watcher.uuids().items()}
     return {
         "ignored_xids": sorted(watcher.rules.ignored_xids),
@@ -154,31 +155,40 @@ def device_health_json(board: HealthBoard, watcher: HealthWatcher) -> JsonObject
 
 
 def nri_json(nri: NriHooks) -> JsonObject:
+    store = nri.containers
+    injected = store.select(Injection.INJECTED)
     directories: JsonObject = {}
-    for cid, entry in nri.cache.items():
-        pod = nri.runtime.instance(cid)
+    for c in injected:
         row = directories.setdefault(
-            str(entry.directory),
+            str(c.directory),
             {
-                "pod_uid": entry.pod_uid,
-                "container": entry.container,
-                "claim_uid": entry.claim_uid,
-                "pod_namespace": pod.pod_namespace if pod else "",
-                "pod_name": pod.pod_name if pod else "",
+                "pod_uid": c.pod_uid,
+                "container": c.name,
+                "claim_uid": c.claim_uid,
+                "pod_namespace": c.pod_namespace,
+                "pod_name": c.pod_name,
                 "container_ids": [],
             },
         )
-        row["container_ids"].append(cid)
+        row["container_ids"].append(c.container_id)
     not_injected = {
-        cid: {**asdict(found), "directory": str(found.directory), "missing": list(found.missing)}
-        for cid, found in nri.not_injected.items()
+        c.container_id: {
+            "pod_uid": c.pod_uid,
+            "container": c.name,
+            "claim_uid": c.claim_uid,
+            "pod_namespace": c.pod_namespace,
+            "pod_name": c.pod_name,
+            "directory": str(c.directory),
+            "missing": list(c.missing),
+        }
+        for c in store.select(Injection.MISSING)
     }
     return {
         "session": asdict(nri.session_state()),
         "stats": asdict(nri.stats),
-        "cache": {"synced": nri.cache.synced, "entries": len(nri.cache), "directories": directories},
+        "cache": {"synced": store.synced, "entries": len(injected), "directories": directories},
         "not_injected": not_injected,
-        "runtime_containers": len(nri.runtime),
+        "runtime_containers": store.count(),
     }
 
 
@@ -262,70 +272,82 @@ def claim_modes_json(index: ClaimIndex) -> JsonObject:
 
 
 class DebugState:
-    """Builds the `/debug/state` document from the node's parts."""
+    """Builds the `/debug/state` document from the parts it shows (None: not on this node)."""
 
     def __init__(
         self,
-        parts: NodeParts,
+        identity: NodeIdentity,
         *,
+        recorder: Recorder,
+        health: HealthRegistry,
+        driver: DraDriver,
+        layout: Layout,
         stream: StreamStats,
+        nri: NriHooks | None = None,
+        registry: RegistryServer | None = None,
+        devices: WatchedDevices | None = None,
+        hotplug: HotPlug | None = None,
         drift: DriftChecker | None = None,
         usage: UsageReader | None = None,
         partitions_timeout: float = PARTITIONS_TIMEOUT,
     ) -> None:
-        self.parts = parts
+        self.identity = identity
+        self.recorder = recorder
+        self.health = health
+        self.driver = driver
+        self.layout = layout
         self.stream = stream
+        self.nri = nri
+        self.registry = registry
+        self.devices = devices
+        self.hotplug = hotplug
         self.drift = drift
         self.usage = usage
         self._partitions_timeout = partitions_timeout
 
     async def snapshot(self, *, calls: int = 20) -> JsonObject:
-        parts = self.parts
+        identity, driver = self.identity, self.driver
         state: JsonObject = {
-            "node": parts.node_name,
+            "node": identity.node_name,
             **build_info(),
-            "mode": parts.mode,
-            "nri_fallback": {"reason": parts.nri_fallback} if parts.nri_fallback else None,
+            "mode": identity.mode,
+            "nri_fallback": {"reason": identity.nri_fallback} if identity.nri_fallback else None,
             "time": time.time(),
-            "healthy": parts.health.all_healthy(),
-            "claim_modes": claim_modes_json(parts.driver.index),
-            "prepare_refusals": {r.value: parts.driver.refusals.get(r.value, 0) for r in RefusalReason},
-            "components": health_json(parts.health.snapshot(), trio.current_time()),
-            "nri": nri_json(parts.nri) if parts.nri is not None else None,
+            "healthy": self.health.all_healthy(),
+            "claim_modes": claim_modes_json(driver.index),
+            "prepare_refusals": {r.value: driver.refusals.get(r.value, 0) for r in RefusalReason},
+            "components": health_json(self.health.snapshot(), trio.current_time()),
+            "nri": nri_json(self.nri) if self.nri is not None else None,
             "partitions": None,
             "partition_conflicts": None,
             "partition_errors": None,
             "register_uuids": None,
             "drift": self.drift.status().to_dict() if self.drift is not None else None,
-            "device_health": (
-                device_health_json(parts.device_health, parts.health_watch)
-                if parts.device_health is not None and parts.health_watch is not None
-                else None
-            ),
+            "device_health": device_health_json(self.devices) if self.devices is not None else None,
             "usage": self.usage.status().to_dict() if self.usage is not None else None,
-            "hotplug": hotplug_json(parts.hotplug) if parts.hotplug is not None else None,
+            "hotplug": hotplug_json(self.hotplug) if self.hotplug is not None else None,
             "stream": {"clients": self.stream.clients, "closed": dict(self.stream.closed)},
             "calls": {
-                "last_seq": parts.recorder.last_seq,
-                "recent": [c.to_dict() for c in parts.recorder.recent(calls)],
+                "last_seq": self.recorder.last_seq,
+                "recent": [c.to_dict() for c in self.recorder.recent(calls)],
             },
         }
-        if parts.registry is not None:
+        if self.registry is not None:
             state["register_uuids"] = register_uuids_json(
-                parts.driver.index.register_uuids(), parts.registry.consumed_register_uuids()
+                driver.index.register_uuids(), self.registry.consumed_register_uuids()
             )
-        if parts.nri is None:
+        if self.nri is None:
             state.update(await self._eager_partitions())
         return state
 
     async def _eager_partitions(self) -> JsonObject:
         claims = None
         with trio.move_on_after(self._partitions_timeout):
-            claims = await self.parts.driver.claim_partitions()
+            claims = await self.driver.claim_partitions()
         if claims is None:
             return {"partition_errors": [f"reading the claims timed out after {self._partitions_timeout}s"]}
         return {
-            "partitions": partitions_json(claims, self.parts.layout),
+            "partitions": partitions_json(claims, self.layout),
             "partition_conflicts": conflicts_json(claims),
             "partition_errors": [
                 f"claim {c.claim.namespace}/{c.claim.name}: {c.error}" for c in claims if c.error

@@ -18,13 +18,18 @@ import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import PurePosixPath
+from typing import TYPE_CHECKING
 
 import trio
 
+from vgpud.containers.record import Injection
 from vgpud.gpu.model import GpuInventoryError
-from vgpud.observe.state import NodeParts
-from vgpud.partition.layout import PartitionPaths
+from vgpud.partition.layout import Layout, PartitionPaths
 from vgpud.partition.libstate import PartitionUsage, read_partition_usage
+
+if TYPE_CHECKING:
+    from vgpud.containers.store import ContainerStore
+    from vgpud.dra.claimindex import ClaimIndex
 
 DEFAULT_INTERVAL = 10.0
 
@@ -79,19 +84,20 @@ class UsageStatus:
         }
 
 
-def usage_targets(parts: NodeParts) -> list[UsageTarget]:
-    """Every directory whose files to read now, from the NRI cache (lazy) or the checkpoint (eager)."""
-    layout = parts.layout
-    if parts.nri is not None:
+def usage_targets(layout: Layout, index: ClaimIndex, containers: ContainerStore | None) -> list[UsageTarget]:
+    """Every directory whose files to read now, from the injected containers (lazy) or the checkpoint
+    (eager)."""
+    if containers is not None:
         found = {
-            entry.directory: UsageTarget(
-                entry.claim_uid, entry.directory.name, entry.directory, entry.pod_uid, entry.container, cid
+            c.directory: UsageTarget(
+                c.claim_uid, c.directory.name, c.directory, c.pod_uid, c.name, c.container_id
             )
-            for cid, entry in parts.nri.cache.items()
+            for c in containers.select(Injection.INJECTED)
+            if c.directory is not None
         }
         return sorted(found.values())
     targets = []
-    for claim_uid, (_, record) in parts.driver.index.records().items():
+    for claim_uid, (_, record) in index.records().items():
         for key in sorted(set(record.request_partitions.values())):
             targets.append(UsageTarget(claim_uid, key, layout.partition(claim_uid, key).base))
     return sorted(targets)
@@ -135,7 +141,9 @@ class UsageReader:
 
     def __init__(
         self,
-        parts: NodeParts,
+        layout: Layout,
+        index: ClaimIndex,
+        containers: ContainerStore | None,
         interval: float = DEFAULT_INTERVAL,
         *,
         process_memory: ProcessMemory | None = None,
@@ -143,7 +151,10 @@ class UsageReader:
     ) -> None:
         if interval <= 0:
             raise ValueError(f"usage interval must be > 0, got {interval}")
-        self._parts = parts
+        self._layout = layout
+        self._index = index
+        #: the NRI plugin's store (lazy mode); None: the checkpoint's partitions (eager mode)
+        self._containers = containers
         self._process_memory = process_memory
         self._container_pids = container_pids
         self._status = UsageStatus(interval)
@@ -159,7 +170,7 @@ class UsageReader:
 
     async def read(self) -> UsageStatus:
         """One pass over every current directory; the new status."""
-        targets = usage_targets(self._parts)
+        targets = usage_targets(self._layout, self._index, self._containers)
         containers, error = await trio.to_thread.run_sync(
             read_targets, targets, self._process_memory, self._container_pids
         )

@@ -12,22 +12,27 @@ with the relaxation on and no selector check). Eager partitions are decided per 
   mounts its own partition at the same destinations, and its env replaces the other's.
 
 The rules need the reserved pods and, for the second, the other claims those containers use; the
-lookups are the caller's (`vgpud.dra.nrionly`): `other_claims` says which, `multiple_claims` judges.
+lookups are the caller's (`vgpud.dra.gather`, `vgpud.dra.nrionly`): `other_claims` says which,
+`multiple_claims` judges.
 
 An NRI (lazy) node serves both relaxations but one use of the first: a container whose vGPU claims
 have devices on the same GPU (`claims_share_a_gpu`, `RefusalReason.CLAIMS_SHARE_A_GPU`). The limits a
 container gets are named per GPU host index (`vgpud.partition.edits`), and containerd applies the
 claims' CDI env replace-by-name, so one value per name (the later claim's) reaches the container and
-vgpud's NRI hook: the earlier claim's share of that GPU would go unenforced (docs/decisions.md).
+vgpud's NRI hook: the earlier claim's share of that GPU would go unenforced (docs/decisions.md). Only
+a claim with a neighbour (another vGPU claim of its namespace on one of its GPUs: `gpu_claims`,
+`gpu_neighbours`) can be refused so: an NRI Prepare reads the reserved pods of no other claim.
+
+`use_refusal` is the one verdict Prepare asks for, from the facts it gathered once.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 
-from vgpud.partition.assigner import ClaimRefused
+from vgpud.partition.assigner import ClaimRefused, Mode
 from vgpud.partition.model import ClaimView, ContainerRef, PodView, claim_consumers, container_requests
 from vgpud.relaxations import Relaxation, nri_selector
 
@@ -174,3 +179,73 @@ def claims_share_a_gpu(
             "with the summed capacity",
         )
     return None
+
+
+def use_refusal(
+    claim: ClaimView,
+    pods: Sequence[PodView],
+    others: Mapping[str, ClaimView],
+    *,
+    mode: Mode,
+    neighbours: Collection[str],
+    driver: str,
+    gpu_names: Mapping[str, str] | None = None,
+) -> PrepareRefusal | None:
+    """Why a node in `mode` refuses this vGPU claim's use, or None, from what Prepare read: its
+    reserved `pods` and the `others` claims the rule needs, by name. Eager: a container that also uses
+    another vGPU claim (`others` holds every claim `other_claims` names). NRI: a container whose vGPU
+    claims share a GPU, judged only against the claim's `neighbours` (names; none: nothing to judge).
+    A claim reserved for several pods is the eager assigner's refusal (`claim_across_pods`)."""
+    if not claim.devices:
+        return None
+    if mode is Mode.EAGER:
+        return multiple_claims(claim, other_claims(claim, pods), others, driver)
+    if not neighbours:
+        return None
+    uses = [use for use in other_claims(claim, pods) if use.claim_name in neighbours]
+    return claims_share_a_gpu(claim, uses, others, driver, gpu_names)
+
+
+@dataclass(frozen=True)
+class PreparedClaim:
+    """A vGPU claim this node prepared before (the claim index's view): the devices it has here."""
+
+    uid: str
+    namespace: str
+    name: str
+    devices: tuple[str, ...]
+
+
+#: (namespace, device) -> claim UID -> (claim name, its view when it is in the call, else None)
+GpuClaims = dict[tuple[str, str], dict[str, tuple[str, ClaimView | None]]]
+
+
+def _local_devices(claim: ClaimView, node: str) -> set[str]:
+    return {d.device for d in claim.devices if d.pool == node}
+
+
+def gpu_claims(batch: Iterable[ClaimView], prepared: Iterable[PreparedClaim], node: str) -> GpuClaims:
+    """NRI mode: the vGPU claims on each GPU of `node`, by namespace, built once per
+    NodePrepareResources call: those prepared here before (no view: to be read) and those of the call
+    (`batch`, read already). The kubelet sends every unprepared claim of a pod in one call, so of two
+    claims one container uses, the later one to arrive finds the other here, whichever order they
+    come in."""
+    on: GpuClaims = {}
+    for other in prepared:
+        for device in other.devices:
+            on.setdefault((other.namespace, device), {})[other.uid] = (other.name, None)
+    for claim in batch:
+        for device in _local_devices(claim, node):
+            on.setdefault((claim.namespace, device), {})[claim.uid] = (claim.name, claim)
+    return on
+
+
+def gpu_neighbours(claim: ClaimView, on: GpuClaims, node: str) -> dict[str, ClaimView | None]:
+    """The other claims of the claim's namespace with a device on one of its GPUs (`gpu_claims`), by
+    name (a view of the call, else None). Empty in the common case, and then no pod is read."""
+    found: dict[str, ClaimView | None] = {}
+    for device in sorted(_local_devices(claim, node)):
+        for uid, (name, view) in on.get((claim.namespace, device), {}).items():
+            if uid != claim.uid and found.get(name) is None:
+                found[name] = view
+    return found

@@ -23,11 +23,11 @@ from dataclasses import dataclass
 from pathlib import PurePosixPath
 from typing import Any
 
-#: a pod UID (static pods have 32 hex digits); systemd slice names spell its dashes as underscores
-_UID = "[0-9a-f]{{8}}{s}[0-9a-f]{{4}}{s}[0-9a-f]{{4}}{s}[0-9a-f]{{4}}{s}[0-9a-f]{{12}}|[0-9a-f]{{32}}"
-_CGROUPFS_POD = re.compile(rf"pod({_UID.format(s='-')})")
-_POD_UID = re.compile(f"(?:{_UID.format(s='-')})")
-_SYSTEMD_POD = re.compile(rf"kubepods(?:-(burstable|besteffort))?-pod({_UID.format(s='_')})\.slice")
+from vgpud.containers.values import UID_PATTERN
+
+_CGROUPFS_POD = re.compile(rf"pod({UID_PATTERN.format(s='-')})")
+#: systemd slice names spell a pod UID's dashes as underscores
+_SYSTEMD_POD = re.compile(rf"kubepods(?:-(burstable|besteffort))?-pod({UID_PATTERN.format(s='_')})\.slice")
 #: conmon's own `crio-conmon-<id>.scope` is deliberately not a container
 _CONTAINER = re.compile(r"(?:(?:cri-containerd|crio|docker)-)?([0-9a-f]{64})(?:\.scope)?")
 _STATUS_ID = re.compile(r"[a-z][a-z0-9+.-]*://([0-9a-f]{64})")
@@ -49,11 +49,6 @@ class Membership:
     #: process sits in the pod's own cgroup
     container_dir: str | None = None
     container_id: str | None = None
-
-
-def is_pod_uid(value: str) -> bool:
-    """A pod UID as the kubelet writes it into cgroup names: a lower-case UUID, or 32 hex digits."""
-    return bool(_POD_UID.fullmatch(value))
 
 
 def _pod_component(component: str) -> tuple[str, bool] | None:

@@ -1,45 +1,43 @@
 """Register-call resolution: which directory gets pids.config, and is the caller allowed to write it.
 
 One attempt (`Resolver.attempt`) gathers what the partition assigner needs (eager: the claim that
-carries the register UUID and its reserved pods; lazy: the NRI cache entry), lets it pick the target
-directory and candidate containers, and then accepts the first candidate the caller really is
-(`vgpud.registry.identity`). Pods and claims come from watch-fed caches (`vgpud.kube.informer`: this
-node's pods, every claim), never from an API call, so a register call costs the API server nothing.
+carries the register UUID and its reserved pods; lazy: the container's record, `vgpud.containers`), lets
+it pick the target directory and candidate containers, and then accepts the first candidate the caller
+really is (`vgpud.registry.identity`). Pods and claims come from watch-fed caches
+(`vgpud.kube.informer`: this node's pods, every claim), never from an API call, so a register call costs
+the API server nothing.
 
 `Resolver.resolve` retries for up to 60 s, because what it waits for lags the caller by design: the
-NRI cache is rebuilt by the first Synchronize after a restart, and the pod status says Running only
-after the kubelet's next relist. A failure that only a changed pod or claim can turn around
-(ObjectsPending, and the caches not synced yet) waits until the watch delivers a change of an object
-the attempt read; one about this node's own facts (the NRI cache, a directory, the cgroup tree, which
-nothing announces) is re-checked every 40 ms, which reads local files only. Only a target that can
-never exist (TargetNotFound: NOT_FOUND) and a caller that can never be the target (another pod, no
-pod: PERMISSION_DENIED) end the wait early, as in the reference.
+container store is rebuilt by the NRI plugin's first Synchronize after a restart, and the pod status
+says Running only after the kubelet's next relist. A failure that only a changed pod or claim can turn
+around (ObjectsPending, and the caches not synced yet) waits until the watch delivers a change of an
+object the attempt read; one about this node's own facts (the container store, a directory, the cgroup
+tree, which nothing announces) is re-checked every 40 ms, which reads local files only. Only a target
+that can never exist (TargetNotFound: NOT_FOUND) and a caller that can never be the target (another pod,
+no pod: PERMISSION_DENIED) end the wait early, as in the reference.
 
-Where a candidate's pod object comes from: the eager path has the claim's reserved pods; the lazy
-path reads the claim the NRI cache names (the checkpoint gives its name) and the pod in its
-`reservedFor` with the requested UID. A device-plugin-fallback target (a pod vgpud did not inject)
-has no claim, so its pod object is not consulted: there the caller must run in the requested pod
-(kernel fact), the directory must already exist (vgpud never creates it), and the container name is
-taken from the request; a process can thus write only PIDs of its own container, into a directory of
-its own pod.
+Where a candidate's pod object comes from: the eager path has the claim's reserved pods; the lazy path
+reads the claim the container's record names (the checkpoint gives its name) and the pod in its
+`reservedFor` with the requested UID. A device-plugin-fallback target (a pod vgpud did not inject) has
+no claim, so its pod object is not consulted: there the caller must run in the requested pod (kernel
+fact), the directory must already exist (vgpud never creates it), and the container name is taken from
+the request; a process can thus write only PIDs of its own container, into a directory of its own pod.
 """
 
 from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Iterator, Mapping
-from contextlib import contextmanager
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import Any, Protocol
 
 import trio
-from grpclib.const import Status
 
+from vgpud.containers.store import ContainerStore
 from vgpud.kube import JsonObject
 from vgpud.kube.informer import Informer, Key
-from vgpud.nri.cache import NriCache
 from vgpud.partition.assigner import (
     Candidate,
     Mode,
@@ -50,126 +48,16 @@ from vgpud.partition.assigner import (
     ResolveFacts,
     Target,
     TargetNotFound,
-    is_register_uuid,
 )
-from vgpud.partition.layout import LayoutError, check_dns_label
+from vgpud.partition.layout import LayoutError
 from vgpud.partition.model import ClaimView, ModelError, parse_claim, parse_pod
-from vgpud.registry.cgroup import is_pod_uid
 from vgpud.registry.identity import Caller, NotTheCaller, WrongPod, verify_caller
+from vgpud.registry.request import CallerRefused, ResolveTimeout, TargetGone
 
 log = logging.getLogger("vgpud.registry")
 
 POLL_INTERVAL = 0.04
 RESOLVE_TIMEOUT = 60.0
-MAX_IN_FLIGHT = 256
-MAX_PER_CALLER = 8
-
-
-# --------------------------------------------------------------------------------------------------
-# Errors: each is one gRPC status
-
-
-class RegisterError(Exception):
-    """A register call that fails; `status` is what the caller gets."""
-
-    status = Status.INTERNAL
-
-
-class BadRequest(RegisterError):
-    status = Status.INVALID_ARGUMENT
-
-
-class CallerRefused(RegisterError):
-    """The caller is not (and cannot become) the target: wrong pod, no pod, unknown PID."""
-
-    status = Status.PERMISSION_DENIED
-
-
-class TargetGone(RegisterError):
-    status = Status.NOT_FOUND
-
-
-class Overloaded(RegisterError):
-    status = Status.RESOURCE_EXHAUSTED
-
-
-class ResolveTimeout(RegisterError):
-    """Resolution ran out of time; the last attempt's reason is in the message.
-
-    The reference answers UNKNOWN ("context deadline exceeded: last attempt: ..."); DEADLINE_EXCEEDED
-    says the same more precisely, and the library only checks for success. When the last attempt
-    found the caller to be another container of the right pod, it is PERMISSION_DENIED instead.
-    """
-
-    status = Status.DEADLINE_EXCEEDED
-
-    def __init__(self, message: str, *, mismatch: bool) -> None:
-        super().__init__(message)
-        if mismatch:
-            self.status = Status.PERMISSION_DENIED
-
-
-class WriteFailed(RegisterError):
-    status = Status.INTERNAL
-
-
-class WriteBusy(RegisterError):
-    """Another writer held pids.config's lock past the budget: worth a retry."""
-
-    status = Status.UNAVAILABLE
-
-
-# --------------------------------------------------------------------------------------------------
-# Limits
-
-
-class Admission:
-    """In-flight limits: `total` calls at once, `per_caller` from one caller; refuse, never queue,
-    so a flood costs the flooder a fast error and everyone else nothing."""
-
-    def __init__(self, total: int = MAX_IN_FLIGHT, per_caller: int = MAX_PER_CALLER) -> None:
-        self.total, self.per_caller = total, per_caller
-        self._counts: dict[str, int] = {}
-        self.in_flight = 0
-
-    @contextmanager
-    def slot(self, key: str) -> Iterator[None]:
-        if self.in_flight >= self.total:
-            raise Overloaded(f"{self.in_flight} register calls in flight (the node's limit); retry later")
-        if self._counts.get(key, 0) >= self.per_caller:
-            raise Overloaded(f"{self.per_caller} register calls of {key} in flight (the limit per caller)")
-        self.in_flight += 1
-        self._counts[key] = self._counts.get(key, 0) + 1
-        try:
-            yield
-        finally:
-            self.in_flight -= 1
-            if self._counts[key] <= 1:
-                del self._counts[key]
-            else:
-                self._counts[key] -= 1
-
-
-# --------------------------------------------------------------------------------------------------
-# Requests
-
-
-def parse_query(pod_uid: str, container: str, register_uuid: str) -> RegisterQuery:
-    """Validate the request's fields (INVALID_ARGUMENT): a UUID, or a pod UID and a container name."""
-    try:
-        if register_uuid and not is_register_uuid(register_uuid):
-            raise BadRequest(f"register_uuid {register_uuid[:64]!r} is not a lower-case UUID")
-        if bool(pod_uid) != bool(container):
-            raise BadRequest("pod_uid and container_name come together")
-        if not register_uuid and not pod_uid:
-            raise BadRequest("a register request needs register_uuid, or pod_uid and container_name")
-        if pod_uid:
-            if not is_pod_uid(pod_uid):
-                raise BadRequest(f"pod_uid {pod_uid[:64]!r} is not a pod UID")
-            check_dns_label(container, "container_name")
-    except LayoutError as err:
-        raise BadRequest(str(err)[:300]) from None
-    return RegisterQuery(register_uuid=register_uuid, pod_uid=pod_uid, container=container)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -261,7 +149,7 @@ class Resolver:
         pods: Informer,
         claim_objects: Informer,
         claims: ClaimIndex,
-        nri_cache: NriCache | None,
+        containers: ContainerStore | None,
         cgroup_root: Path,
         driver_name: str,
         interval: float = POLL_INTERVAL,
@@ -275,7 +163,7 @@ class Resolver:
         self.pods = pods
         self.claim_objects = claim_objects
         self.claims = claims
-        self.nri_cache = nri_cache
+        self.containers = containers
         self.cgroup_root = cgroup_root
         self.driver_name = driver_name
         self.interval = interval
@@ -387,9 +275,9 @@ class Resolver:
             if claim_uid is not None:
                 return other, _Gathered(ResolveFacts(cached_claim_uid=claim_uid, cache_synced=True))
         if self.assigner.mode is Mode.LAZY:
-            cache = self.nri_cache
-            entry = cache.get(query.pod_uid, query.container) if cache is not None else None
-            synced = cache.synced if cache is not None else True
+            store = self.containers
+            entry = store.injected(query.pod_uid, query.container) if store is not None else None
+            synced = store.synced if store is not None else True
             return self.assigner, _Gathered(
                 ResolveFacts(cached_claim_uid=entry.claim_uid if entry else None, cache_synced=synced)
             )
@@ -397,7 +285,8 @@ class Resolver:
 
     def _lazy_claim_of(self, query: RegisterQuery) -> str | None:
         """Eager mode, after a restart from lazy: the claim, prepared lazily, under which the NRI plugin
-        of the previous run made this container's directory (no NRI cache to ask now: the disk says)."""
+        of the previous run made this container's directory (no container store to ask now: the disk
+        says)."""
         for claim_uid in sorted(self.claims.prepared_claim_uids()):
             if self.claims.mode_of(claim_uid) is not Mode.LAZY:
                 continue
@@ -455,8 +344,8 @@ class Resolver:
         return found
 
     def _pods_of_claim(self, claim_uid: str, pod_uid: str, reads: Reads) -> dict[str, Mapping[str, Any]]:
-        """Lazy path: the pod `pod_uid` through the claim the NRI cache named; TargetNotFound when the
-        claim is no longer prepared or was re-created, or the pod is no longer reserved (it will not
+        """Lazy path: the pod `pod_uid` through the claim the container's record named; TargetNotFound
+        when the claim is no longer prepared or was re-created, or the pod is no longer reserved (it will not
         come back)."""
         ref = self.claims.prepared_claim(claim_uid)
         if ref is None:

@@ -33,9 +33,9 @@ from grpclib.const import Status
 from grpclib.exceptions import GRPCError
 
 from vgpud._pb.registry import ContainerDeviceRequest, ContainerDeviceResponse, VDeviceRegistryBase
+from vgpud.containers.store import ContainerStore
 from vgpud.grpcserve import read_unary
 from vgpud.kube.informer import Informer
-from vgpud.nri.cache import NriCache
 from vgpud.partition.assigner import PartitionAssigner
 from vgpud.partition.layout import Layout
 from vgpud.partition.pidsfile import PidsFileError, PidsFileLockTimeout, write_pids_file
@@ -43,17 +43,15 @@ from vgpud.ready import Ready
 from vgpud.recorder import HookCall, Outcome, Recorder
 from vgpud.registry.identity import IdentityError, identify, peer_pid
 from vgpud.registry.publish import GUARD_INTERVAL, serve_published
-from vgpud.registry.resolve import (
+from vgpud.registry.request import (
     Admission,
     CallerRefused,
-    ClaimIndex,
     RegisterError,
-    Resolved,
-    Resolver,
     WriteBusy,
     WriteFailed,
     parse_query,
 )
+from vgpud.registry.resolve import ClaimIndex, Resolved, Resolver
 
 log = logging.getLogger("vgpud.registry")
 
@@ -197,7 +195,7 @@ class RegistryServer:
         *,
         layout: Layout,
         assigner: PartitionAssigner,
-        nri_cache: NriCache | None,
+        containers: ContainerStore | None,
         claims: ClaimIndex,
         pods: Informer,
         claim_objects: Informer,
@@ -218,7 +216,7 @@ class RegistryServer:
             pods=pods,
             claim_objects=claim_objects,
             claims=claims,
-            nri_cache=nri_cache,
+            containers=containers,
             cgroup_root=cgroup_root,
             driver_name=driver_name,
         )

@@ -32,10 +32,11 @@ import trio
 from vgpud.kube.api import KubeError, NotFound
 from vgpud.recorder import Outcome, Recorder
 from vgpud.webhook import rules
+from vgpud.webhook.claims import ApiObjectError, Policy, RuleInputError, is_vgpu_claim, pod_claims
 from vgpud.webhook.cpu import INLINE_CONTAINERS, CpuLane, DecisionTooSlow
 from vgpud.webhook.lookup import Lookup
 from vgpud.webhook.review import AdmissionRequest, Decision
-from vgpud.webhook.rules import ApiObjectError, Policy, RuleInputError
+from vgpud.webhook.violations import Violation, summary
 
 log = logging.getLogger("vgpud.webhook")
 
@@ -133,7 +134,7 @@ class Admitter:
             return Decision.allow(), False
         size = _containers(pod)
         # RuleInputError for a pod without namespace, name or uid
-        sources = await self.cpu.run(size > INLINE_CONTAINERS, rules.pod_claims, pod)
+        sources = await self.cpu.run(size > INLINE_CONTAINERS, pod_claims, pod)
         namespace = pod["metadata"]["namespace"]
         warnings: list[str] = []
         claims: dict[str, Mapping[str, Any]] = {}
@@ -168,16 +169,14 @@ class Admitter:
 
     def _claim(self, request: AdmissionRequest) -> tuple[Decision, bool]:
         claim = request.object_with_identity()
-        if not rules.is_vgpu_claim(claim, self._policy):
+        if not is_vgpu_claim(claim, self._policy):
             return Decision.allow(), False
         return _decision(rules.check_claim(claim, self._policy), []), True
 
     async def _claim_status(self, request: AdmissionRequest) -> tuple[Decision, bool]:
         claim = request.object_with_identity()
         old = request.old_object
-        if not rules.is_vgpu_claim(claim, self._policy) and not (
-            old and rules.is_vgpu_claim(old, self._policy)
-        ):
+        if not is_vgpu_claim(claim, self._policy) and not (old and is_vgpu_claim(old, self._policy)):
             return Decision.allow(), False
         status = claim.get("status")
         if not isinstance(status, Mapping) or not status.get("reservedFor"):
@@ -227,9 +226,9 @@ def _has_claims(pod: Mapping[str, Any]) -> bool:
     return isinstance(spec, Mapping) and bool(spec.get("resourceClaims"))
 
 
-def _decision(violations: list[rules.Violation], warnings: list[str]) -> Decision:
+def _decision(violations: list[Violation], warnings: list[str]) -> Decision:
     if violations:
-        return Decision.deny(rules.summary(violations), warnings=tuple(warnings))
+        return Decision.deny(summary(violations), warnings=tuple(warnings))
     return Decision.allow(warnings=tuple(warnings))
 
 

@@ -24,11 +24,12 @@ from vgpud.parsers import (
     ip_address,
 )
 from vgpud.relaxations import Relaxation
-from vgpud.webhook.rules import DEFAULT_VGPU_CLASSES, SWITCHES, Policy
+from vgpud.webhook.claims import DEFAULT_VGPU_CLASSES, Policy
+from vgpud.webhook.violations import SWITCHES
 
 
 def _switch(dest: str, relaxation: Relaxation, what: str) -> Option:
-    """The switch of a relaxation: its flag from `rules.SWITCHES`, its variable the flag in capitals."""
+    """The switch of a relaxation: its flag from `violations.SWITCHES`, its variable the flag in capitals."""
     flag = SWITCHES[relaxation]
     env = flag.removeprefix("--").replace("-", "_").upper()
     return Option(dest, flag, env, boolean, "false", what, switch=True)

@@ -4,7 +4,7 @@ Only the DRA side is replaced: the claim UIDs given with --prepared-claim count 
 --delay-container NAME=SECONDS makes CreateContainer of that container slow, so the harness can check
 what the runtime does with a plugin slower than its request timeout (it drops it; we reconnect).
 --control PATH serves the harness's hot-plug requests on a unix socket (README.md, "Control"): the
-plugin's `RuntimeLink.update_devices` and its map of every container (`NriHooks.targets`).
+plugin's `RuntimeLink.update_devices` and its store of every container (`NriHooks.containers`).
 
     plugin_under_test.py --socket /tmp/x/nri.sock --manager-root /tmp/x/root --prepared-claim UID ...
 """
@@ -31,7 +31,8 @@ from vgpud._pb.nri.pkg.api.v1alpha1 import (  # noqa: E402
     CreateContainerResponse,
     SynchronizeResponse,
 )
-from vgpud.hotplug.devrules import DeviceRule  # noqa: E402
+from vgpud.containers.record import Injection  # noqa: E402
+from vgpud.containers.values import DeviceRule  # noqa: E402
 from vgpud.nri.conn import Identity, run_session  # noqa: E402
 from vgpud.nri.hooks import NriHooks  # noqa: E402
 from vgpud.nri.runtime_link import RuntimeLink, RuntimeUpdateError  # noqa: E402
@@ -76,8 +77,7 @@ def with_delays(hooks: NriHooks, delays: dict[str, float]) -> None:
             await trio.sleep(delays[name])
         return await real(request)
 
-    decode, _ = hooks.methods["CreateContainer"]
-    hooks.methods["CreateContainer"] = (decode, create_container)
+    hooks.create_container = create_container  # type: ignore[method-assign]  (the session binds it)
 
 
 def with_sync_report(hooks: NriHooks, report: Path) -> None:
@@ -91,7 +91,7 @@ def with_sync_report(hooks: NriHooks, report: Path) -> None:
         totals["containers"] += request.reported
         if not request.more:
             # the harness's containers carry no injection: vgpud tracks them as not injected
-            line = {**totals, "tracked": len(hooks.cache) + len(hooks.not_injected)}
+            line = {**totals, "tracked": hooks.containers.count(Injection.INJECTED, Injection.MISSING)}
             with report.open("a") as out:
                 out.write(json.dumps(line) + "\n")
             totals.update(pods=0, containers=0)
@@ -104,8 +104,7 @@ def with_sync_report(hooks: NriHooks, report: Path) -> None:
         return real_begin()
 
     hooks.begin_session = begin_session  # type: ignore[method-assign]
-    decode, _ = hooks.methods["Synchronize"]
-    hooks.methods["Synchronize"] = (decode, synchronize)
+    hooks.synchronize = synchronize  # type: ignore[method-assign]  (the session binds it)
 
 
 async def control_reply(request: dict[str, Any], hooks: NriHooks, link: RuntimeLink) -> dict[str, Any]:
@@ -121,11 +120,14 @@ async def control_reply(request: dict[str, Any], hooks: NriHooks, link: RuntimeL
             return {"error": str(err)}
         return {"error": ""}
     if request.get("op") == "target":
-        target = hooks.targets.by_id(request["container_id"])
+        target = hooks.containers.by_id(request["container_id"])
         if target is None:
             return {"error": "", "target": None}
-        fields = ("container_id", "pod_uid", "container", "running", "pid", "cgroups_path")
-        return {"error": "", "target": {name: getattr(target, name) for name in fields}}
+        fields = ("container_id", "pod_uid", "running", "pid", "cgroups_path")
+        return {
+            "error": "",
+            "target": {"container": target.name, **{name: getattr(target, name) for name in fields}},
+        }
     return {"error": f"unknown op {request.get('op')!r}"}
 
 

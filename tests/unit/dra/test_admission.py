@@ -274,5 +274,5 @@ async def test_synchronize_keeps_a_joined_pod_before_the_watch_has_listed(h: Har
             ],
         )
     )
-    assert hooks.cache.get(o.POD2_UID, "main") is not None
-    assert hooks.cache.get(forger, "main") is None
+    assert hooks.containers.injected(o.POD2_UID, "main") is not None
+    assert hooks.containers.injected(forger, "main") is None

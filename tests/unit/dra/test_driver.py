@@ -12,7 +12,8 @@ from tests.draharness import BOOT, GPUS, NODE, REF, Harness, single_container_cl
 from vgpud.dra.cdi import spec_path
 from vgpud.dra.checkpoint import CheckpointStore, ClaimEntry, PrepareState
 from vgpud.dra.claimindex import ClaimRef
-from vgpud.dra.prepare import REPLAYED, WRITE_CHUNK
+from vgpud.dra.materialize import WRITE_CHUNK
+from vgpud.dra.prepare import REPLAYED
 from vgpud.partition import libfiles as F
 
 

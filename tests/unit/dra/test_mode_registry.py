@@ -8,9 +8,9 @@ from pathlib import Path
 from tests import objects as o
 from tests.draharness import REF, Harness, single_container_claim
 from tests.unit.registry.world import NODE, World, running, with_status
+from vgpud.containers.store import ContainerStore
 from vgpud.kube.informer import claim_informer, pod_informer
 from vgpud.nri.adjust import make_directories
-from vgpud.nri.cache import NriCache
 from vgpud.partition.assigner import ContainerContext, Mode, RegisterQuery, register_annotations
 from vgpud.partition.eager import EagerAssigner
 from vgpud.partition.lazy import LazyAssigner
@@ -50,7 +50,7 @@ async def test_a_lazy_claim_resolves_to_its_container_directory_under_eager_mode
         pods=pods,
         claim_objects=claims,
         claims=driver.index,
-        nri_cache=None,
+        containers=None,
         cgroup_root=world.cgroup,
         driver_name=o.DRIVER,
         timeout=1.0,
@@ -73,8 +73,8 @@ async def test_an_eager_claim_resolves_by_register_uuid_under_lazy_mode(tmp_path
     lazy.kube = eager.kube
     driver = lazy.new_driver()
     await driver.load()
-    cache = NriCache()
-    cache.replace([])
+    containers = ContainerStore()
+    containers.replace([])
     world = World(tmp_path)
     world.place(PID, o.POD1_UID, CID)
     pods, claims = pod_informer(eager.kube, NODE), claim_informer(eager.kube)
@@ -84,7 +84,7 @@ async def test_an_eager_claim_resolves_by_register_uuid_under_lazy_mode(tmp_path
         pods=pods,
         claim_objects=claims,
         claims=driver.index,
-        nri_cache=cache,
+        containers=containers,
         cgroup_root=world.cgroup,
         driver_name=o.DRIVER,
         timeout=1.0,

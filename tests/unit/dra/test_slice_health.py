@@ -26,7 +26,7 @@ from tests.unit.dra.test_slices import (
     stored,
     until,
 )
-from vgpud.dra.slices import (
+from vgpud.dra.slicebuild import (
     device_names,
     same_slice,
     taint_key,

@@ -16,19 +16,16 @@ import trio
 from hypothesis import given
 from hypothesis import strategies as st
 
-from vgpud.dra.slices import (
+from vgpud.dra.slicebuild import (
     MIB,
-    SliceError,
-    SliceKeeper,
     build_slice,
     device_attributes,
     device_capacity,
-    read_pcie_root,
-    read_pcie_roots,
     same_slice,
     semver,
     slice_name,
 )
+from vgpud.dra.slices import SliceError, SliceKeeper, read_pcie_root, read_pcie_roots
 from vgpud.gpu import GpuInfo, open_inventory
 from vgpud.gpu.mock import PROFILES_DIR
 from vgpud.kube import KubeError, NotFound

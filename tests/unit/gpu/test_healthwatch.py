@@ -15,11 +15,12 @@ import trio.testing
 
 from tests.draharness import GPUS
 from tests.unit.gpu.healthshim import ScriptedNvml
+from vgpud.componenthealth import HealthRegistry, HealthState
 from vgpud.gpu.health import HealthBoard
 from vgpud.gpu.healthrules import APPLICATION_XIDS
 from vgpud.gpu.healthwatch import HealthRules, HealthWatcher
 from vgpud.gpu.model import GpuInventoryError
-from vgpud.supervisor import Backoff, HealthAfter, HealthRegistry, HealthState, Restart, Supervisor
+from vgpud.supervisor import Backoff, HealthAfter, Restart, Supervisor
 
 U0, U1 = GPUS[0].uuid, GPUS[1].uuid
 RECOVERY = 60

@@ -18,11 +18,11 @@ from tests.fakegpu_state import raise_xid, set_lost
 from tests.support import built
 from tests.unit.fakes.gpu import UUID_A, UUID_B, profile_text
 from vgpud.config import add_settings_arguments, settings_from
-from vgpud.daemon import build_health_watch
 from vgpud.gpu.health import HealthBoard
 from vgpud.gpu.healthrules import APPLICATION_XIDS
 from vgpud.gpu.healthwatch import HealthRules, HealthWatcher
 from vgpud.gpu.nvml import NvmlHealthSession, NvmlInventory
+from vgpud.node.build import build_health_watch
 
 FAKE = "fakenvml/libnvidia-ml.so.1"
 RULES = HealthRules(frozenset(APPLICATION_XIDS), recovery_seconds=1, check_interval=0.2, wait_ms=100)

@@ -12,8 +12,9 @@ import pytest
 import trio
 
 from tests.unit.hotplug.world import CLAIMS, KEY
+from vgpud.containers.values import DeviceRule
 from vgpud.hotplug.access import STEP_CGROUP, STEP_LIMITS, STEP_LOOKUP, STEP_NRI, CgroupDeviceAccess
-from vgpud.hotplug.devrules import DeviceRule, char_rule
+from vgpud.hotplug.devrules import char_rule
 from vgpud.hotplug.rules import Attachment, SlaveClaim
 from vgpud.hotplug.service import ApplyError
 

@@ -14,8 +14,9 @@ from pathlib import Path
 import pytest
 
 from tests.support import require
+from vgpud.containers.values import DeviceRule
 from vgpud.hotplug import cgroup1dev
-from vgpud.hotplug.devrules import DeviceRule, char_rule
+from vgpud.hotplug.devrules import char_rule
 
 DEVICES = Path("/sys/fs/cgroup") / cgroup1dev.DEVICES_HIERARCHY
 NULL, ZERO = char_rule(1, 3, "rwm"), char_rule(1, 5, "rw")

@@ -19,10 +19,10 @@ import pytest
 from tests.support import require
 from tests.unit.hotplug.test_devfilter import random_rules
 from tests.unit.libvgpu import cgroup2
+from vgpud.containers.values import DeviceRule
 from vgpud.hotplug import bpfsys, cgroup2dev
 from vgpud.hotplug.cgroup2dev import DeviceFilterError, attached_filters, replace_device_filter
 from vgpud.hotplug.devfilter import LICENSE, compile_filter
-from vgpud.hotplug.devrules import DeviceRule
 
 BASE = [DeviceRule(False, "a", None, None, "rwm"), DeviceRule(True, "c", 1, 3, "rwm")]
 ZERO_RW = DeviceRule(True, "c", 1, 5, "rw")

@@ -10,8 +10,8 @@ import random
 import pytest
 
 from tests.unit.hotplug import bpfvm
+from vgpud.containers.values import DeviceRule
 from vgpud.hotplug.devfilter import compile_filter, verdict
-from vgpud.hotplug.devrules import DeviceRule
 
 U32_MAX = 0xFFFF_FFFF
 ACCESSES = ("r", "w", "m", "rw", "rm", "wm", "rwm")

@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import pytest
 
+from vgpud.containers.values import DeviceRule
 from vgpud.hotplug.devfilter import verdict
-from vgpud.hotplug.devrules import DeviceRule, container_rules, gpu_rules
+from vgpud.hotplug.devrules import container_rules, gpu_rules
 
 #: containerd's spec rules for a plain container
 CONTAINERD_SPEC = (DeviceRule(False, "a", None, None, "rwm"),)

@@ -7,7 +7,8 @@ from tests.purity import run_without_io
 
 BODY = """
     from vgpud.hotplug.devfilter import compile_filter, verdict
-    from vgpud.hotplug.devrules import DeviceRule, container_rules, gpu_rules
+    from vgpud.containers.values import DeviceRule
+    from vgpud.hotplug.devrules import container_rules, gpu_rules
 
     rules = container_rules([DeviceRule(False, "a", None, None, "rwm")], gpu_rules([0], PROC_DEVICES))
     assert len(compile_filter(rules)) % 8 == 0

@@ -8,6 +8,7 @@ import pytest
 from grpclib.const import Status
 
 from tests.unit.hotplug.world import CLAIM, CLAIMS, KEY, OTHER_SLAVE, RUNNING, SLAVE, TARGET
+from vgpud.containers.record import Injection
 from vgpud.hotplug.rules import (
     MAX_ATTACHMENTS,
     MAX_FIELD,
@@ -98,7 +99,7 @@ def test_a_half_done_attachment_is_made_again() -> None:
 
 def test_a_restarted_container_is_attached_again() -> None:
     first = attach().attachment
-    restarted = replace(RUNNING, container_id="d" * 64)
+    restarted = RUNNING._replace(container_id="d" * 64)
     plan = attach(target=restarted, attachments={KEY: first})
     assert plan.decision is Decision.REATTACH
     assert plan.previous is first and plan.attachment.container_id == "d" * 64
@@ -121,13 +122,22 @@ def test_unknown_target_before_and_after_the_first_synchronize() -> None:
 
 def test_a_target_that_is_not_running() -> None:
     with pytest.raises(Refusal) as info:
-        attach(target=replace(RUNNING, running=False))
+        attach(target=RUNNING._replace(running=False, pid=0))
     check(info, Status.FAILED_PRECONDITION, TARGET, "team/trainer", "c" * 64, "not running")
 
 
-def test_a_target_that_is_not_a_vgpu_container() -> None:
+@pytest.mark.parametrize(
+    "not_injected",
+    [
+        {"injection": Injection.NO_CLAIM, "claim_uid": "", "directory": None},
+        {"injection": Injection.REFUSED, "directory": None},
+        {"injection": Injection.MISSING, "missing": ("mount /etc/vgpu-manager/config",)},
+    ],
+    ids=["no-claim", "refused", "missing"],
+)
+def test_a_target_that_is_not_a_vgpu_container(not_injected: dict[str, object]) -> None:
     with pytest.raises(Refusal) as info:
-        attach(target=replace(RUNNING, vgpu=False))
+        attach(target=RUNNING._replace(**not_injected))
     check(info, Status.FAILED_PRECONDITION, "is not a vGPU container", "team/trainer")
 
 

@@ -10,7 +10,7 @@ import socket
 import stat
 from collections.abc import AsyncIterator, Callable, Iterable, Mapping
 from contextlib import asynccontextmanager
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 
 import grpc
@@ -159,7 +159,7 @@ async def test_attach_list_detach_and_idempotency(node: Node) -> None:
 
 
 async def test_refusals_reach_the_caller_with_their_status(node: Node) -> None:
-    node.targets.known[(TARGET, "stopped")] = replace(RUNNING, container="stopped", running=False)
+    node.targets.known[(TARGET, "stopped")] = RUNNING._replace(name="stopped", running=False, pid=0)
     async with serving(node):
         cases = [
             ({**REQUEST, "target_pod_uid": "nope"}, grpc.StatusCode.INVALID_ARGUMENT, "not a pod UID"),
@@ -255,7 +255,7 @@ async def test_a_failed_revoke_keeps_the_attachment(node: Node) -> None:
 async def test_a_restarted_target_is_granted_again(node: Node) -> None:
     async with serving(node):
         await node.acall("Attach", **REQUEST)
-        node.targets.known[(TARGET, "app")] = replace(RUNNING, container_id="d" * 64)
+        node.targets.known[(TARGET, "app")] = RUNNING._replace(container_id="d" * 64)
         code, _, reply = await node.acall("Attach", **REQUEST)
         assert code is grpc.StatusCode.OK and not reply.already_attached
         assert reply.attachment.container_id == "d" * 64
@@ -265,7 +265,7 @@ async def test_a_restarted_target_is_granted_again(node: Node) -> None:
 async def test_a_restarted_target_whose_new_grant_fails_keeps_no_stale_record(node: Node) -> None:
     async with serving(node):
         await node.acall("Attach", **REQUEST)
-        node.targets.known[(TARGET, "app")] = replace(RUNNING, container_id="d" * 64)
+        node.targets.known[(TARGET, "app")] = RUNNING._replace(container_id="d" * 64)
         node.access.fail.add("grant")
         code, details, _ = await node.acall("Attach", **REQUEST)
         assert code is grpc.StatusCode.INTERNAL
@@ -346,7 +346,7 @@ async def test_reconcile_forgets_a_gone_target_and_revokes_an_unprepared_claim(s
         "team", "second", "cccccccc-0000-0000-0000-000000000002", ("vgpu-1",), frozenset()
     )
     node = make_service(short_tmp, claims={SLAVE: CLAIMS, OTHER_SLAVE: (other_claim,)})
-    node.targets.known[(other_target, "app")] = replace(RUNNING, container_id="e" * 64, pod_uid=other_target)
+    node.targets.known[(other_target, "app")] = RUNNING._replace(container_id="e" * 64, pod_uid=other_target)
     async with serving(node):
         await node.acall("Attach", **REQUEST)
         await node.acall(

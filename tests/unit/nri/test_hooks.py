@@ -23,6 +23,7 @@ from vgpud._pb.nri.pkg.api.v1alpha1 import (
     StopPodSandboxRequest,
     SynchronizeRequest,
 )
+from vgpud.containers.record import Injection, NodeContainer
 from vgpud.nri.envs import env_value
 from vgpud.nri.events import event_mask, known_events_mask
 from vgpud.nri.hooks import SYNC_WARNINGS_SHOWN, Code, HookError, NriHooks
@@ -64,6 +65,18 @@ def sync(**fields: object) -> SyncBatch:
 def made(hooks: NriHooks, ctr: Container, in_pod: PodSandbox | None = None) -> Container:
     """`ctr` as the runtime reports it after vgpud's injection."""
     return injected(hooks.assigner, in_pod or pod(), ctr)
+
+
+def injected_record(hooks: NriHooks, container_id: str) -> NodeContainer | None:
+    """The instance's record while vgpud holds it injected (what the registry resolves against)."""
+    record = hooks.containers.by_id(container_id)
+    return record if record is not None and record.injection is Injection.INJECTED else None
+
+
+def missing_record(hooks: NriHooks, container_id: str) -> NodeContainer | None:
+    """The instance's record while it runs without its injection."""
+    record = hooks.containers.by_id(container_id)
+    return record if record is not None and record.injection is Injection.MISSING else None
 
 
 def container_dir(hooks: NriHooks, name: str = "main", pod_uid: str = POD_UID) -> Path:
@@ -132,14 +145,14 @@ async def test_create_container_injects_directory_mounts_and_identity(hooks: Nri
     }
     assert (base / "config" / "pids.config").read_bytes() == b""
     assert all((base / d).is_dir() for d in ("vgpu_lock", "vmem_node", "sm_node"))
-    assert hooks.cache.get(POD_UID, "main").claim_uid == CLAIM
+    assert hooks.containers.injected(POD_UID, "main").claim_uid == CLAIM
     assert hooks.stats.injected == 1
 
 
 async def test_a_container_without_a_claim_is_not_touched(hooks: NriHooks) -> None:
     reply = await hooks.create_container(CreateContainerRequest(pod=pod(), container=container(claim=None)))
     assert reply.adjust is None
-    assert len(hooks.cache) == 0
+    assert hooks.containers.count(Injection.INJECTED) == 0
     assert hooks.stats.skipped == 1
 
 
@@ -158,7 +171,7 @@ async def test_a_directory_that_cannot_be_made_fails_creation(hooks: NriHooks, t
         await hooks.create_container(CreateContainerRequest(pod=pod(), container=container()))
     assert info.value.code == Code.FAILED_PRECONDITION
     assert "cannot set up the vGPU directory of container main in pod ml/train" in str(info.value)
-    assert len(hooks.cache) == 0
+    assert hooks.containers.count(Injection.INJECTED) == 0
 
 
 async def test_a_symlinked_pids_file_is_refused(hooks: NriHooks) -> None:
@@ -194,7 +207,7 @@ async def test_a_held_pids_lock_is_waited_for_off_the_trio_thread(hooks: NriHook
     finally:
         if fd >= 0:
             os.close(fd)
-    assert replies[0].adjust is not None and len(hooks.cache) == 1
+    assert replies[0].adjust is not None and hooks.containers.count(Injection.INJECTED) == 1
 
 
 async def test_a_pids_lock_held_past_the_budget_fails_creation(hooks: NriHooks) -> None:
@@ -213,7 +226,7 @@ async def test_split_synchronize_rebuilds_the_cache_once_complete(hooks: NriHook
     pods = [pod(), pod(uid="1a2b3c4d-5e6f-4a8b-9c0d-e1f2a3b4c5d6", sandbox="sandbox-2")]
     first = await hooks.synchronize(sync(pods=pods, containers=[made(hooks, container("a"))], more=True))
     assert first.more is True
-    assert not hooks.cache.synced and not synchronized.is_set()
+    assert not hooks.containers.synced and not synchronized.is_set()
     rest = [
         made(hooks, container("b", sandbox="sandbox-2"), pods[1]),
         container("no-claim", claim=None),
@@ -222,8 +235,11 @@ async def test_split_synchronize_rebuilds_the_cache_once_complete(hooks: NriHook
     ]
     final = await hooks.synchronize(sync(containers=rest))
     assert final.more is False and list(final.update) == []
-    assert hooks.cache.synced and synchronized.is_set()
-    assert {entry.key for _, entry in hooks.cache.items()} == {(POD_UID, "a"), (pods[1].uid, "b")}
+    assert hooks.containers.synced and synchronized.is_set()
+    assert {c.key for c in hooks.containers.select(Injection.INJECTED)} == {
+        (POD_UID, "a"),
+        (pods[1].uid, "b"),
+    }
     assert (hooks.stats.sync_reported, hooks.stats.sync_rebuilt, hooks.stats.sync_invalid) == (5, 2, 2)
 
 
@@ -232,7 +248,7 @@ async def test_a_new_session_drops_a_half_received_synchronize(hooks: NriHooks) 
     await hooks.synchronize(sync(pods=[pod()], containers=[container("stale")], more=True))
     hooks.begin_session()
     await hooks.synchronize(sync(pods=[pod()], containers=[made(hooks, container("fresh"))]))
-    assert [entry.container for _, entry in hooks.cache.items()] == ["fresh"]
+    assert [c.name for c in hooks.containers.select(Injection.INJECTED)] == ["fresh"]
 
 
 async def test_remove_container_removes_its_directory(hooks: NriHooks) -> None:
@@ -240,7 +256,7 @@ async def test_remove_container_removes_its_directory(hooks: NriHooks) -> None:
     assert container_dir(hooks).is_dir()
     await hooks.remove_container(RemoveContainerRequest(pod=pod(), container=container()))
     assert not container_dir(hooks).exists()
-    assert hooks.cache.get(POD_UID, "main") is None
+    assert hooks.containers.injected(POD_UID, "main") is None
 
 
 async def test_state_change_remove_container_as_older_runtimes_send_it(hooks: NriHooks) -> None:
@@ -254,7 +270,7 @@ async def test_stop_pod_sandbox_removes_every_container_of_the_pod(hooks: NriHoo
         await hooks.create_container(CreateContainerRequest(pod=pod(), container=container(name)))
     await hooks.stop_pod_sandbox(StopPodSandboxRequest(pod=pod()))
     assert not container_dir(hooks, "a").exists() and not container_dir(hooks, "b").exists()
-    assert len(hooks.cache) == 0
+    assert hooks.containers.count(Injection.INJECTED) == 0
     await hooks.state_change(StateChangeEvent(event=Event.REMOVE_POD_SANDBOX, pod=pod()))  # again: harmless
 
 
@@ -291,12 +307,12 @@ async def test_removing_a_stale_instance_keeps_the_running_instances_directory(h
     await hooks.remove_container(RemoveContainerRequest(pod=pod(), container=instance("first")))
     assert container_dir(hooks).is_dir()
     assert (container_dir(hooks) / "config" / "pids.config").exists()
-    assert hooks.cache.get(POD_UID, "main") == hooks.cache.instance("second") is not None
-    assert hooks.cache.instances(POD_UID, "main") == ["second"]
+    assert hooks.containers.injected(POD_UID, "main") == injected_record(hooks, "second") is not None
+    assert hooks.containers.instances(POD_UID, "main") == ["second"]
     assert hooks.stats.removed_dirs == 0
     await hooks.remove_container(RemoveContainerRequest(pod=pod(), container=instance("second")))
     assert not container_dir(hooks).exists()
-    assert hooks.cache.get(POD_UID, "main") is None and len(hooks.runtime) == 0
+    assert hooks.containers.injected(POD_UID, "main") is None and hooks.containers.count() == 0
 
 
 async def test_a_restarted_instance_starts_without_the_earlier_ledger_and_bucket(hooks: NriHooks) -> None:
@@ -342,7 +358,7 @@ async def test_a_stale_instance_known_only_from_its_env_keeps_the_directory(hook
     await hooks.synchronize(sync(pods=[pod()], containers=[made(hooks, instance("second"))]))
     container_dir(hooks).mkdir(parents=True)
     await hooks.remove_container(RemoveContainerRequest(pod=pod(), container=instance("first")))
-    assert container_dir(hooks).is_dir() and hooks.cache.get(POD_UID, "main") is not None
+    assert container_dir(hooks).is_dir() and hooks.containers.injected(POD_UID, "main") is not None
     await hooks.state_change(
         StateChangeEvent(event=Event.REMOVE_CONTAINER, pod=pod(), container=instance("second"))
     )
@@ -356,23 +372,23 @@ async def test_synchronize_finds_a_container_the_runtime_created_without_the_inj
     dropped the plugin and created the container unadjusted. The next Synchronize reports it as it
     is: not cached (it cannot register), reported once, its directory kept until it goes."""
     await hooks.create_container(CreateContainerRequest(pod=pod(), container=instance("late")))
-    assert hooks.cache.instance("late") is not None  # what vgpud believed
+    assert injected_record(hooks, "late") is not None  # what vgpud believed
     caplog.set_level("WARNING", logger="vgpud.nri")
     for _ in range(2):  # two reconnects: the container is logged once
         hooks.begin_session()
         await hooks.synchronize(
             sync(pods=[pod()], containers=[instance("late"), made(hooks, instance("ok", "side"))])
         )
-    assert hooks.cache.instance("late") is None and hooks.cache.get(POD_UID, "main") is None
-    assert hooks.cache.instance("ok") is not None
-    found = hooks.not_injected.instance("late")
+    assert injected_record(hooks, "late") is None and hooks.containers.injected(POD_UID, "main") is None
+    assert injected_record(hooks, "ok") is not None
+    found = missing_record(hooks, "late")
     assert found is not None and found.directory == container_dir(hooks)
     assert "mount /etc/vgpu-manager/config" in found.missing and "env VGPU_POD_UID" in found.missing
     lines = [r.getMessage() for r in caplog.records if "without its vGPU injection" in r.getMessage()]
     assert len(lines) == 1 and "late" in lines[0] and "ml/train" in lines[0]
     assert hooks.stats.sync_invalid == 0
     await hooks.remove_container(RemoveContainerRequest(pod=pod(), container=instance("late")))
-    assert len(hooks.not_injected) == 0 and not container_dir(hooks).exists()
+    assert hooks.containers.count(Injection.MISSING) == 0 and not container_dir(hooks).exists()
 
 
 async def test_thousands_without_their_injection_log_a_few_lines_and_report_every_one(
@@ -384,7 +400,7 @@ async def test_thousands_without_their_injection_log_a_few_lines_and_report_ever
     caplog.set_level("WARNING", logger="vgpud.nri")
     containers = [instance(f"late-{i}", f"c{i}") for i in range(many)]
     await hooks.synchronize(sync(pods=[pod()], containers=containers))
-    assert len(hooks.not_injected) == many
+    assert hooks.containers.count(Injection.MISSING) == many
     lines = [r.getMessage() for r in caplog.records if "vGPU injection" in r.getMessage()]
     assert len(lines) == SYNC_WARNINGS_SHOWN + 1, lines
     assert lines[-1].startswith("NRI: 3 more containers run without their vGPU injection"), lines[-1]
@@ -402,7 +418,7 @@ async def test_a_partial_injection_is_not_an_injection(hooks: NriHooks) -> None:
     )
     hooks.begin_session()
     await hooks.synchronize(sync(pods=[pod()], containers=[ctr]))
-    found = hooks.not_injected.instance("x")
+    found = missing_record(hooks, "x")
     assert found is not None and found.missing == ("env VGPU_POD_UID",)
 
 
@@ -413,4 +429,4 @@ async def test_an_exited_container_is_not_checked_for_its_injection(hooks: NriHo
     )
     hooks.begin_session()
     await hooks.synchronize(sync(pods=[pod()], containers=[stopped]))
-    assert hooks.cache.instance("done") is not None and len(hooks.not_injected) == 0
+    assert injected_record(hooks, "done") is not None and hooks.containers.count(Injection.MISSING) == 0

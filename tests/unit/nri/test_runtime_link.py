@@ -26,7 +26,7 @@ from vgpud._pb.nri.pkg.api.v1alpha1 import (
     UpdateContainersRequest,
     UpdateContainersResponse,
 )
-from vgpud.hotplug.devrules import DeviceRule
+from vgpud.containers.values import DeviceRule
 from vgpud.nri.conn import SessionEnded, run_session
 from vgpud.nri.hooks import NriHooks
 from vgpud.nri.runtime_link import RuntimeLink, RuntimeUpdateError

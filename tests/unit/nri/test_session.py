@@ -20,6 +20,7 @@ from vgpud._pb.nri.pkg.api.v1alpha1 import (
     RemoveContainerResponse,
     SynchronizeRequest,
 )
+from vgpud.componenthealth import HealthState
 from vgpud.nri.conn import COUNTED_METHODS, Dialer, Identity, SessionEnded, probe, run_session
 from vgpud.nri.hooks import NriHooks
 from vgpud.nri.ttrpc import Code, TtrpcError
@@ -27,7 +28,7 @@ from vgpud.partition.layout import Layout
 from vgpud.partition.lazy import LazyAssigner
 from vgpud.ready import Ready
 from vgpud.recorder import Recorder
-from vgpud.supervisor import Backoff, HealthAfter, HealthState, Restart, Supervisor
+from vgpud.supervisor import Backoff, HealthAfter, Restart, Supervisor
 
 IDENTITY = Identity("manager.nvidia.com", "00")
 
@@ -57,7 +58,7 @@ async def test_register_configure_synchronize_create_remove(short_tmp: Path) -> 
         assert runtime.registered is not None
         assert (runtime.registered.plugin_name, runtime.registered.plugin_idx) == ("manager.nvidia.com", "00")
         assert configured.events == 1614  # 1038 + post-start (64) + stop container (512)
-        assert hooks.cache.synced and hooks.cache.get(POD_UID, "old") is not None
+        assert hooks.containers.synced and hooks.containers.injected(POD_UID, "old") is not None
 
         reply = await runtime.call(
             "CreateContainer",

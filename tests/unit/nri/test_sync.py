@@ -4,7 +4,6 @@ bulk cache replace it feeds."""
 from __future__ import annotations
 
 import gc
-from pathlib import PurePosixPath
 
 import pytest
 
@@ -19,10 +18,10 @@ from vgpud._pb.nri.pkg.api.v1alpha1 import (
     PodSandbox,
     SynchronizeRequest,
 )
-from vgpud.hotplug.devrules import DeviceRule
-from vgpud.nri.cache import CacheEntry, NriCache
+from vgpud.containers.linux import ContainerLinux
+from vgpud.containers.record import NodeContainer
+from vgpud.containers.values import DeviceRule
 from vgpud.nri.sync import SyncContainer, SyncPod, SyncTarget, decode_sync, gc_paused, target_of
-from vgpud.nri.targets import ContainerLinux, TargetContainer
 from vgpud.wire import MalformedMessage
 
 CLAIM = "5b0e7c1a-3f2d-4c8e-9a71-0d6f1e2b3c4d"
@@ -94,19 +93,6 @@ def test_overlapping_pauses_keep_the_collector_off_until_the_last_ends() -> None
     assert gc.isenabled()
 
 
-def test_a_bulk_replace_keeps_the_later_of_a_repeated_id_and_the_index_in_step() -> None:
-    cache = NriCache()
-    cache.set("old", CacheEntry("p", "c", CLAIM, PurePosixPath("/x")))
-    first = CacheEntry("p", "main", CLAIM, PurePosixPath("/a"))
-    second = CacheEntry("q", "main", CLAIM, PurePosixPath("/b"))
-    third = CacheEntry("p", "main", CLAIM, PurePosixPath("/a"))
-    cache.replace([("1", first), ("2", second), ("1", second), ("3", third)])
-    assert cache.synced and len(cache) == 3 and "old" not in cache
-    assert cache.instance("1") is second
-    assert cache.instances("p", "main") == ["3"] and cache.instances("q", "main") == ["2", "1"]
-    assert cache.get("q", "main") is second and cache.instances("p", "c") == []
-
-
 def test_every_container_is_kept_as_a_target_with_its_runtime_facts() -> None:
     rules = [
         LinuxDeviceCgroup(allow=False, type="a", access="rwm"),  # major and minor unset: any
@@ -136,13 +122,10 @@ def test_every_container_is_kept_as_a_target_with_its_runtime_facts() -> None:
         DeviceRule(True, "c", 0, None, "r"),
     )
     assert batch.targets == (
-        (
-            "a",
-            TargetContainer(
-                "a", "u", "a", "ns", "p", True, 4242, ContainerLinux.of("/kubepods/pod-u/a", want_rules)
-            ),
+        NodeContainer(
+            "a", "u", "a", "ns", "p", True, 4242, ContainerLinux.of("/kubepods/pod-u/a", want_rules)
         ),
-        ("b", TargetContainer("b", "u", "b", "ns", "p", False, 0, ContainerLinux.of())),
+        NodeContainer("b", "u", "b", "ns", "p", False, 0, ContainerLinux.of()),
     )
     # a split request: this container's pod came in another chunk, found when the last has arrived
     (unresolved,) = batch.unresolved
@@ -150,6 +133,6 @@ def test_every_container_is_kept_as_a_target_with_its_runtime_facts() -> None:
         "c", "elsewhere", "c", int(ContainerState.CONTAINER_PAUSED), 7, ContainerLinux.of()
     )
     pod = SyncPod("elsewhere", "u2", "q", "ns2")
-    assert target_of(unresolved, pod) == TargetContainer(
+    assert target_of(unresolved, pod) == NodeContainer(
         "c", "u2", "c", "ns2", "q", True, 7, ContainerLinux.of()
     )

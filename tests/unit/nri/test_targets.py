@@ -1,6 +1,6 @@
-"""Every container in `NriHooks.targets` (the hot-plug's targets, issue 18): from Synchronize and the
-lifecycle hooks, with the pid, cgroups path and device rules the runtime reported, and the
-`on_container_gone` listeners told once per instance."""
+"""Every container in the node's container store (`NriHooks.containers`: the hot-plug's targets, issue
+18): from Synchronize and the lifecycle hooks, with the pid, cgroups path and device rules the runtime
+reported, and the `on_container_gone` listeners told once per instance."""
 
 from __future__ import annotations
 
@@ -30,11 +30,13 @@ from vgpud._pb.nri.pkg.api.v1alpha1 import (
     StopPodSandboxRequest,
     SynchronizeRequest,
 )
-from vgpud.hotplug.devrules import DeviceRule
-from vgpud.hotplug.rules import KnownContainer
+from vgpud.containers.linux import ContainerLinux, device_rules
+from vgpud.containers.record import Injection, NodeContainer
+from vgpud.containers.store import ContainerStore
+from vgpud.containers.values import DeviceRule
 from vgpud.hotplug.service import TargetLookup
 from vgpud.nri.hooks import NriHooks
-from vgpud.nri.targets import ContainerLinux, TargetContainer, TargetContainers, device_rules
+from vgpud.nri.methods import plugin_methods
 
 CGROUP = "kubepods-besteffort-pod8f0c.slice:cri-containerd:ctr-main"
 #: containerd's defaults: deny everything, then a few; one rule with any minor
@@ -69,7 +71,7 @@ def ctr(name: str = "main", claim: str | None = None, **fields: Any) -> Containe
 
 async def call(hooks: NriHooks, method: str, message: betterproto2.Message) -> Any:  # noqa: F811
     """As the session does: the request's wire bytes through the method's decoder, then its handler."""
-    decode, handler = hooks.methods[method]
+    decode, handler, _ = plugin_methods(hooks)[method]
     return await handler(decode(bytes(message)))
 
 
@@ -83,15 +85,15 @@ def listen(hooks: NriHooks) -> list[str]:  # noqa: F811
     return heard
 
 
-def test_target_containers_is_a_target_lookup() -> None:
-    targets = TargetContainers()
+def test_the_container_store_is_a_target_lookup() -> None:
+    targets = ContainerStore()
     lookup: TargetLookup = targets
-    assert not lookup.synced and lookup.container(POD_UID, "main") is None
-    old = TargetContainer("old", POD_UID, "main", "ml", "train", False, 0, ContainerLinux.of())
+    assert not lookup.synced and lookup.newest(POD_UID, "main") is None
+    old = NodeContainer("old", POD_UID, "main", "ml", "train", False, 0, ContainerLinux.of())
     new = old._replace(container_id="new", running=True, pid=42)
-    targets.replace([("old", old), ("new", new)])
+    targets.replace([old, new])
     assert targets.synced
-    assert targets.container(POD_UID, "main") == KnownContainer("new", POD_UID, "main", "ml", "train", True)
+    assert targets.newest(POD_UID, "main") == new
     assert targets.by_id("old") == old and targets.by_id("nope") is None
     assert targets.running_ids() == ["new"]
 
@@ -107,58 +109,59 @@ async def test_synchronize_keeps_every_container_with_its_runtime_facts(hooks: N
         Container(id="bare", pod_sandbox_id="sandbox-2", name="bare", state=ContainerState.CONTAINER_CREATED),
         Container(id="orphan", pod_sandbox_id="sandbox-gone", name="orphan"),  # no pod: no UID to index
     ]
-    decode, handler = hooks.methods["Synchronize"]
+    decode, handler, _ = plugin_methods(hooks)["Synchronize"]
     await handler(decode(bytes(SynchronizeRequest(pods=[pod(), other], containers=containers))))
-    targets = hooks.targets
+    targets = hooks.containers
     assert targets.synced and len(targets) == 4
-    assert targets.by_id("ctr-main") == TargetContainer(
-        "ctr-main", POD_UID, "main", "ml", "train", True, 4242, ContainerLinux.of(CGROUP, RUNTIME_RULES)
+    main = targets.by_id("ctr-main")
+    assert main is not None and main.injection is Injection.MISSING  # the harness injects nothing
+    assert (
+        main[:8]
+        == NodeContainer(
+            "ctr-main", POD_UID, "main", "ml", "train", True, 4242, ContainerLinux.of(CGROUP, RUNTIME_RULES)
+        )[:8]
     )
     main = targets.by_id("ctr-main")
     assert main.cgroups_path == CGROUP and main.device_rules == RUNTIME_RULES
     assert targets.by_id("ctr-plain").running and targets.by_id("ctr-plain").pid == 77  # paused: alive
     assert not targets.by_id("ctr-exited").running
-    assert targets.by_id("bare") == TargetContainer(
+    assert targets.by_id("bare") == NodeContainer(
         "bare", other.uid, "bare", "default", "web", False, 0, ContainerLinux.of()
     )
-    assert targets.container(other.uid, "bare") == KnownContainer(
-        "bare", other.uid, "bare", "default", "web", False
-    )
+    assert targets.newest(other.uid, "bare") == targets.by_id("bare")
 
 
 async def test_split_synchronize_collects_every_chunk(hooks: NriHooks) -> None:  # noqa: F811
-    decode, handler = hooks.methods["Synchronize"]
+    decode, handler, _ = plugin_methods(hooks)["Synchronize"]
     first = SynchronizeRequest(pods=[pod()], containers=[ctr("a")], more=True)
     await handler(decode(bytes(first)))
-    assert not hooks.targets.synced
+    assert not hooks.containers.synced
     await handler(decode(bytes(SynchronizeRequest(containers=[ctr("b")]))))
-    assert hooks.targets.synced and hooks.targets.by_id("ctr-a") and hooks.targets.by_id("ctr-b")
+    assert hooks.containers.synced and hooks.containers.by_id("ctr-a") and hooks.containers.by_id("ctr-b")
 
 
 async def test_the_lifecycle_of_one_container(hooks: NriHooks) -> None:  # noqa: F811
     heard = listen(hooks)
     plain = ctr("plain")
     await call(hooks, "CreateContainer", CreateContainerRequest(pod=pod(), container=plain))
-    created = hooks.targets.by_id("ctr-plain")
-    assert created == TargetContainer(
+    created = hooks.containers.by_id("ctr-plain")
+    assert created == NodeContainer(
         "ctr-plain", POD_UID, "plain", "ml", "train", False, 0, ContainerLinux.of(CGROUP, RUNTIME_RULES)
     )
-    assert hooks.targets.container(POD_UID, "plain") == KnownContainer(
-        "ctr-plain", POD_UID, "plain", "ml", "train", False
-    )
+    assert hooks.containers.newest(POD_UID, "plain") == created
 
     started = ctr("plain", pid=31337, state=ContainerState.CONTAINER_RUNNING)
     await call(hooks, "PostStartContainer", PostStartContainerRequest(pod=pod(), container=started))
-    assert hooks.targets.by_id("ctr-plain") == created._replace(running=True, pid=31337)
+    assert hooks.containers.by_id("ctr-plain") == created._replace(running=True, pid=31337)
     assert heard == []
 
     stopped = ctr("plain", pid=31337, state=ContainerState.CONTAINER_STOPPED)
     await call(hooks, "StopContainer", StopContainerRequest(pod=pod(), container=stopped))
-    assert hooks.targets.by_id("ctr-plain") == created  # kept until removed, without a process
+    assert hooks.containers.by_id("ctr-plain") == created  # kept until removed, without a process
     assert heard == ["ctr-plain"]
 
     await call(hooks, "RemoveContainer", RemoveContainerRequest(pod=pod(), container=stopped))
-    assert hooks.targets.by_id("ctr-plain") is None
+    assert hooks.containers.by_id("ctr-plain") is None
     assert heard == ["ctr-plain"]  # once per instance: it was told at the stop
 
 
@@ -167,7 +170,7 @@ async def test_a_removal_without_a_stop_tells_the_listeners(hooks: NriHooks) -> 
     running = ctr("x", pid=5, state=ContainerState.CONTAINER_RUNNING)
     await call(hooks, "PostStartContainer", PostStartContainerRequest(pod=pod(), container=running))
     await call(hooks, "RemoveContainer", RemoveContainerRequest(pod=pod(), container=running))
-    assert heard == ["ctr-x"] and len(hooks.targets) == 0
+    assert heard == ["ctr-x"] and len(hooks.containers) == 0
 
 
 async def test_state_change_events_of_older_runtimes(hooks: NriHooks) -> None:  # noqa: F811
@@ -177,11 +180,11 @@ async def test_state_change_events_of_older_runtimes(hooks: NriHooks) -> None:  
     await call(
         hooks, "StateChange", StateChangeEvent(event=Event.POST_START_CONTAINER, pod=pod(), container=started)
     )
-    assert hooks.targets.by_id("ctr-old").pid == 99 and hooks.targets.by_id("ctr-old").running
+    assert hooks.containers.by_id("ctr-old").pid == 99 and hooks.containers.by_id("ctr-old").running
     await call(
         hooks, "StateChange", StateChangeEvent(event=Event.REMOVE_CONTAINER, pod=pod(), container=started)
     )
-    assert hooks.targets.by_id("ctr-old") is None and heard == ["ctr-old"]
+    assert hooks.containers.by_id("ctr-old") is None and heard == ["ctr-old"]
 
 
 @pytest.mark.parametrize(
@@ -202,7 +205,7 @@ async def test_pod_sandbox_events_drop_every_container_of_the_pod(
     await call(hooks, "CreateContainer", CreateContainerRequest(pod=pod(), container=ctr("never-started")))
     await call(hooks, method, request_type(pod=pod()))
     assert sorted(heard) == ["ctr-a", "ctr-b"]  # not the one that never ran
-    assert [cid for cid, _ in hooks.targets.items()] == ["ctr-c"]
+    assert len(hooks.containers) == 1 and hooks.containers.by_id("ctr-c") is not None
 
 
 async def test_a_failing_listener_fails_neither_the_hook_nor_the_others(
@@ -229,12 +232,12 @@ async def test_a_create_that_fails_leaves_no_target(hooks: NriHooks) -> None:  #
     (root / "claims" / CLAIM).write_text("not a directory")  # its directory cannot be made
     with pytest.raises(Exception, match="cannot set up"):
         await call(hooks, "CreateContainer", CreateContainerRequest(pod=pod(), container=ctr(claim=CLAIM)))
-    assert hooks.targets.by_id("ctr-main") is None
+    assert hooks.containers.by_id("ctr-main") is None
 
 
 async def test_a_resync_tells_of_the_containers_that_ended_while_away(hooks: NriHooks) -> None:  # noqa: F811
     heard = listen(hooks)
-    decode, handler = hooks.methods["Synchronize"]
+    decode, handler, _ = plugin_methods(hooks)["Synchronize"]
     running = [ctr(n, pid=10, state=ContainerState.CONTAINER_RUNNING) for n in ("stays", "stops", "goes")]
     await handler(decode(bytes(SynchronizeRequest(pods=[pod()], containers=running))))
     assert heard == []  # the first Synchronize: nothing known before it
@@ -242,7 +245,7 @@ async def test_a_resync_tells_of_the_containers_that_ended_while_away(hooks: Nri
     later = [running[0], ctr("stops", state=ContainerState.CONTAINER_STOPPED)]
     await handler(decode(bytes(SynchronizeRequest(pods=[pod()], containers=later))))
     assert sorted(heard) == ["ctr-goes", "ctr-stops"]
-    assert hooks.targets.by_id("ctr-goes") is None and not hooks.targets.by_id("ctr-stops").running
+    assert hooks.containers.by_id("ctr-goes") is None and not hooks.containers.by_id("ctr-stops").running
 
 
 def test_an_unset_device_type_is_every_device() -> None:

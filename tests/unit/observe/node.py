@@ -5,17 +5,21 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
+from typing import Any
 
 import trio
 
 from tests.draharness import GPUS, Harness
 from tests.unit.gpu.healthshim import ScriptedNvml
+from vgpud.componenthealth import HealthRegistry, HealthState
+from vgpud.containers.store import ContainerStore
 from vgpud.gpu.health import HealthBoard
 from vgpud.gpu.healthrules import APPLICATION_XIDS
 from vgpud.gpu.healthwatch import HealthRules, HealthWatcher
+from vgpud.hotplug.node import HotPlug
 from vgpud.kube.informer import claim_informer, pod_informer
 from vgpud.nri.hooks import NriHooks
 from vgpud.observe.app import ObserveApp
@@ -23,30 +27,79 @@ from vgpud.observe.drift import DriftChecker
 from vgpud.observe.hub import StreamHub
 from vgpud.observe.metrics import NodeMetrics
 from vgpud.observe.serve import run_debug_server
-from vgpud.observe.state import DebugState, NodeParts, StreamStats
+from vgpud.observe.state import DebugState, NodeIdentity, StreamStats, WatchedDevices
 from vgpud.observe.usage import UsageReader
 from vgpud.partition.lazy import LazyAssigner
+from vgpud.recorder import Recorder
 from vgpud.registry.server import RegistryServer
-from vgpud.supervisor import HealthRegistry, HealthState
 
 
 @dataclass
 class Node:
+    """The parts the readers read, and the readers (`rebuild` makes them again after a part changed)."""
+
     harness: Harness
-    parts: NodeParts
+    identity: NodeIdentity
+    health: HealthRegistry
+    nri: NriHooks | None
+    registry: RegistryServer | None
+    board: HealthBoard
+    #: the device-health watcher (not running until a test runs it); None: no device health shown
+    watcher: HealthWatcher | None
     stream: StreamStats
     drift: DriftChecker
     usage: UsageReader
-    metrics: NodeMetrics
     hub: StreamHub
-    state: DebugState
-    #: the NVML the device-health watcher (parts.health_watch, not running until a test runs it) reads
+    #: the NVML the device-health watcher reads
     gpu_shim: ScriptedNvml
+    hotplug: HotPlug | None = None
+    metrics: NodeMetrics = field(init=False)
+    state: DebugState = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.rebuild()
 
     @property
-    def nri(self) -> NriHooks:
-        assert self.parts.nri is not None
-        return self.parts.nri
+    def recorder(self) -> Recorder:
+        return self.harness.recorder
+
+    @property
+    def store(self) -> ContainerStore | None:
+        return self.nri.containers if self.nri is not None else None
+
+    def make_metrics(self, **changes: Any) -> NodeMetrics:
+        """Metrics over this node's parts, some of them replaced."""
+        devices = WatchedDevices(self.board, self.watcher) if self.watcher is not None else None
+        parts: dict[str, Any] = {
+            "recorder": self.recorder,
+            "health": self.health,
+            "driver": self.harness.driver,
+            "stream": self.stream,
+            "nri": self.nri,
+            "devices": devices,
+            "hotplug": self.hotplug,
+            "drift": self.drift,
+            "usage": self.usage,
+        }
+        return NodeMetrics(self.identity, **{**parts, **changes})
+
+    def rebuild(self) -> None:
+        devices = WatchedDevices(self.board, self.watcher) if self.watcher is not None else None
+        self.metrics = self.make_metrics()
+        self.state = DebugState(
+            self.identity,
+            recorder=self.recorder,
+            health=self.health,
+            driver=self.harness.driver,
+            layout=self.harness.layout,
+            stream=self.stream,
+            nri=self.nri,
+            registry=self.registry,
+            devices=devices,
+            hotplug=self.hotplug,
+            drift=self.drift,
+            usage=self.usage,
+        )
 
     def app(self) -> ObserveApp:
         return ObserveApp(self.metrics, state=self.state, hub=self.hub)
@@ -75,7 +128,7 @@ def make_node(
         registry = RegistryServer(
             layout=h.layout,
             assigner=h.driver.ctx.assigner,
-            nri_cache=None,
+            containers=None,
             claims=h.driver.index,
             pods=pod_informer(h.kube, "node-a"),
             claim_objects=claim_informer(h.kube),
@@ -88,26 +141,13 @@ def make_node(
     rules = HealthRules(frozenset(APPLICATION_XIDS), recovery_seconds=60, wait_ms=50)
     shim = ScriptedNvml(len(GPUS))
     watcher = HealthWatcher(board, GPUS, lambda: shim, rules)
-    parts = NodeParts(
-        node_name="node-a",
-        mode="lazy" if lazy else "eager",
-        nri_fallback=nri_fallback,
-        layout=h.layout,
-        recorder=h.recorder,
-        health=health,
-        driver=h.driver,
-        nri=nri,
-        registry=registry,
-        device_health=board,
-        health_watch=watcher,
-    )
+    identity = NodeIdentity("node-a", "lazy" if lazy else "eager", nri_fallback)
+    store = nri.containers if nri is not None else None
     stream = StreamStats()
-    drift = DriftChecker(parts, interval=1.0)
-    usage = UsageReader(parts, interval=1.0)
-    metrics = NodeMetrics(parts, stream=stream, drift=drift, usage=usage)
+    drift = DriftChecker(Path(h.layout.claims_dir), h.driver, store, interval=1.0)
+    usage = UsageReader(h.layout, h.driver.index, store, interval=1.0)
     hub = StreamHub(h.recorder, stream, buffer=stream_buffer)
-    state = DebugState(parts, stream=stream, drift=drift, usage=usage)
-    return Node(h, parts, stream, drift, usage, metrics, hub, state, shim)
+    return Node(h, identity, health, nri, registry, board, watcher, stream, drift, usage, hub, shim)
 
 
 @asynccontextmanager

@@ -10,8 +10,9 @@ from tests.draharness import REF, Harness, single_container_claim
 from tests.unit.observe.node import make_node
 from tests.unit.observe.test_metrics import families, family, value
 from vgpud import metrics_names as names
-from vgpud.daemon import CLAIM_MODES, watch_claim_modes
-from vgpud.supervisor import HealthRegistry, HealthState
+from vgpud.componenthealth import HealthRegistry, HealthState
+from vgpud.node.build import watch_claim_modes
+from vgpud.node.names import CLAIM_MODES
 
 
 async def prepare_lazily(root: Path) -> None:

@@ -62,7 +62,7 @@ async def test_tail_prints_the_last_calls_then_new_ones_once_each(short_tmp: Pat
     once: from the ring buffer, and skipped when the stream brings it too."""
     node = make_node(short_tmp)
     sock = short_tmp / "debug.sock"
-    recorder = node.parts.recorder
+    recorder = node.recorder
     for i in range(5):
         recorder.record(HookCall(component="nri", call="CreateContainer", pod_uid=f"p{i}"))
     out, err = io.StringIO(), io.StringIO()
@@ -90,7 +90,7 @@ async def test_tail_prints_the_last_calls_then_new_ones_once_each(short_tmp: Pat
 async def test_tail_filters_and_ends_cleanly_when_vgpud_stops(short_tmp: Path) -> None:
     node = make_node(short_tmp)
     sock = short_tmp / "debug.sock"
-    recorder = node.parts.recorder
+    recorder = node.recorder
     out, err = io.StringIO(), io.StringIO()
     codes: list[int] = []
 
@@ -121,7 +121,7 @@ async def test_tail_that_cannot_connect_exits_1(short_tmp: Path) -> None:
 async def test_state_prints_the_document(short_tmp: Path) -> None:
     node = make_node(short_tmp)
     sock = short_tmp / "debug.sock"
-    node.parts.recorder.record(HookCall(component="nri", call="CreateContainer"))
+    node.recorder.record(HookCall(component="nri", call="CreateContainer"))
     out, err = io.StringIO(), io.StringIO()
     async with serving(node, sock):
         code = await trio.to_thread.run_sync(
@@ -137,7 +137,7 @@ async def test_state_prints_the_document(short_tmp: Path) -> None:
 async def test_the_loopback_address_serves_the_same_routes(short_tmp: Path) -> None:
     node = make_node(short_tmp)
     port = free_port()
-    node.parts.recorder.record(HookCall(component="dra", call="Prepare", claim_uid="c1"))
+    node.recorder.record(HookCall(component="dra", call="Prepare", claim_uid="c1"))
     endpoint = Endpoint(address=("127.0.0.1", port))
     out, err = io.StringIO(), io.StringIO()
     async with serving(node, None, ("127.0.0.1", port)):

@@ -125,8 +125,8 @@ async def test_routes_answer_json_and_the_exposition(node: Node, sock: Path) -> 
     async with serving(node, sock):
         assert stat.S_IMODE(sock.stat().st_mode) == 0o600
         for i in range(5):
-            node.parts.recorder.record(nri_call(i, claim_uid="c1" if i % 2 else "c2"))
-        node.parts.recorder.record(HookCall(component="dra", call="Prepare", claim_uid="c1"))
+            node.recorder.record(nri_call(i, claim_uid="c1" if i % 2 else "c2"))
+        node.recorder.record(HookCall(component="dra", call="Prepare", claim_uid="c1"))
 
         status, content_type, body = await get(sock, "/metrics")
         assert status == 200 and content_type.startswith("text/plain")
@@ -163,7 +163,7 @@ async def test_routes_answer_json_and_the_exposition(node: Node, sock: Path) -> 
 async def test_curl_reads_the_unix_socket(node: Node, sock: Path) -> None:
     require(shutil.which("curl") is not None, "curl", "install curl (apt-get install curl)")
     async with serving(node, sock):
-        node.parts.recorder.record(nri_call(1))
+        node.recorder.record(nri_call(1))
         result = await trio.run_process(
             ["curl", "-sS", "--unix-socket", str(sock), "http://vgpud/debug/calls?n=1"], capture_stdout=True
         )
@@ -209,10 +209,10 @@ async def test_three_clients_receive_every_call_in_order_and_a_clean_close(node:
             for client in live:
                 clients.start_soon(client.read)
             await wait_until(lambda: node.stream.clients == 3, "three clients")
-            await record_in_bursts(node.parts.recorder, live, total=3000, burst=12)
+            await record_in_bursts(node.recorder, live, total=3000, burst=12)
             for client in live:
                 assert client.seqs == list(range(1, 3001))
-            assert live[0].calls[-1] == node.parts.recorder.recent(1)[0].to_dict()
+            assert live[0].calls[-1] == node.recorder.recent(1)[0].to_dict()
         # the server stopped: each client got a close frame, 1001 going away (not 1006)
         for client in live:
             with trio.fail_after(TIMEOUT):
@@ -225,7 +225,7 @@ async def test_three_clients_receive_every_call_in_order_and_a_clean_close(node:
 async def test_a_stalled_client_is_dropped_while_the_others_keep_receiving(node: Node, sock: Path) -> None:
     """The stalled client reads nothing (trio-websocket stops reading its socket once one message
     waits): the recorder drops it when its buffer of 16 fills; the two others receive every call."""
-    recorder = node.parts.recorder
+    recorder = node.recorder
     async with trio.open_nursery() as clients, serving(node, sock):
         live = [await connect(clients, sock) for _ in range(2)]
         stalled = await connect(clients, sock, queue=1)
@@ -255,7 +255,7 @@ async def test_a_stalled_client_is_dropped_while_the_others_keep_receiving(node:
 
 
 async def test_a_client_that_never_reads_cannot_hold_up_the_stop(node: Node, sock: Path) -> None:
-    recorder = node.parts.recorder
+    recorder = node.recorder
     async with trio.open_nursery() as clients:
         async with serving(node, sock):
             stalled = await connect(clients, sock, queue=1)
@@ -279,7 +279,7 @@ async def test_a_connection_that_reads_nothing_is_closed_after_the_write_timeout
 ) -> None:
     monkeypatch.setattr(serve, "WRITE_TIMEOUT", 0.3)
     node.hub.buffer = 100_000  # so that only the write timeout can end it
-    recorder = node.parts.recorder
+    recorder = node.recorder
     async with trio.open_nursery() as clients, serving(node, sock):
         await connect(clients, sock, queue=1)
         await wait_until(lambda: node.stream.clients == 1, "a client")
@@ -293,7 +293,7 @@ async def test_a_connection_that_reads_nothing_is_closed_after_the_write_timeout
 
 
 async def test_stream_filters_and_a_refused_filter(node: Node, sock: Path) -> None:
-    recorder = node.parts.recorder
+    recorder = node.recorder
     async with trio.open_nursery() as clients, serving(node, sock):
         prepare = await connect(clients, sock, "hook=Prepare&claim=c1")
         pod = await connect(clients, sock, "pod=ml/train&outcome=error")
@@ -331,6 +331,6 @@ async def test_a_restarted_server_accepts_stream_clients_again(node: Node, sock:
             client = await connect(clients, sock)
             clients.start_soon(client.read)
             await wait_until(lambda: node.stream.clients == 1, "a client")
-            node.parts.recorder.record(nri_call(1))
+            node.recorder.record(nri_call(1))
             await wait_until(partial(len, client.seqs), "a call")
             clients.cancel_scope.cancel()

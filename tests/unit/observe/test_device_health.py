@@ -23,7 +23,7 @@ async def test_health_and_xids_show_in_metrics_and_state(
     short_tmp: Path, clock: trio.testing.MockClock
 ) -> None:
     node = make_node(short_tmp)
-    watcher, board = node.parts.health_watch, node.parts.device_health
+    watcher, board = node.watcher, node.board
     assert watcher is not None and board is not None
     async with trio.open_nursery() as nursery:
         await nursery.start(lambda task_status: watcher.run(task_status.started))
@@ -67,6 +67,7 @@ async def test_health_and_xids_show_in_metrics_and_state(
 
 async def test_without_a_watcher_there_is_no_section_and_no_device_series(short_tmp: Path) -> None:
     node = make_node(short_tmp)
-    node.parts.health_watch = None
+    node.watcher = None
+    node.rebuild()
     assert (await node.state.snapshot())["device_health"] is None
     assert "vgpud_device_healthy{" not in node.metrics.exposition()[0].decode()

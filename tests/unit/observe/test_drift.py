@@ -4,6 +4,7 @@ and the component over real NRI hooks and directories (never fixing anything).""
 from __future__ import annotations
 
 import logging
+import shutil
 from pathlib import Path, PurePosixPath
 
 import pytest
@@ -17,7 +18,7 @@ from vgpud._pb.nri.pkg.api.v1alpha1 import (
     PodSandbox,
     RemoveContainerRequest,
 )
-from vgpud.nri.cache import CacheEntry, NotInjected, RuntimeContainer
+from vgpud.containers.record import Injection, NodeContainer
 from vgpud.observe.drift import (
     Difference,
     DiskState,
@@ -32,12 +33,26 @@ ROOT = PurePosixPath("/m/claims")
 A, B = "claim-a", "claim-b"
 
 
-def entry(claim: str, pod: str, ctr: str) -> CacheEntry:
-    return CacheEntry(pod, ctr, claim, ROOT / claim / f"{pod}_{ctr}")
+def injected(claim: str, pod: str, ctr: str, cid: str = "c1") -> NodeContainer:
+    """A container vgpud injected: its record names its claim and directory."""
+    return NodeContainer(
+        cid,
+        pod,
+        ctr,
+        "ml",
+        "train",
+        running=True,
+        claim_uid=claim,
+        injection=Injection.INJECTED,
+        directory=ROOT / claim / f"{pod}_{ctr}",
+    )
 
 
-def running(claim: str, namespace: str = "ml") -> RuntimeContainer:
-    return RuntimeContainer("p1", "main", claim, namespace, "train")
+def refused(claim: str, namespace: str = "ml") -> NodeContainer:
+    """A container the runtime runs with a claim UID in its env that vgpud did not inject."""
+    return NodeContainer(
+        "c1", "p1", "main", namespace, "train", running=True, claim_uid=claim, injection=Injection.REFUSED
+    )
 
 
 def disk(*dirs: PurePosixPath, claims: tuple[str, ...] = (A,)) -> DiskState:
@@ -45,8 +60,7 @@ def disk(*dirs: PurePosixPath, claims: tuple[str, ...] = (A,)) -> DiskState:
 
 
 VGPU = {A: "ml", B: "ml"}  # prepared vGPU claims -> their namespace
-HEALTHY_CACHE = {"c1": entry(A, "p1", "main")}  # by container ID
-HEALTHY_RUNTIME = {"c1": running(A)}
+HEALTHY = [injected(A, "p1", "main")]
 
 
 def kinds(found: list[Difference]) -> list[tuple[str, str]]:
@@ -54,44 +68,32 @@ def kinds(found: list[Difference]) -> list[tuple[str, str]]:
 
 
 @pytest.mark.parametrize(
-    ("cache", "runtime", "on_disk", "expected"),
+    ("containers", "on_disk", "expected"),
     [
-        pytest.param(HEALTHY_CACHE, HEALTHY_RUNTIME, disk(ROOT / A / "p1_main"), [], id="agreeing"),
+        pytest.param(HEALTHY, disk(ROOT / A / "p1_main"), [], id="agreeing"),
         pytest.param(
-            HEALTHY_CACHE,
-            {},
-            disk(ROOT / A / "p1_main"),
-            [("cached-not-in-runtime", "p1/main c1")],
-            id="cached, gone from the runtime",
-        ),
-        pytest.param(
-            {},
-            HEALTHY_RUNTIME,
+            [refused(A)],
             disk(),
             [("runtime-not-cached", "p1/main c1")],
             id="running vGPU container not cached",
         ),
         pytest.param(
-            {},
-            {"c1": running("not-prepared")},
+            [refused("not-prepared")],
             disk(),
             [],
             id="unprepared claim: rejected by design",
         ),
+        pytest.param(HEALTHY, disk(), [("directory-missing", "p1/main c1")], id="directory gone"),
         pytest.param(
-            HEALTHY_CACHE, HEALTHY_RUNTIME, disk(), [("directory-missing", "p1/main c1")], id="directory gone"
-        ),
-        pytest.param(
-            HEALTHY_CACHE,
-            HEALTHY_RUNTIME,
+            HEALTHY,
             disk(ROOT / A / "p1_main", ROOT / A / "p9_old"),
             [("orphan-directory", "/m/claims/claim-a/p9_old")],
             id="leftover directory",
         ),
     ],
 )
-def test_nri_rules(cache, runtime, on_disk, expected) -> None:  # type: ignore[no-untyped-def]
-    nri = NriView(cache=cache, runtime=runtime, synced=True)
+def test_nri_rules(containers, on_disk, expected) -> None:  # type: ignore[no-untyped-def]
+    nri = NriView(containers, synced=True)
     found = compare(nri=nri, disk=on_disk, prepared=frozenset({A, B}), vgpu_claims={A: "ml"})
     assert kinds(found) == expected
 
@@ -99,27 +101,15 @@ def test_nri_rules(cache, runtime, on_disk, expected) -> None:  # type: ignore[n
 def test_a_container_without_its_injection_is_reported_once_and_owns_its_directory() -> None:
     """Created while vgpud was away (or after the runtime dropped it): one not-injected difference,
     not also runtime-not-cached, and its directory is not an orphan."""
-    found = NotInjected(
-        "p1", "main", A, "ml", "train", ROOT / A / "p1_main", ("mount /etc/vgpu-manager/config",)
+    found = injected(A, "p1", "main")._replace(
+        injection=Injection.MISSING, missing=("mount /etc/vgpu-manager/config",)
     )
-    nri = NriView(cache={}, runtime=HEALTHY_RUNTIME, synced=True, not_injected={"c1": found})
+    nri = NriView([found], synced=True)
     differences = compare(
         nri=nri, disk=disk(ROOT / A / "p1_main"), prepared=frozenset({A}), vgpu_claims={A: "ml"}
     )
     assert kinds(differences) == [("not-injected", "p1/main c1")]
     assert differences[0].detail == "ml/train, claim claim-a, missing mount /etc/vgpu-manager/config"
-
-
-def test_claims_that_disagree() -> None:
-    nri = NriView(cache=HEALTHY_CACHE, runtime={"c1": running(B)}, synced=True)
-    found = compare(
-        nri=nri,
-        disk=disk(ROOT / A / "p1_main", claims=(A, B)),
-        prepared=frozenset({A, B}),
-        vgpu_claims=VGPU,
-    )
-    assert kinds(found) == [("claim-mismatch", "p1/main c1")]
-    assert found[0].detail == "cache: claim claim-a, runtime: claim claim-b"
 
 
 def test_claim_directory_rules_apply_in_both_modes() -> None:
@@ -133,12 +123,12 @@ def test_claim_directory_rules_apply_in_both_modes() -> None:
 
 
 def test_nothing_about_nri_before_the_first_synchronize() -> None:
-    nri = NriView(cache={}, runtime=HEALTHY_RUNTIME, synced=False)
+    nri = NriView([refused(A)], synced=False)
     assert compare(nri=nri, disk=disk(), prepared=frozenset({A}), vgpu_claims={A: "ml"}) == []
 
 
 def test_eager_directories_are_not_container_directories() -> None:
-    nri = NriView(cache={}, runtime={}, synced=True, lazy=False)
+    nri = NriView([], synced=True, lazy=False)
     on_disk = disk(ROOT / A / "pod-0123456789ab-app" / "main")
     assert compare(nri=nri, disk=on_disk, prepared=frozenset({A}), vgpu_claims={A: "ml"}) == []
 
@@ -183,34 +173,36 @@ async def test_the_component_logs_and_counts_what_persists_and_fixes_nothing(
     node.harness.kube.add_claim(claim)
     node.harness.kube.add_pod(pod)
     assert (await node.harness.driver.prepare([REF]))[o.CLAIM_UID].error == ""
-    node.nri.cache.replace([])  # as after the first Synchronize of an empty node
+    node.nri.containers.replace([])  # as after the first Synchronize of an empty node
     await node.nri.create_container(CreateContainerRequest(pod=POD, container=vgpu("main")))
     await node.nri.create_container(CreateContainerRequest(pod=POD, container=vgpu("side")))
     assert (await node.drift.check()).differences == ()
 
-    # Drift: a directory removed behind vgpud's back, a leftover directory, an entry the runtime lost.
-    main_dir = Path(node.nri.cache.get(o.POD1_UID, "main").directory)  # type: ignore[union-attr]
+    # Drift: a directory moved behind vgpud's back (missing, and a leftover), one removed.
+    main_dir = Path(node.nri.containers.injected(o.POD1_UID, "main").directory)  # type: ignore[union-attr]
     main_dir.rename(main_dir.with_name("leftover"))
-    node.nri.runtime.pop("side")
+    side_dir = Path(node.nri.containers.injected(o.POD1_UID, "side").directory)  # type: ignore[union-attr]
+    shutil.rmtree(side_dir)
     caplog.set_level(logging.INFO, logger="vgpud.observe.drift")
     first = await node.drift.check()
     assert first.differences == ()  # seen once: maybe a hook in flight
     second = await node.drift.check()
     assert kinds(list(second.differences)) == [
-        ("cached-not-in-runtime", f"{o.POD1_UID}/side side"),
         ("directory-missing", f"{o.POD1_UID}/main main"),
+        ("directory-missing", f"{o.POD1_UID}/side side"),
         ("orphan-directory", str(main_dir.with_name("leftover"))),
     ]
-    assert second.detected == {"cached-not-in-runtime": 1, "directory-missing": 1, "orphan-directory": 1}
+    assert second.detected == {"directory-missing": 2, "orphan-directory": 1}
     third = await node.drift.check()
     assert third.checks == 4 and third.detected["orphan-directory"] == 2
     warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
     assert len(warnings) == 3  # each difference logged once, when first confirmed
     assert all(w.endswith("not fixed") for w in warnings)
     assert main_dir.with_name("leftover").is_dir()  # never fixed
-    assert node.nri.cache.get(o.POD1_UID, "side") is not None
+    assert not side_dir.exists()
+    assert node.nri.containers.injected(o.POD1_UID, "side") is not None
 
-    # The runtime removes the container: cache and runtime agree again.
+    # The runtime removes the container: its difference goes with it.
     await node.nri.remove_container(RemoveContainerRequest(pod=POD, container=vgpu("side")))
     await node.drift.check()
     fifth = await node.drift.check()

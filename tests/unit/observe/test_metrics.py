@@ -22,11 +22,11 @@ from vgpud._pb.nri.pkg.api.v1alpha1 import (
     SynchronizeRequest,
 )
 from vgpud._pb.vgpud.hotplug.v1 import AttachRequest, DetachRequest
+from vgpud.containers.record import Injection, NodeContainer
 from vgpud.hotplug.node import HotPlug
 from vgpud.hotplug.service import HotPlugService
 from vgpud.hotplug.store import HOTPLUG_FILE, AttachmentStore
 from vgpud.hotplug.table import AttachmentTable
-from vgpud.nri.cache import NotInjected
 from vgpud.nri.sync import decode_sync
 from vgpud.observe.metrics import HOOK_BUCKETS, registry_result
 from vgpud.recorder import HookCall, Outcome, Recorder
@@ -77,7 +77,7 @@ async def test_exposition_has_every_node_family_with_its_labels(short_tmp: Path)
         )
     )
     await node.nri.create_container(CreateContainerRequest(pod=POD, container=Container(name="plain")))
-    node.parts.recorder.record(
+    node.recorder.record(
         HookCall(
             component="registry", call="RegisterContainerDevice", outcome="rejected", detail="NOT_FOUND: x"
         )
@@ -177,7 +177,7 @@ async def test_names_follow_prometheus_conventions(short_tmp: Path) -> None:
     declared in metrics_names (one module holds every name)."""
     node = make_node(short_tmp)
     await node.drift.check()
-    node.parts.recorder.record(HookCall(component="dra", call="Prepare"))
+    node.recorder.record(HookCall(component="dra", call="Prepare"))
     declared = {n.name: n for n in names.ALL}
     assert len(declared) == len(names.ALL)
     kinds = types(node)
@@ -219,7 +219,7 @@ def test_registry_result_label(outcome: str, detail: str, result: str) -> None:
 
 async def test_every_recorded_call_is_counted_once(short_tmp: Path) -> None:
     node = make_node(short_tmp)
-    recorder: Recorder = node.parts.recorder
+    recorder: Recorder = node.recorder
     subscription = recorder.subscribe(buffer=1)  # a stalled subscriber is dropped; the metrics are not
     for i in range(500):
         recorder.record(HookCall(component="dra", call="Prepare", outcome="ok" if i % 5 else "error"))
@@ -249,7 +249,20 @@ def test_a_failing_listener_never_reaches_the_hook(caplog: pytest.LogCaptureFixt
 async def test_containers_without_their_injection_are_a_gauge(short_tmp: Path) -> None:
     node = make_node(short_tmp)
     directory = PurePosixPath(short_tmp / "claims" / "c" / "p_main")
-    node.nri.not_injected.set("c9", NotInjected("p", "main", "c", "ml", "train", directory, ("env X",)))
+    node.nri.containers.set(
+        NodeContainer(
+            "c9",
+            "p",
+            "main",
+            "ml",
+            "train",
+            running=True,
+            claim_uid="c",
+            injection=Injection.MISSING,
+            directory=directory,
+            missing=("env X",),
+        )
+    )
     found = families(node)
     assert value(found[family(names.NRI_NOT_INJECTED)], "vgpud_nri_not_injected_containers") == 1
     assert found[family(names.NRI_EAGER_FALLBACK_INFO)] == []  # no fallback: no sample
@@ -264,7 +277,7 @@ async def test_hotplug_calls_are_counted_like_every_hook(short_tmp: Path) -> Non
         claims=lambda pod: CLAIMS if pod == SLAVE else (),
         prepared=lambda uid: True,
         access=Access(),
-        recorder=node.parts.recorder,
+        recorder=node.recorder,
     )
     attachments = families(node)[family(names.HOTPLUG_ATTACHMENTS)]
     assert attachments == []  # the API is not served: the family, without samples
@@ -276,7 +289,8 @@ async def test_hotplug_calls_are_counted_like_every_hook(short_tmp: Path) -> Non
     calls = families(node)[family(names.HOOK_CALLS)]
     assert value(calls, "vgpud_hook_calls_total", component="hotplug", call="Attach", outcome="ok") == 1
     assert value(calls, "vgpud_hook_calls_total", component="hotplug", call="Detach", outcome="rejected") == 2
-    node.parts.hotplug = HotPlug(service, short_tmp / "hotplug.sock")
+    node.hotplug = HotPlug(service, short_tmp / "hotplug.sock")
+    node.rebuild()
     attachments = families(node)[family(names.HOTPLUG_ATTACHMENTS)]
     by_state = {s.labels["state"]: s.value for s in attachments}
     assert by_state == {"attaching": 0, "attached": 1, "detaching": 0}

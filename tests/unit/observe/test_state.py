@@ -1,6 +1,7 @@
 """What the state document shows, section by section, and where it reads it from: the NRI session and
-cache, the runtime's containers as the hooks heard them, eager partitions, unused register UUIDs; and
-the call filter shared by the routes, the stream and the CLI."""
+the node's containers as the hooks heard them (the injected ones, and every one with a claim UID),
+eager partitions, unused register UUIDs; and the call filter shared by the routes, the stream and the
+CLI."""
 
 from __future__ import annotations
 
@@ -24,13 +25,13 @@ from vgpud._pb.nri.pkg.api.v1alpha1 import (
     StopPodSandboxRequest,
     SynchronizeRequest,
 )
+from vgpud.containers.record import Injection
 from vgpud.dra.claimindex import ClaimRef
 from vgpud.hotplug.node import HotPlug
 from vgpud.hotplug.rules import Attachment, AttachState
 from vgpud.hotplug.service import HotPlugService
 from vgpud.hotplug.store import HOTPLUG_FILE, AttachmentStore
 from vgpud.hotplug.table import AttachmentTable
-from vgpud.nri.cache import RuntimeContainer
 from vgpud.nri.conn import Identity, SessionEnded, run_session
 from vgpud.nri.sync import decode_sync
 from vgpud.observe.filters import CallFilter
@@ -123,14 +124,24 @@ async def test_the_runtime_view_follows_sync_and_events(short_tmp: Path) -> None
         ],
     )
     await node.nri.synchronize(decode_sync(bytes(sync)))
-    assert [e.key for _, e in node.nri.runtime.items()] == sorted([(o.POD1_UID, "a"), (o.POD2_UID, "b")])
+    store = node.nri.containers
+    assert [c.key for c in store.select()] == sorted([(o.POD1_UID, "a"), (o.POD2_UID, "b")])
     forged = PodSandbox(id="sb3", name="forger", namespace="elsewhere", uid="u3")
     await node.nri.create_container(CreateContainerRequest(pod=forged, container=ctr("c")))
-    assert node.nri.runtime.get("u3", "c") == RuntimeContainer("u3", "c", o.CLAIM_UID, "elsewhere", "forger")
-    assert node.nri.cache.get("u3", "c") is None  # rejected: another namespace's claim
+    found = store.newest("u3", "c")
+    assert found is not None
+    assert (found.pod_uid, found.name, found.claim_uid, found.pod_namespace, found.pod_name) == (
+        "u3",
+        "c",
+        o.CLAIM_UID,
+        "elsewhere",
+        "forger",
+    )
+    assert found.injection is Injection.REFUSED  # rejected: another namespace's claim
+    assert store.injected("u3", "c") is None
     await node.nri.remove_container(RemoveContainerRequest(pod=POD, container=ctr("a")))
     await node.nri.stop_pod_sandbox(StopPodSandboxRequest(pod=other_pod))
-    assert [e.key for _, e in node.nri.runtime.items()] == [("u3", "c")]
+    assert [c.key for c in store.select()] == [("u3", "c")]
 
 
 async def test_session_state_and_connection_closes(short_tmp: Path) -> None:
@@ -186,7 +197,7 @@ async def test_eager_client_mode_lists_partitions_and_register_uuids(short_tmp: 
     assert state["register_uuids"]["unconsumed"] == {
         uuid: {"claim_uid": o.CLAIM_UID, "namespace": NS, "name": "gpu-claim"}
     }
-    node.parts.registry.service._consumed_uuid(uuid)  # type: ignore[union-attr]  # what a registration does
+    node.registry.service._consumed_uuid(uuid)  # type: ignore[union-attr]  # what a registration does
     assert (await node.state.snapshot())["register_uuids"]["unconsumed"] == {}
 
 
@@ -254,7 +265,7 @@ async def test_hotplug_section_lists_each_attachment_with_its_state(short_tmp: P
         claims=lambda pod: (),
         prepared=lambda uid: True,
         access=Access(),
-        recorder=make_node(short_tmp).parts.recorder,
+        recorder=make_node(short_tmp).recorder,
     )
     state = hotplug_json(HotPlug(service, short_tmp / "hotplug.sock"))
     assert state["socket"] == str(short_tmp / "hotplug.sock")

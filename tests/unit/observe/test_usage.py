@@ -23,7 +23,6 @@ from tests.unit.observe.test_metrics import families, family, value
 from vgpud import metrics_names as names
 from vgpud._pb.nri.pkg.api.v1alpha1 import Container, CreateContainerRequest, PodSandbox
 from vgpud.gpu.nvml import NvmlInventory
-from vgpud.observe.metrics import NodeMetrics
 from vgpud.observe.usage import UsageReader
 from vgpud.partition import libfiles as F
 from vgpud.partition.pidsfile import write_pids_file
@@ -205,8 +204,14 @@ def test_the_registered_pids_nvml_memory_plus_the_ledger_is_the_usage(
             write_pids_file(main / "config", [pid, 4_000_000])
             ledger = {index: [F.LedgerEntry(pid, GIB)]}
             (main / "vmem_node" / F.VMEM_NODE_FILE).write_bytes(F.build_vmem_node(ledger))
-            reader = UsageReader(node.parts, 1.0, process_memory=inventory.process_memory)
-            metrics = NodeMetrics(node.parts, stream=node.stream, usage=reader)
+            reader = UsageReader(
+                node.harness.layout,
+                node.harness.driver.index,
+                node.store,
+                1.0,
+                process_memory=inventory.process_memory,
+            )
+            metrics = node.make_metrics(usage=reader)
             status = await reader.read()
             assert status.process_memory_error == ""
             by_partition = {c.target.partition: c.usage for c in status.containers}
@@ -255,7 +260,12 @@ def test_cgroup_mode_counts_the_pids_of_the_containers_cgroup(
             other = await _container_dir(node, "other")
             write_pids_file(other / "config", [pid])  # not read in cgroup mode
             reader = UsageReader(
-                node.parts, 1.0, process_memory=inventory.process_memory, container_pids=container_pids
+                node.harness.layout,
+                node.harness.driver.index,
+                node.store,
+                1.0,
+                process_memory=inventory.process_memory,
+                container_pids=container_pids,
             )
             status = await reader.read()
             by_partition = {c.target.partition: c.usage for c in status.containers}

@@ -9,15 +9,20 @@ from typing import Any
 import pytest
 
 from tests import objects as o
+from vgpud.partition.assigner import Mode
 from vgpud.partition.model import ClaimView, PodView
 from vgpud.partition.nrionly import (
     NriOnlyUse,
+    PreparedClaim,
     PrepareRefusal,
     RefusalReason,
     claim_across_pods,
     claims_share_a_gpu,
+    gpu_claims,
+    gpu_neighbours,
     multiple_claims,
     other_claims,
+    use_refusal,
 )
 from vgpud.relaxations import Relaxation
 
@@ -326,3 +331,53 @@ def test_a_claim_the_caller_did_not_look_up_is_not_judged() -> None:
     claim = claim_on(pod, devices={"r1": "vgpu-0"})
     uses = other_claims(claim, [PodView.from_dict(pod)])
     assert claims_share_a_gpu(claim, uses, {}, o.DRIVER) is None
+
+
+# --- Prepare's one verdict, and the neighbours it is judged against ---------------------------------
+
+
+def verdict(mode: Mode, neighbours: frozenset[str], theirs: str = "vgpu-0") -> PrepareRefusal | None:
+    pod = pod_of(o.container("main", o.ref("gpu"), o.ref("more")), claims=BOTH)
+    return use_refusal(
+        claim_on(pod, devices={"r1": "vgpu-0"}),
+        [PodView.from_dict(pod)],
+        {"second": second_on(pod, theirs)},
+        mode=mode,
+        neighbours=neighbours,
+        driver=o.DRIVER,
+    )
+
+
+def test_use_refusal_judges_by_the_nodes_mode() -> None:
+    eager = verdict(Mode.EAGER, frozenset())
+    assert isinstance(eager, NriOnlyUse) and eager.relaxation is Relaxation.MULTIPLE_CLAIMS_PER_CONTAINER
+    assert verdict(Mode.EAGER, frozenset(), theirs="vgpu-1") is not None, "eager: whatever the GPU"
+    lazy = verdict(Mode.LAZY, frozenset({"second"}))
+    assert lazy is not None and lazy.reason is RefusalReason.CLAIMS_SHARE_A_GPU
+    assert str(lazy) == SHARED.format(pod="train", gpu="vgpu-0")
+    assert verdict(Mode.LAZY, frozenset({"second"}), theirs="vgpu-1") is None
+    assert verdict(Mode.LAZY, frozenset()) is None, "NRI: only a neighbour is judged"
+
+
+def test_the_neighbours_of_a_claim_are_the_namespaces_claims_on_its_gpus() -> None:
+    """Prepared before (no view: to be read) and of the call (their view); another namespace, another
+    GPU or another node's pool is no neighbour, nor the claim itself."""
+    mine = claim_on(devices={"r1": "vgpu-0", "r3": "vgpu-1"})
+    same_call = claim_on(devices={"r2": "vgpu-1"}, name="second", uid=OTHER_UID)
+    prepared = [
+        PreparedClaim("u-before", o.NAMESPACE, "before", ("vgpu-0",)),
+        PreparedClaim("u-elsewhere", "other", "elsewhere", ("vgpu-0",)),
+        PreparedClaim("u-apart", o.NAMESPACE, "apart", ("vgpu-2",)),
+        PreparedClaim(o.CLAIM_UID, o.NAMESPACE, "gpu-claim", ("vgpu-0",)),
+    ]
+    on = gpu_claims([mine, same_call], prepared, "node-a")
+    assert gpu_neighbours(mine, on, "node-a") == {"before": None, "second": same_call}
+    assert gpu_neighbours(same_call, on, "node-a") == {"gpu-claim": mine}
+    assert gpu_neighbours(mine, on, "node-b") == {}, "no device in that node's pool"
+
+
+def test_a_neighbour_read_in_the_call_wins_over_its_prepared_entry() -> None:
+    mine = claim_on(devices={"r1": "vgpu-0"})
+    again = claim_on(devices={"r2": "vgpu-0"}, name="second", uid=OTHER_UID)
+    on = gpu_claims([mine, again], [PreparedClaim("u-old", o.NAMESPACE, "second", ("vgpu-0",))], "node-a")
+    assert gpu_neighbours(mine, on, "node-a") == {"second": again}

@@ -15,8 +15,9 @@ import pytest
 from tests.unit.registry.test_server import ME, aregister, make_server, serving
 from tests.unit.registry.world import Claims, World
 from vgpud.config import add_settings_arguments, settings_from
-from vgpud.daemon import Startup, build_caches, build_registry
 from vgpud.kube.fake import FakeKube
+from vgpud.node.build import build_caches, build_registry
+from vgpud.node.checks import Startup
 from vgpud.partition.assigner import Mode
 from vgpud.partition.layout import Layout
 from vgpud.partition.lazy import LazyAssigner

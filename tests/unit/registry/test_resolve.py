@@ -13,24 +13,21 @@ from grpclib.const import Status
 
 from tests import objects as o
 from tests.draharness import REF, Harness, single_container_claim
-from tests.unit.registry.world import NODE, World, claim_uid, running, with_status
+from tests.unit.registry.world import NODE, World, claim_uid, injected, running, with_status
 from vgpud.kube.informer import claim_informer, pod_informer
-from vgpud.nri.cache import CacheEntry
 from vgpud.partition.assigner import RegisterQuery, ResolveError, register_annotations
 from vgpud.partition.eager import EagerAssigner
 from vgpud.registry.identity import Caller, identify
-from vgpud.registry.resolve import (
+from vgpud.registry.request import (
     Admission,
     BadRequest,
     CallerRefused,
     Overloaded,
-    Reads,
-    Resolved,
-    Resolver,
     ResolveTimeout,
     TargetGone,
     parse_query,
 )
+from vgpud.registry.resolve import Reads, Resolved, Resolver
 
 PID = 4242
 
@@ -68,7 +65,7 @@ async def test_waits_for_the_first_synchronize_then_succeeds_at_the_next_poll(
 
     async def synchronize() -> None:
         await trio.sleep(0.5)
-        world.cache.replace([("ctr-1", CacheEntry(uid, "main", claim_uid(1), config.parent))])
+        world.containers.replace([injected("ctr-1", uid, "main", claim_uid(1), config.parent)])
 
     async with world.caches(), trio.open_nursery() as nursery:
         nursery.start_soon(synchronize)
@@ -261,7 +258,7 @@ async def test_after_synchronize_a_miss_is_the_device_plugin_directory(
     """A pod vgpud did not inject (co-installed device plugin): only the kernel's facts count, and
     the directory must already exist; vgpud never creates it."""
     world = World(tmp_path)
-    world.cache.replace([])
+    world.containers.replace([])
     uid, cid = "0badc0de-1111-4222-8333-444455556666", "e" * 64
     caller = caller_in(world, uid, cid)
     config = Path(world.layout.device_plugin_config_dir(uid, "main"))
@@ -303,7 +300,7 @@ async def test_eager_register_uuid_resolves_through_the_checkpoint(tmp_path: Pat
         pods=pods,
         claim_objects=claims,
         claims=h.driver.index,
-        nri_cache=None,
+        containers=None,
         cgroup_root=world.cgroup,
         driver_name=o.DRIVER,
     )

@@ -14,10 +14,9 @@ import trio
 
 from tests import objects as o
 from tests.kubeapi import ApiServer, api_request
-from tests.unit.registry.world import Ref, World, container_id, running
+from tests.unit.registry.world import Ref, World, container_id, injected, running
 from vgpud.kube.client import KubeClient
 from vgpud.kube.informer import claim_informer, pod_informer
-from vgpud.nri.cache import CacheEntry
 from vgpud.partition.assigner import RegisterQuery
 from vgpud.partition.pidsfile import reset_pids_file
 from vgpud.registry.identity import identify
@@ -105,14 +104,14 @@ async def test_a_registration_waiting_for_its_pod_resolves_when_the_watch_delive
     claim = claim_reserved_for(server, ns, "c", pod, node)
     uid, claim_uid = pod["metadata"]["uid"], claim["metadata"]["uid"]
 
-    world = World(short_tmp)  # this node's /proc, cgroups, NRI cache, checkpoint index and directories
-    world.cache.replace([])
+    world = World(short_tmp)  # this node's /proc, cgroups, containers, checkpoint index and directories
+    world.containers.replace([])
     world.claims.prepared[claim_uid] = Ref(ns, claim_uid, "c")
     paths = world.assigner.paths(claim_uid, uid, "main")
     for directory in paths.directories:
         Path(directory).mkdir(parents=True, exist_ok=True)
     reset_pids_file(Path(paths.config))
-    world.cache.set(cid, CacheEntry(uid, "main", claim_uid, paths.base))
+    world.containers.set(injected(cid, uid, "main", claim_uid, paths.base, namespace=ns))
     world.place(PID, uid, cid)
     caller = identify(world.proc, PID)
 

@@ -1,5 +1,5 @@
 """The registry end to end: grpcio clients (an independent gRPC stack, classes from protoc) over the
-real unix socket to `RegistryServer`, with the in-memory kube facade, an NRI cache and a fake host
+real unix socket to `RegistryServer`, with the in-memory kube facade, a container store and a fake host
 /proc + cgroup tree in which the test process (or a child) is placed in a pod's container.
 Also the socket's lifecycle: staged bind, modes, take-over, re-publish, ownership-checked unlink."""
 
@@ -29,12 +29,11 @@ from grpclib.exceptions import GRPCError
 from tests import objects as o
 from tests.stdproto import message_class
 from tests.support import REPO, built
-from tests.unit.registry.world import World, claim_uid
+from tests.unit.registry.world import World, claim_uid, injected
 from vgpud._pb.registry import ContainerDeviceRequest
-from vgpud.nri.cache import CacheEntry
 from vgpud.recorder import Outcome
 from vgpud.registry.identity import peer_pid
-from vgpud.registry.resolve import Admission
+from vgpud.registry.request import Admission
 from vgpud.registry.server import MAX_MESSAGE, RegistryServer
 from vgpud.sockpath import SocketPathError
 
@@ -272,7 +271,7 @@ async def test_more_than_8_calls_from_one_caller_are_refused(world: World) -> No
             code, details = await aregister(server.path, pod_uid=uid, container_name="main")
             assert code is grpc.StatusCode.RESOURCE_EXHAUSTED and "limit per caller" in details
             assert admission.in_flight == 8
-            world.cache.replace([("ctr-1", CacheEntry(uid, "main", claim_uid(1), config.parent))])
+            world.containers.replace([injected("ctr-1", uid, "main", claim_uid(1), config.parent)])
         assert results == [(grpc.StatusCode.OK, "")] * 8
         assert admission.in_flight == 0
 
@@ -300,7 +299,7 @@ async def test_the_node_limit_counts_every_caller(world: World) -> None:
             code, details = await aregister(server.path, pod_uid=other_uid, container_name="main")
             assert code is grpc.StatusCode.RESOURCE_EXHAUSTED and "the node's limit" in details
             world.place(ME, uid, cid)
-            world.cache.replace([("ctr-1", CacheEntry(uid, "main", claim_uid(1), config.parent))])
+            world.containers.replace([injected("ctr-1", uid, "main", claim_uid(1), config.parent)])
         assert results == [(grpc.StatusCode.OK, "")] * 2
 
     await serving(server, body)

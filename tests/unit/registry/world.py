@@ -1,6 +1,7 @@
 """A node as the registry sees it, in a temp dir: a fake host /proc and cgroup tree, pods whose status
-says which container runs where, claims in the in-memory kube facade, an NRI cache and the checkpoint's
-claim index. The unit tests, the gRPC end-to-end tests and bench/registry.py build on it.
+says which container runs where, claims in the in-memory kube facade, the node's container store (as
+the NRI plugin fills it) and the checkpoint's claim index. The unit tests, the gRPC end-to-end tests
+and bench/registry.py build on it.
 
 Pods and claims reach the registry as they do on a node: through its watch-fed caches over the
 in-memory kube facade, running inside `async with world.caches():`.
@@ -15,15 +16,16 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Any
 
 import trio
 
 from tests import objects as o
+from vgpud.containers.record import Injection, NodeContainer
+from vgpud.containers.store import ContainerStore
 from vgpud.kube.fake import FakeKube
 from vgpud.kube.informer import Informer, claim_informer, pod_informer
-from vgpud.nri.cache import CacheEntry, NriCache
 from vgpud.partition.layout import Layout
 from vgpud.partition.lazy import LazyAssigner
 from vgpud.partition.pidsfile import reset_pids_file
@@ -98,6 +100,31 @@ class Claims:
         return self.uuids.get(register_uuid)
 
 
+def injected(
+    cid: str,
+    uid: str,
+    name: str,
+    claim: str,
+    directory: PurePosixPath,
+    *,
+    namespace: str = o.NAMESPACE,
+    pod_name: str = "",
+    running: bool = True,
+) -> NodeContainer:
+    """The record of a container the NRI plugin injected (what a CreateContainer or Synchronize leaves)."""
+    return NodeContainer(
+        cid,
+        uid,
+        name,
+        namespace,
+        pod_name,
+        running=running,
+        claim_uid=claim,
+        injection=Injection.INJECTED,
+        directory=directory,
+    )
+
+
 class World:
     """A lazy (NRI) node: `add_container` prepares a claim, its pod and the container's directory."""
 
@@ -109,7 +136,7 @@ class World:
         self.kube = FakeKube()
         self.pods = pod_informer(self.kube, NODE)
         self.claim_objects = claim_informer(self.kube)
-        self.cache = NriCache()
+        self.containers = ContainerStore()
         self.claims = Claims()
         self.recorder = Recorder()
         self.assigner = LazyAssigner(self.layout, driver=o.DRIVER)
@@ -142,8 +169,9 @@ class World:
         running: bool = True,
         cached: bool = True,
     ) -> tuple[str, str, Path]:
-        """Claim n, reserved for pod n whose container `name` is `container_id(n)`; the NRI cache
-        entry and the container's directory with an empty pids.config. (pod UID, container ID, dir)."""
+        """Claim n, reserved for pod n whose container `name` is `container_id(n)`; its record in the
+        container store (injected; none when not `cached`) and the container's directory with an empty
+        pids.config. (pod UID, container ID, dir)."""
         uid, cid, claim = pod_uid(n), container_id(n), claim_uid(n)
         claim_name, pod_name = f"claim-{n}", f"pod-{n}"
         pod = o.pod(pod_name, uid, containers=[o.container(name, o.ref("gpu"))], claims={"gpu": claim_name})
@@ -163,7 +191,9 @@ class World:
             Path(directory).mkdir(parents=True, exist_ok=True)
         reset_pids_file(Path(paths.config))
         if cached:
-            self.cache.set(cid, CacheEntry(uid, name, claim, paths.base))
+            self.containers.set(
+                injected(cid, uid, name, claim, paths.base, pod_name=pod_name, running=running)
+            )
         return uid, cid, Path(paths.config)
 
     def resolver(self, cls: type[Resolver] = Resolver, **kwargs: Any) -> Resolver:
@@ -172,7 +202,7 @@ class World:
             pods=self.pods,
             claim_objects=self.claim_objects,
             claims=self.claims,
-            nri_cache=self.cache,
+            containers=self.containers,
             cgroup_root=self.cgroup,
             driver_name=o.DRIVER,
             **kwargs,
@@ -186,7 +216,7 @@ class World:
         return RegistryServer(
             layout=self.layout,
             assigner=self.assigner,
-            nri_cache=self.cache,
+            containers=self.containers,
             claims=self.claims,
             pods=self.pods,
             claim_objects=self.claim_objects,

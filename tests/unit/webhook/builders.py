@@ -13,7 +13,7 @@ import trio
 from tests import objects as o
 from vgpud.kube.api import JsonObject, NotFound
 from vgpud.relaxations import Relaxation, nri_selector
-from vgpud.webhook.rules import Policy
+from vgpud.webhook.claims import Policy
 
 POLICY = Policy(driver=o.DRIVER)
 #: the chart's DeviceClass for NRI nodes

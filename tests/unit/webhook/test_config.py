@@ -9,8 +9,8 @@ import pytest
 
 from vgpud.options import ConfigError
 from vgpud.relaxations import Relaxation
+from vgpud.webhook.claims import Policy
 from vgpud.webhook.config import WebhookSettings, add_webhook_arguments, webhook_settings_from
-from vgpud.webhook.rules import Policy
 
 TLS = ["--tls-cert-file", "/etc/tls/tls.crt", "--tls-key-file", "/etc/tls/tls.key"]
 

@@ -9,9 +9,10 @@ BODY = """
     import json
 
     from tests import objects as o
-    from vgpud.webhook import review, rules
+    from vgpud.webhook import claims, review, rules
+    from vgpud.webhook.violations import Rule, summary
 
-    policy = rules.Policy(driver=o.DRIVER)
+    policy = claims.Policy(driver=o.DRIVER)
     claim = o.claim(requests=[o.exactly("r0")], results=[o.result("r0")])
     pod = o.pod("p", o.POD1_UID, containers=[o.container("a", o.ref("gpu")), o.container("b", o.ref("gpu"))])
     body = {
@@ -25,10 +26,10 @@ BODY = """
     }
     request = review.parse_review(json.dumps(body).encode())
     violations = rules.check_pod(request.object_with_identity(), {"gpu-claim": claim}, {}, [pod], policy)
-    assert [v.rule for v in violations] == [rules.Rule.ONE_APP_PER_REQUEST], violations
+    assert [v.rule for v in violations] == [Rule.ONE_APP_PER_REQUEST], violations
     status = o.claim(requests=[o.exactly("r0")], results=[o.result("r0")], reserved_for=o.reserved(pod))
     assert len(rules.check_claim_status(status, claim, [pod], policy)) == 1
-    out = review.review_response(request.uid, review.Decision.deny(rules.summary(violations)))
+    out = review.review_response(request.uid, review.Decision.deny(summary(violations)))
     review.encode(out)
 
     loaded = [m for m in set(sys.modules) - before if m.startswith(("trio", "kubernetes", "h11", "ssl"))]

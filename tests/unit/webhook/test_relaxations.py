@@ -21,15 +21,9 @@ from tests.unit.webhook.builders import (
     template,
 )
 from vgpud.relaxations import Relaxation
-from vgpud.webhook.rules import (
-    Policy,
-    Rule,
-    check_claim_status,
-    check_pod,
-    claim_selects_nri_nodes,
-    summary,
-    template_selects_nri_nodes,
-)
+from vgpud.webhook.claims import Policy, claim_selects_nri_nodes, template_selects_nri_nodes
+from vgpud.webhook.rules import check_claim_status, check_pod
+from vgpud.webhook.violations import Rule, summary
 
 c, ref = o.container, o.ref
 

@@ -10,22 +10,17 @@ import pytest
 
 from tests import objects as o
 from tests.unit.webhook.builders import POD3_UID, POLICY, allocated, finished, sidecar, spec_claim, template
-from vgpud.webhook.rules import (
+from vgpud.webhook.claims import (
     ApiObjectError,
     Policy,
-    Rule,
     RuleInputError,
-    Violation,
-    check_claim,
-    check_claim_status,
-    check_pod,
     claim_vgpu_requests,
     is_vgpu_claim,
     pod_claims,
-    summary,
-    uses_named_vgpu_claim,
     vgpu_requests_in_spec,
 )
+from vgpud.webhook.rules import check_claim, check_claim_status, check_pod, uses_named_vgpu_claim
+from vgpud.webhook.violations import Rule, Violation, summary
 
 c, ref = o.container, o.ref
 

@@ -1,0 +1,113 @@
+"""What a Synchronize finds of the containers with a vGPU claim UID in their env (seed §12.8).
+
+The container env is the durable fact (`MANAGER_VGPU_CLAIM_UID` survives in the persisted OCI spec), so
+after every reconnect each such container is validated again exactly as CreateContainer would: a
+claim this node prepared, reserved for its pod, a layout-valid directory. A valid live one whose
+mounts and env lack the injection (created while vgpud was down, or after the runtime dropped the
+plugin for a missed deadline) is MISSING, not INJECTED; one that does not validate is REFUSED and
+counted. One pass of string work per container: a node reports thousands.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Callable, Sequence
+from pathlib import PurePosixPath
+from typing import NamedTuple
+
+from vgpud.containers.record import Injection, NodeContainer
+from vgpud.nri.sync import SyncContainer, SyncPod
+from vgpud.nri.verify import missing_injection
+from vgpud.partition.admission import Admission, Verdict
+from vgpud.partition.assigner import ContainerContext
+from vgpud.partition.layout import LayoutError, PartitionPaths
+from vgpud.partition.lazy import LazyAssigner
+
+log = logging.getLogger("vgpud.nri")
+
+#: per-container warnings one Synchronize logs; beyond that only the count in its summary line
+SYNC_WARNINGS_SHOWN = 10
+
+#: (claim UID, pod namespace, pod UID) -> the admission verdict (`ClaimAdmission.check`)
+AdmissionCheck = Callable[[str, str, str], Admission]
+#: told each container that does not validate, and why
+InvalidListener = Callable[[SyncContainer, str], None]
+
+
+class ClaimFacts(NamedTuple):
+    """The vGPU fields of one container's record (`NodeContainer`'s, in its order)."""
+
+    claim_uid: str
+    injection: Injection
+    directory: PurePosixPath | None = None
+    missing: tuple[str, ...] = ()
+
+
+def claim_facts(
+    pods: dict[str, SyncPod],
+    claimed: list[SyncContainer],
+    *,
+    assigner: LazyAssigner,
+    check: AdmissionCheck,
+    invalid: InvalidListener,
+) -> dict[str, ClaimFacts]:
+    """Container ID -> its vGPU fields, for each claimed container whose pod the runtime reported (a
+    container without one has no pod UID to be found by: left out, and told to `invalid`)."""
+    found: dict[str, ClaimFacts] = {}
+    layout = assigner.layout
+    for container in claimed:
+        claim_uid = container.claim_uid
+        pod = pods.get(container.pod_sandbox_id)
+        if pod is None:
+            invalid(container, f"its pod sandbox {container.pod_sandbox_id} was not reported")
+            continue
+        found[container.id] = ClaimFacts(claim_uid, Injection.REFUSED)
+        verdict = check(claim_uid, pod.namespace, pod.uid)
+        try:
+            base = layout.container_dir_text(claim_uid, pod.uid, container.name)
+        except LayoutError as err:
+            invalid(container, str(err))
+            continue
+        # a pod that joined the claim after Prepare, before the claim watch of this run has
+        # listed: its directory proves an earlier admission (a refused pod never gets one)
+        joined = verdict.verdict is Verdict.NOT_RESERVED and os.path.isdir(base)
+        if not (verdict.inject or joined):
+            invalid(container, verdict.reason)
+            continue
+        paths = PartitionPaths.of(base)
+        # an exited container runs nothing that could register: only live ones are checked,
+        # against the injection (built only for them: most of the per-container time)
+        missing: tuple[str, ...] = ()
+        if not container.stopped:
+            ctx = ContainerContext(claim_uid, pod.uid, pod.name, pod.namespace, container.name)
+            env, mounts = assigner.injection(ctx, paths)
+            missing = missing_injection(mounts, env, container.mounts, container.env)
+        state = Injection.MISSING if missing else Injection.INJECTED
+        found[container.id] = ClaimFacts(claim_uid, state, paths.base, missing)
+    return found
+
+
+def warn_not_injected(found_now: Sequence[NodeContainer], warned: set[str]) -> set[str]:
+    """One WARNING line per container found without its injection (once, not per Synchronize: `warned`
+    are the IDs already told, the result those to remember), for the first SYNC_WARNINGS_SHOWN new
+    ones, then one line with how many more: a node may have thousands, and every one is in the debug
+    state and the metric."""
+    new = [found for found in found_now if found.container_id not in warned]
+    for found in new[:SYNC_WARNINGS_SHOWN]:
+        log.warning(
+            "NRI: container %s (%s) of pod %s/%s runs without its vGPU injection (missing %s): it "
+            "was created while vgpud was away; the runtime cannot evict it, recreate its pod",
+            found.name,
+            found.container_id,
+            found.pod_namespace,
+            found.pod_name,
+            ", ".join(found.missing),
+        )
+    if len(new) > SYNC_WARNINGS_SHOWN:
+        log.warning(
+            "NRI: %d more containers run without their vGPU injection (not listed here): "
+            "`vgpud debug state` lists every one under nri.not_injected",
+            len(new) - SYNC_WARNINGS_SHOWN,
+        )
+    return {found.container_id for found in found_now}
