@@ -79,7 +79,7 @@ from vgpud.fsutil import remove_tree
 from vgpud.nri.adjust import adjustment, make_directories_soon
 from vgpud.nri.envs import env_value
 from vgpud.nri.events import WANTED_EVENTS, event_mask, known_events_mask
-from vgpud.nri.rebuild import SYNC_WARNINGS_SHOWN, ClaimFacts, claim_facts, warn_not_injected
+from vgpud.nri.rebuild import RUNTIME_FIELDS, SYNC_WARNINGS_SHOWN, ClaimFacts, claim_facts, warn_not_injected
 from vgpud.nri.session import NriSessionState, NriStats, SessionState
 from vgpud.nri.sync import SyncBatch, SyncContainer, SyncPod, SyncTarget, gc_paused, target_of
 from vgpud.nri.ttrpc import Code
@@ -234,9 +234,11 @@ class NriHooks:
                 records.append(target_of(t, pod))
         store = self.containers
         ran = store.running_ids() if self.on_container_gone and store.synced else []
+        # ClaimFacts are NodeContainer's last fields, in its order: a tuple join, not a _replace (a
+        # node may run thousands of vGPU containers)
+        cut, new, get = RUNTIME_FIELDS, tuple.__new__, facts.get
         store.replace(
-            record if (f := facts.get(record.container_id)) is None else record._replace(**f._asdict())
-            for record in records
+            [r if (f := get(r.container_id)) is None else new(NodeContainer, r[:cut] + f) for r in records]
         )
         by_id = store.by_id
         return [cid for cid in ran if (now := by_id(cid)) is None or not now.running]

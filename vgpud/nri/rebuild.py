@@ -26,6 +26,9 @@ from vgpud.partition.lazy import LazyAssigner
 
 log = logging.getLogger("vgpud.nri")
 
+#: how many of `NodeContainer`'s fields the runtime reports (the rest are `ClaimFacts`)
+RUNTIME_FIELDS = NodeContainer._fields.index("claim_uid")
+
 #: per-container warnings one Synchronize logs; beyond that only the count in its summary line
 SYNC_WARNINGS_SHOWN = 10
 
@@ -36,7 +39,8 @@ InvalidListener = Callable[[SyncContainer, str], None]
 
 
 class ClaimFacts(NamedTuple):
-    """The vGPU fields of one container's record (`NodeContainer`'s, in its order)."""
+    """The vGPU fields of one container's record: `NodeContainer`'s fields after RUNTIME_FIELDS, in
+    its order (a test holds them in step)."""
 
     claim_uid: str
     injection: Injection

@@ -21,6 +21,7 @@ from vgpud._pb.nri.pkg.api.v1alpha1 import (
 from vgpud.containers.linux import ContainerLinux
 from vgpud.containers.record import NodeContainer
 from vgpud.containers.values import DeviceRule
+from vgpud.nri.rebuild import RUNTIME_FIELDS, ClaimFacts
 from vgpud.nri.sync import SyncContainer, SyncPod, SyncTarget, decode_sync, gc_paused, target_of
 from vgpud.wire import MalformedMessage
 
@@ -136,3 +137,9 @@ def test_every_container_is_kept_as_a_target_with_its_runtime_facts() -> None:
     assert target_of(unresolved, pod) == NodeContainer(
         "c", "u2", "c", "ns2", "q", True, 7, ContainerLinux.of()
     )
+
+
+def test_claim_facts_are_the_records_last_fields_in_its_order() -> None:
+    """The Synchronize joins a record's runtime fields with its ClaimFacts as tuples."""
+    assert NodeContainer._fields[RUNTIME_FIELDS:] == ClaimFacts._fields
+    assert NodeContainer._fields[RUNTIME_FIELDS - 1] == "linux"
