@@ -376,7 +376,7 @@ OPTIONS: tuple[Option, ...] = (
         "DRIFT_INTERVAL",
         int_in(0, 86400),
         "60",
-        "seconds between drift self-checks (NRI cache vs runtime vs disk vs checkpoint); 0 = off",
+        "seconds between drift self-checks (the runtime's vGPU containers vs disk vs checkpoint); 0 = off",
         "SECONDS",
     ),
     Option(

@@ -210,7 +210,7 @@ DEVICE_XIDS = MetricName(
 #: completed drift self-checks
 DRIFT_CHECKS = MetricName(
     "vgpud_drift_checks_total",
-    "Drift self-checks vgpud ran (NRI cache vs runtime vs directories vs checkpoint).",
+    "Drift self-checks vgpud ran (the runtime's vGPU containers vs directories vs checkpoint).",
 )
 
 #: differences found, by kind, summed over checks (a difference that persists counts at every check)
