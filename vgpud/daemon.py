@@ -43,11 +43,14 @@ from vgpud.node.observability import Observability, build_observability, debug_s
 from vgpud.node.parts import Node, build_node
 from vgpud.node.serving import health_server, nri_session, serve_dra
 from vgpud.ready import Ready
-from vgpud.supervisor import ComponentRun, HealthAfter, Restart, Supervisor
+from vgpud.supervisor import Backoff, ComponentRun, HealthAfter, Restart, Supervisor
 
 log = logging.getLogger("vgpud")
 
 EXIT_OK, EXIT_FAILURE = 0, 1
+#: the restart of a component that lists and watches the API server: jittered, so the nodes of a
+#: DaemonSet that lost the server together come back spread over half a backoff step
+API_CLIENT = Restart(Backoff(jitter=0.5))
 
 
 @dataclass(frozen=True)
@@ -71,11 +74,11 @@ def components(node: Node, observe: Observability) -> tuple[Component, ...]:
     nri_wake = dialer.replaced if dialer is not None else None
     return (
         Component(DRA_PLUGIN, partial(serve_dra, node), Restart(), counts_for_health=True),
-        Component(RESOURCE_SLICES, node.slices.run, Restart(), counts_for_health=True),
+        Component(RESOURCE_SLICES, node.slices.run, API_CLIENT, counts_for_health=True),
         Component(DRA_CLEANUP, node.driver.run_cleanup, Restart(), counts_for_health=True),
         Component(DEVICE_HEALTH, run_of(node.health_watch), Restart(), counts_for_health=False),
-        Component(CLAIM_CACHE, run_of(node.caches.claims), Restart(), counts_for_health=False),
-        Component(POD_CACHE, run_of(node.caches.pods), Restart(), counts_for_health=False),
+        Component(CLAIM_CACHE, run_of(node.caches.claims), API_CLIENT, counts_for_health=False),
+        Component(POD_CACHE, run_of(node.caches.pods), API_CLIENT, counts_for_health=False),
         Component(NRI_PLUGIN, nri_session(node), Restart(wake=nri_wake), counts_for_health=True),
         Component(REGISTRY, run_of(node.registry), Restart(), counts_for_health=True),
         Component(HOTPLUG, run_of(node.hotplug), Restart(), counts_for_health=False),

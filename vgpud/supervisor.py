@@ -52,6 +52,7 @@ from __future__ import annotations
 
 import logging
 import math
+import random
 from collections.abc import Awaitable, Callable, Iterable
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, field
@@ -74,26 +75,31 @@ def _check(condition: bool, message: str) -> None:
 
 @dataclass(frozen=True)
 class Backoff:
-    """Exponential delay between restarts: ``initial * factor**attempt``, at most ``cap``."""
+    """Exponential delay between restarts: ``initial * factor**attempt``, at most ``cap``, then up to
+    ``jitter`` of it longer at random (client-go's jittered backoff): the nodes of a DaemonSet that
+    lost the API server together do not all call it again in the same instant."""
 
     initial: float = 1.0
     factor: float = 2.0
     cap: float = 30.0
+    jitter: float = 0.0
 
     def __post_init__(self) -> None:
         _check(all(map(math.isfinite, (self.initial, self.factor, self.cap))), f"{self} must be finite")
         _check(0 <= self.initial <= self.cap, f"{self}: need 0 <= initial <= cap")
         _check(self.factor >= 1, f"{self}: need factor >= 1")
+        _check(0 <= self.jitter <= 1, f"{self}: need 0 <= jitter <= 1")
 
-    def delay(self, attempt: int) -> float:
-        """Delay before restart number ``attempt`` (0-based); pure."""
+    def delay(self, attempt: int, spread: float = 0.0) -> float:
+        """Delay before restart number ``attempt`` (0-based), ``spread`` (in [0, 1), the caller's
+        random number) of the way into its jitter; pure."""
         if attempt < 0:
             raise ValueError(f"attempt must be >= 0, got {attempt}")
         try:
-            raw = self.initial * float(self.factor) ** attempt
+            raw = min(self.initial * float(self.factor) ** attempt, self.cap)
         except OverflowError:
-            return self.cap
-        return min(raw, self.cap)
+            raw = self.cap
+        return raw * (1 + self.jitter * spread)
 
 
 Wake = Callable[[], Awaitable[str]]
@@ -231,7 +237,7 @@ class _Tracker:
         if plan.restart is not None:
             if lived >= plan.restart.healthy_after:
                 self.attempt = 0
-            delay = plan.restart.backoff.delay(self.attempt)
+            delay = plan.restart.backoff.delay(self.attempt, random.random())
             self.attempt += 1
         self._log(
             failure, lived, "not restarting" if delay is None else f"restart {self.attempt} in {delay:g}s"

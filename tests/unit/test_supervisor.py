@@ -692,3 +692,13 @@ def test_describe_and_split_failure() -> None:
     assert [type(e) for e in failure.exceptions] == [ValueError]
     assert passthrough is not None
     assert [type(e) for e in passthrough.exceptions] == [KeyboardInterrupt]  # type: ignore[attr-defined]
+
+
+def test_a_jittered_backoff_spreads_each_delay_up_to_its_fraction_longer() -> None:
+    backoff = Backoff(jitter=0.5)
+    assert backoff.delay(2) == 4  # no spread: the plain delay
+    assert backoff.delay(2, 0.5) == 5 and backoff.delay(2, 0.999) < 6
+    assert backoff.delay(10, 0.5) == 37.5  # the cap, then the jitter: capped nodes stay spread
+    assert Backoff().delay(2, 0.9) == 4  # no jitter: the spread changes nothing
+    with pytest.raises(ValueError, match="jitter"):
+        Backoff(jitter=1.5)

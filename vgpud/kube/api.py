@@ -45,6 +45,9 @@ class WatchEventType(StrEnum):
     ADDED = "ADDED"
     MODIFIED = "MODIFIED"
     DELETED = "DELETED"
+    #: only the object's resourceVersion: the watch has seen every change up to it (a watch that asked
+    #: for bookmarks; the informers do, so a watch reopened after a quiet hour need not list again)
+    BOOKMARK = "BOOKMARK"
 
 
 @dataclass(frozen=True)

@@ -5,10 +5,16 @@ The HTTP calls are blocking, so every call runs in a worker thread under this cl
 CapacityLimiter (it never competes with other to_thread users). Objects stay the API server's JSON
 (camelCase dicts). A watch holds one thread for its lifetime; leaving its context manager stops it
 with a socket shutdown, so the thread ends at once.
+
+Lists come in pages of `list_page_size` objects (`limit` and `continue`, as client-go's pager): the
+server never builds one answer of every object, and neither does this client hold two copies of one.
+A continue token the server has compacted away (410 Expired between two pages) falls back to one
+complete list, as client-go's pager does.
 """
 
 from __future__ import annotations
 
+import logging
 import os
 import threading
 from collections.abc import AsyncIterator, Callable, Iterator, Mapping
@@ -24,6 +30,7 @@ from vgpud.kube import rest
 from vgpud.kube._channel import ChannelEvents, WatchItem
 from vgpud.kube.api import (
     RESOURCE_API,
+    Gone,
     JsonObject,
     KubeError,
     Listing,
@@ -33,6 +40,11 @@ from vgpud.kube.api import (
 )
 from vgpud.kube.config import ApiConfig
 from vgpud.kube.rest import CALL_TIMEOUT_S, Query
+
+#: objects per page of a list (client-go's pager default)
+LIST_PAGE_SIZE = 500
+
+log = logging.getLogger("vgpud.kube")
 
 #: a watch ends after this long (server-side timeoutSeconds) and the caller lists and re-watches,
 #: as client-go's reflector does; it also bounds how stale a watch's view can get
@@ -47,9 +59,14 @@ _RESOURCE = f"/apis/{RESOURCE_API}"
 class KubeClient:
     """KubeApi against a real API server."""
 
-    def __init__(self, config: ApiConfig, *, max_threads: int = 8) -> None:
+    def __init__(
+        self, config: ApiConfig, *, max_threads: int = 8, list_page_size: int = LIST_PAGE_SIZE
+    ) -> None:
+        if list_page_size < 1:
+            raise ValueError(f"list_page_size must be >= 1, got {list_page_size}")
         self._rest = rest.Rest(config, maxsize=max_threads)
         self._limiter = trio.CapacityLimiter(max_threads)
+        self._page_size = list_page_size
 
     @classmethod
     def from_config(cls, kubeconfig: Path | None = None) -> KubeClient:
@@ -89,20 +106,20 @@ class KubeClient:
         return await self._call("GET", _path(_CORE, "namespaces", namespace, "pods", name))
 
     async def list_node_pods(self, *, node_name: str) -> Listing:
-        listed = await self._call("GET", f"{_CORE}/pods", {"fieldSelector": _pod_selector(node_name)})
+        listed = await self._list(f"{_CORE}/pods", {"fieldSelector": _pod_selector(node_name)})
         return _listing(listed, "v1", "Pod")
 
     def watch_node_pods(
         self, *, node_name: str, resource_version: str
     ) -> AbstractAsyncContextManager[AsyncIterator[WatchEvent]]:
-        return self._watch(f"{_CORE}/pods", _pod_selector(node_name), resource_version)
+        return self._watch(f"{_CORE}/pods", _pod_selector(node_name), resource_version, bookmarks=True)
 
     async def get_node(self, name: str) -> JsonObject:
         return await self._call("GET", _path(_CORE, "nodes", name))
 
     async def list_resource_slices(self, *, driver: str, node_name: str) -> list[JsonObject]:
         query = {"fieldSelector": _slice_selector(driver, node_name)}
-        listed = await self._call("GET", f"{_RESOURCE}/resourceslices", query)
+        listed = await self._list(f"{_RESOURCE}/resourceslices", query)
         return [_with_kind(item) for item in listed.get("items") or []]
 
     async def apply_resource_slice(self, body: JsonObject, *, field_manager: str) -> JsonObject:
@@ -125,26 +142,28 @@ class KubeClient:
         return self._watch(f"{_RESOURCE}/resourceslices", _slice_selector(driver, node_name))
 
     async def list_resource_claims(self) -> Listing:
-        listed = await self._call("GET", f"{_RESOURCE}/resourceclaims")
+        listed = await self._list(f"{_RESOURCE}/resourceclaims")
         return _listing(listed, RESOURCE_API, "ResourceClaim")
 
     def watch_resource_claims(
         self, *, resource_version: str
     ) -> AbstractAsyncContextManager[AsyncIterator[WatchEvent]]:
-        return self._watch(f"{_RESOURCE}/resourceclaims", "", resource_version)
+        return self._watch(f"{_RESOURCE}/resourceclaims", "", resource_version, bookmarks=True)
 
     @asynccontextmanager
     async def _watch(
-        self, path: str, selector: str, resource_version: str | None = None
+        self, path: str, selector: str, resource_version: str | None = None, *, bookmarks: bool = False
     ) -> AsyncIterator[AsyncIterator[WatchEvent]]:
         """A watch from `resource_version`, or (None) from now: then a one-item list learns the
-        current version first."""
+        current version first. With `bookmarks`, the server's BOOKMARK events come through too."""
         query: dict[str, str | int | bool] = {"fieldSelector": selector} if selector else {}
+        if bookmarks:
+            query["allowWatchBookmarks"] = True
         if resource_version is None:
             listed = await self._call("GET", path, {**query, "limit": 1})
             resource_version = listed["metadata"]["resourceVersion"]
         query |= {"resourceVersion": resource_version, "timeoutSeconds": WATCH_TIMEOUT_S}
-        stream = _Watch(self._rest, path, query)
+        stream = _Watch(self._rest, path, query, bookmarks=bookmarks)
         send, receive = trio.open_memory_channel[WatchItem](0)
         error: BaseException | None = None
         async with trio.open_nursery() as nursery:
@@ -162,6 +181,26 @@ class KubeClient:
         if error is not None:
             raise error
 
+    async def _list(self, path: str, query: Query | None = None) -> JsonObject:
+        """Every object of a list, page by page; one list object (`items`, `metadata.resourceVersion`:
+        the pages' common snapshot). A continue token gone stale mid-list: one complete list instead."""
+        items: list[JsonObject] = []
+        token = ""
+        while True:
+            page_query = {**(query or {}), "limit": self._page_size, **({"continue": token} if token else {})}
+            try:
+                page = await self._call("GET", path, page_query)
+            except Gone as err:
+                if not token:
+                    raise
+                log.info("list %s: %s after %d objects; listing it whole", path, err, len(items))
+                return await self._call("GET", path, query)
+            items.extend(page.get("items") or [])
+            metadata = page.get("metadata") or {}
+            token = metadata.get("continue") or ""
+            if not token:
+                return {"items": items, "metadata": {"resourceVersion": metadata.get("resourceVersion", "")}}
+
     async def _call(
         self, method: str, path: str, query: Query | None = None, *, body: JsonObject | None = None,
         content_type: str = "application/json",
@@ -177,10 +216,12 @@ class KubeClient:
 class _Watch:
     """One watch stream in one thread, feeding a Trio channel until stopped, ended or broken."""
 
-    def __init__(self, http: rest.Rest, path: str, query: Query) -> None:
+    def __init__(self, http: rest.Rest, path: str, query: Query, *, bookmarks: bool) -> None:
         self._rest = http
         self._path = path
         self._query = query
+        #: pass BOOKMARK events on (the watch asked for them); otherwise skip any a server sends
+        self._bookmarks = bookmarks
         self._lock = threading.Lock()
         self._response: urllib3.BaseHTTPResponse | None = None
         self._stopped = False
@@ -241,8 +282,9 @@ class _Watch:
         response = self._open(started)
         with closing(response), closing(self._events(response)) as events:
             for raw in events:
-                if raw.get("type") not in WatchEventType.__members__:
-                    continue  # BOOKMARK (not requested) and whatever a newer server adds
+                kind = raw.get("type")
+                if kind not in WatchEventType.__members__ or (kind == "BOOKMARK" and not self._bookmarks):
+                    continue  # a bookmark nobody asked for, and whatever a newer server adds
                 event = WatchEvent(WatchEventType(raw["type"]), raw["object"])
                 try:
                     trio.from_thread.run(send.send, event)

@@ -3,7 +3,10 @@
 It lists, then watches from the list's resourceVersion, so no change falls between the two; a watch
 that ends (the server's timeout) is opened again from the last version seen, without a list; a
 watch the server answers 410 Gone (its history was compacted) lists again; every `resync` seconds it
-lists again anyway, which bounds how long a missed change can stay wrong. Any other error is raised:
+lists again anyway, which bounds how long a missed change can stay wrong. The watch asks for bookmarks,
+so its version stays current through quiet hours and a reopened watch rarely meets 410; each resync
+comes at a random point of [resync, resync x (1 + jitter)], so the nodes of a DaemonSet, started
+together, do not list together ever after. Any other error is raised:
 the informer is a supervised component (`run(ready)`), and the supervisor's restart backoff is the
 reconnect backoff; the store and the last version survive the restart, so the next session watches
 from where the last one stopped. Readers never wait for the API: `get` and `by_uid` read the store,
@@ -15,6 +18,7 @@ from __future__ import annotations
 
 import logging
 import math
+import random
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import AbstractAsyncContextManager
 from typing import Any
@@ -36,6 +40,9 @@ Handler = Callable[[JsonObject | None, JsonObject | None], None]
 RESYNC_INTERVAL = 600.0
 #: at least this long between two watch starts, so a watch that ends at once cannot spin
 WATCH_MIN_INTERVAL = 1.0
+#: a resync comes up to this fraction of `resync` later than due, at random (client-go's reflector
+#: spreads its resyncs the same way)
+RESYNC_JITTER = 0.1
 
 
 def key_of(obj: JsonObject) -> Key:
@@ -63,14 +70,19 @@ class Informer:
         *,
         resync: float = RESYNC_INTERVAL,
         min_interval: float = WATCH_MIN_INTERVAL,
+        resync_jitter: float = RESYNC_JITTER,
+        rand: Callable[[], float] = random.random,
     ) -> None:
-        if not (resync > 0 and min_interval >= 0):
-            raise ValueError(f"informer {kind}: resync must be > 0 and min_interval >= 0")
+        if not (resync > 0 and min_interval >= 0 and resync_jitter >= 0):
+            raise ValueError(f"informer {kind}: resync must be > 0, min_interval and resync_jitter >= 0")
         self.kind = kind
         self._lister = lister
         self._watcher = watcher
         self.resync = resync
         self.min_interval = min_interval
+        self.resync_jitter = resync_jitter
+        #: a number in [0, 1): where in the jitter window the next resync falls
+        self._rand = rand
         self._objects: dict[Key, JsonObject] = {}
         self._uids: dict[str, Key] = {}
         #: the version the next watch starts from; None: list first
@@ -84,9 +96,10 @@ class Informer:
         self.list_handlers: list[Callable[[], None]] = []
         #: true from the first complete list on (a later failure does not reset it)
         self.synced = False
-        #: complete lists and opened watches (debug state, tests)
+        #: complete lists, opened watches and bookmarks received (debug state, tests)
         self.lists = 0
         self.watches = 0
+        self.bookmarks = 0
 
     # -- readers -----------------------------------------------------------------------------------
 
@@ -159,7 +172,7 @@ class Informer:
             if old is None or _version(old) != _version(obj) or _uid(old) != _uid(obj):
                 self._store(key, obj)
         self._version = listing.resource_version
-        self._next_list = trio.current_time() + self.resync
+        self._next_list = trio.current_time() + self.resync * (1 + self.resync_jitter * self._rand())
         self.lists += 1
         if not self.synced:
             self.synced = True
@@ -175,6 +188,9 @@ class Informer:
         version = _version(obj)
         if version:
             self._version = version
+        if event.type is WatchEventType.BOOKMARK:
+            self.bookmarks += 1
+            return
         self._store(key_of(obj), None if event.type is WatchEventType.DELETED else obj)
 
     def _store(self, key: Key, new: JsonObject | None) -> None:

@@ -4,11 +4,18 @@ Errors come out as the KubeError family, as client-go maps them: 404 NotFound, 4
 ERROR event with code 410 too), 409 or a 422 on metadata.uid Conflict, any other status KubeError
 with it, and no answer at all KubeError with status 0 ("unreachable"). Every call runs in a worker
 thread (vgpud.kube.client); the pool keeps up to `maxsize` connections for reuse.
+
+A read the server throttles (429, or a 5xx, with `Retry-After` in seconds: API Priority and Fairness,
+an overloaded server) is tried again after the time it asks, up to THROTTLE_RETRIES times, as client-go
+does (`retry_delay`). A write is not: the thread cannot learn that its caller gave up meanwhile, and
+a write sent after that would surprise it; the caller sees the 429 as a KubeError.
 """
 
 from __future__ import annotations
 
 import json
+import logging
+import time
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager, suppress
 from urllib.parse import urlencode
@@ -24,8 +31,10 @@ CONNECT_TIMEOUT_S = 10.0
 #: seconds an ordinary call may wait for the server's answer
 CALL_TIMEOUT_S = 30.0
 #: connection errors retried before a call fails (a pooled connection the server closed meanwhile);
-#: an answer is never retried, and a PATCH never after its request was sent
-RETRIES = urllib3.Retry(total=3, redirect=False, status=0)
+#: an answer is never retried here, and a PATCH never after its request was sent. urllib3's own
+#: `Retry-After` handling is off: with `status=0` it turns a throttled answer into a connection error
+#: (status 0, "unreachable"); `retry_delay` decides instead
+RETRIES = urllib3.Retry(total=3, redirect=False, status=0, respect_retry_after_header=False)
 
 #: the most bytes one read of a watch stream takes
 READ_SIZE = 65536
@@ -33,7 +42,28 @@ READ_SIZE = 65536
 #: request limit), so a line past this is a broken stream, not a big object
 MAX_EVENT_BYTES = 16 * 1024 * 1024
 
+#: how often a throttled read is tried again (client-go's default for a request: 10)
+THROTTLE_RETRIES = 10
+#: the longest `Retry-After` waited for; a longer one is waited this long
+MAX_RETRY_AFTER_S = 30.0
+
 Query = Mapping[str, str | int | bool]
+
+log = logging.getLogger("vgpud.kube")
+
+
+def retry_delay(method: str, status: int, retry_after: str | None) -> float | None:
+    """Seconds to wait before trying a request again that the server did not serve, or None: do not
+    (client-go's rule: a 429 or a 5xx that carries `Retry-After` in whole seconds; here reads only)."""
+    if retry_after is None or method != "GET":
+        return None
+    if status != 429 and not 500 <= status < 600:
+        return None
+    try:
+        seconds = int(retry_after.strip())
+    except ValueError:
+        return None  # the HTTP-date form: client-go does not retry on it either
+    return min(max(seconds, 0), MAX_RETRY_AFTER_S)
 
 
 class Rest:
@@ -105,14 +135,22 @@ class Rest:
         url = self._config.server + path
         if fields:
             url += "?" + urlencode(fields)
-        return self._pool.request(
-            method,
-            url,
-            body=encoded,
-            headers=headers,
-            preload_content=False,
-            timeout=urllib3.Timeout(connect=CONNECT_TIMEOUT_S, read=read_timeout),
-        )
+        timeout = urllib3.Timeout(connect=CONNECT_TIMEOUT_S, read=read_timeout)
+        retries = 0
+        while True:
+            response = self._pool.request(
+                method, url, body=encoded, headers=headers, preload_content=False, timeout=timeout
+            )
+            delay = retry_delay(method, response.status, response.headers.get("Retry-After"))
+            if delay is None or retries == THROTTLE_RETRIES:
+                return response
+            retries += 1
+            response.drain_conn()
+            response.release_conn()
+            log.info(
+                "%s %s: the API server answered %d; again in %.0f s", method, path, response.status, delay
+            )
+            time.sleep(delay)  # a worker thread's: the event loop runs on
 
 
 def watch_events(response: urllib3.BaseHTTPResponse, what: str) -> Iterator[JsonObject]:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 import threading
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -18,7 +18,8 @@ import yaml
 
 from tests.kubeapi import free_port
 from vgpud.kube.api import Conflict, Gone, KubeError, NotFound, WatchEventType
-from vgpud.kube.client import KubeClient
+from vgpud.kube.client import LIST_PAGE_SIZE, KubeClient
+from vgpud.kube.rest import THROTTLE_RETRIES, retry_delay
 
 SLICES = "/apis/resource.k8s.io/v1/resourceslices"
 
@@ -65,7 +66,8 @@ async def test_unreachable_server(tmp_path: Path) -> None:
 class Stub:
     """Answers by (method, path, is-watch); records every request."""
 
-    routes: dict[tuple[str, str, bool], Callable[[], tuple[int, Iterable[bytes]]]]
+    #: an answer is (status, body chunks) or (status, body chunks, extra headers)
+    routes: dict[tuple[str, str, bool], Callable[[], tuple[Any, ...]]]
     requests: list[dict[str, Any]] = field(default_factory=list)
 
 
@@ -98,8 +100,11 @@ def stub(tmp_path: Path) -> Iterator[tuple[Stub, KubeClient]]:
                 }
             )
             route = stub.routes.get((self.command, url.path, query.get("watch") == ["true"]))
-            code, chunks = route() if route else status(404, f"no route for {self.command} {url.path}")
+            answer = route() if route else status(404, f"no route for {self.command} {url.path}")
+            code, chunks, *headers = answer
             self.send_response(code)
+            for name, value in (headers[0] if headers else {}).items():
+                self.send_header(name, value)
             self.send_header("Content-Type", "application/json")
             self.send_header("Connection", "close")
             self.end_headers()
@@ -238,3 +243,117 @@ async def test_a_watch_line_past_the_limit_is_a_broken_stream(
     with trio.fail_after(10), pytest.raises(KubeError, match="longer than 1000 bytes"):
         async with client.watch_resource_slices(driver="d", node_name="n") as events:
             await anext(events)
+
+
+@pytest.mark.parametrize(
+    ("method", "code", "retry_after", "delay"),
+    [
+        ("GET", 429, "3", 3.0),
+        ("GET", 503, "1", 1.0),
+        ("GET", 429, "0", 0.0),
+        ("GET", 429, "-5", 0.0),
+        ("GET", 429, "3600", 30.0),  # capped
+        ("GET", 429, None, None),  # no Retry-After: not throttling, an error
+        ("GET", 429, "Wed, 21 Oct 2026 07:28:00 GMT", None),  # the date form: client-go does not retry
+        ("GET", 404, "1", None),
+        ("PATCH", 429, "1", None),  # a write is never sent again
+        ("DELETE", 503, "1", None),
+    ],
+)
+def test_the_throttling_rule(method: str, code: int, retry_after: str | None, delay: float | None) -> None:
+    assert retry_delay(method, code, retry_after) == delay
+
+
+def throttled(times: int, then: tuple[Any, ...]) -> Callable[[], tuple[Any, ...]]:
+    """A route that answers 429 with `Retry-After: 0` `times` times, then `then`."""
+    left = [times]
+
+    def answer() -> tuple[Any, ...]:
+        if left[0] > 0:
+            left[0] -= 1
+            return (*status(429, "too many requests"), {"Retry-After": "0"})
+        return then
+
+    return answer
+
+
+async def test_a_throttled_read_is_sent_again_as_asked(stub: tuple[Stub, KubeClient]) -> None:
+    routes, client = stub[0].routes, stub[1]
+    routes["GET", "/api/v1/nodes/n", False] = throttled(
+        2, (200, [json.dumps({"metadata": {"name": "n"}}).encode()])
+    )
+    assert (await client.get_node("n"))["metadata"]["name"] == "n"
+    assert len(stub[0].requests) == 3
+
+
+async def test_a_read_throttled_past_the_retries_fails_with_the_429(stub: tuple[Stub, KubeClient]) -> None:
+    routes, client = stub[0].routes, stub[1]
+    routes["GET", "/api/v1/nodes/n", False] = throttled(1000, status(200, "never"))
+    with pytest.raises(KubeError) as e:
+        await client.get_node("n")
+    assert e.value.status == 429 and len(stub[0].requests) == THROTTLE_RETRIES + 1
+
+
+async def test_a_throttled_write_is_not_sent_again(stub: tuple[Stub, KubeClient]) -> None:
+    routes, client = stub[0].routes, stub[1]
+    routes["PATCH", f"{SLICES}/s", False] = throttled(1, (200, [b"{}"]))
+    with pytest.raises(KubeError) as e:
+        await client.apply_resource_slice({"metadata": {"name": "s"}}, field_manager="vgpud")
+    assert e.value.status == 429 and len(stub[0].requests) == 1
+
+
+def pages(*answers: tuple[Any, ...]) -> Callable[[], tuple[Any, ...]]:
+    """A route that gives `answers` one after another."""
+    queue = list(answers)
+    return lambda: queue.pop(0)
+
+
+def page(names: list[str], version: str, token: str = "") -> tuple[int, list[bytes]]:
+    metadata = {"resourceVersion": version, **({"continue": token} if token else {})}
+    items = [{"metadata": {"name": name}} for name in names]
+    return 200, [json.dumps({"metadata": metadata, "items": items}).encode()]
+
+
+async def test_a_list_comes_in_pages(stub: tuple[Stub, KubeClient]) -> None:
+    routes, client = stub[0].routes, stub[1]
+    claims = "/apis/resource.k8s.io/v1/resourceclaims"
+    routes["GET", claims, False] = pages(page(["a", "b"], "9", "t1"), page(["c"], "9"))
+    listing = await client.list_resource_claims()
+    assert [c["metadata"]["name"] for c in listing.items] == ["a", "b", "c"]
+    assert listing.resource_version == "9" and listing.items[0]["kind"] == "ResourceClaim"
+    first, second = (request["query"] for request in stub[0].requests)
+    assert first == {"limit": [str(LIST_PAGE_SIZE)]}
+    assert second == {"limit": [str(LIST_PAGE_SIZE)], "continue": ["t1"]}
+
+
+async def test_an_expired_continue_token_lists_everything_at_once(stub: tuple[Stub, KubeClient]) -> None:
+    routes, client = stub[0].routes, stub[1]
+    claims = "/apis/resource.k8s.io/v1/resourceclaims"
+    expired = status(410, "The provided continue parameter is too old")
+    routes["GET", claims, False] = pages(page(["a"], "9", "t1"), expired, page(["a", "b", "c"], "12"))
+    listing = await client.list_resource_claims()
+    assert [c["metadata"]["name"] for c in listing.items] == ["a", "b", "c"]
+    assert listing.resource_version == "12"
+    assert stub[0].requests[-1]["query"] == {}  # the whole list, unpaginated
+
+
+async def test_a_first_page_gone_is_the_callers_410(stub: tuple[Stub, KubeClient]) -> None:
+    routes, client = stub[0].routes, stub[1]
+    routes["GET", "/apis/resource.k8s.io/v1/resourceclaims", False] = lambda: status(410, "gone")
+    with pytest.raises(Gone):
+        await client.list_resource_claims()
+
+
+async def test_the_informers_watches_ask_for_bookmarks_and_the_slice_watch_does_not(
+    stub: tuple[Stub, KubeClient],
+) -> None:
+    routes, client = stub[0].routes, stub[1]
+    bookmark = {"kind": "ResourceClaim", "metadata": {"resourceVersion": "15"}}
+    routes["GET", "/apis/resource.k8s.io/v1/resourceclaims", True] = lambda: (
+        200,
+        [event("BOOKMARK", bookmark)],
+    )
+    async with client.watch_resource_claims(resource_version="7") as events:
+        got = await anext(events)
+    assert (got.type, got.object) == (WatchEventType.BOOKMARK, bookmark)
+    assert stub[0].requests[-1]["query"]["allowWatchBookmarks"] == ["true"]

@@ -6,7 +6,7 @@ stopped; a periodic resync lists again; subscribers are woken by their key's cha
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
-from contextlib import AbstractAsyncContextManager
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from typing import Any
 
 import pytest
@@ -16,6 +16,7 @@ import trio.testing
 from tests import objects as o
 from tests.unit.registry.world import run_cache
 from vgpud.kube import Gone, JsonObject, KubeError, Listing, WatchEvent
+from vgpud.kube.api import WatchEventType
 from vgpud.kube.fake import FakeKube
 from vgpud.kube.informer import Informer, pod_informer
 from vgpud.supervisor import Backoff, Restart, Supervisor
@@ -170,15 +171,48 @@ async def test_an_error_is_retried_with_the_supervisors_backoff_from_the_last_ve
         supervisor.cancel()
 
 
-async def test_a_resync_lists_again(autojump: trio.testing.MockClock) -> None:
+@pytest.mark.parametrize(("rand", "due"), [(0.0, 600.0), (0.5, 630.0), (0.999, 659.94)])
+async def test_a_resync_lists_again_at_a_random_point_of_its_window(
+    autojump: trio.testing.MockClock, rand: float, due: float
+) -> None:
+    """[resync, resync x 1.1]: the nodes of a DaemonSet started together do not list together."""
     kube = FakeKube()
-    informer = pod_informer(kube, NODE, resync=600.0)
+    informer = pod_informer(kube, NODE, resync=600.0, rand=lambda: rand)
     async with trio.open_nursery() as nursery:
         await nursery.start(run_cache, informer)
-        await trio.sleep(599)
+        await trio.sleep(due - 1)
         assert kube.calls == {"list_node_pods": 1, "watch_node_pods": 1}
         await trio.sleep(2)
         assert kube.calls == {"list_node_pods": 2, "watch_node_pods": 2}
+        nursery.cancel_scope.cancel()
+
+
+async def test_a_bookmark_moves_the_version_and_changes_nothing(autojump: trio.testing.MockClock) -> None:
+    """The next watch starts from the bookmark's version; the store is as the list left it."""
+    listed = pod("listed")
+    opened: list[str] = []
+
+    async def lister() -> Listing:
+        return Listing([listed], "10")
+
+    @asynccontextmanager
+    async def watcher(version: str) -> AsyncIterator[AsyncIterator[WatchEvent]]:
+        opened.append(version)
+
+        async def events() -> AsyncIterator[WatchEvent]:
+            if len(opened) == 1:
+                yield WatchEvent(
+                    WatchEventType.BOOKMARK, {"kind": "Pod", "metadata": {"resourceVersion": "25"}}
+                )
+
+        yield events()
+
+    informer = Informer("pod", lister, watcher, min_interval=1.0)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(run_cache, informer)
+        await trio.sleep(1.5)
+        assert opened[:2] == ["10", "25"] and informer.bookmarks == 1
+        assert names(informer) == ["listed"] and informer.lists == 1
         nursery.cancel_scope.cancel()
 
 
