@@ -1,12 +1,21 @@
-"""KubeClient at scale, against the real API server: a list in pages is the whole list."""
+"""KubeClient at scale, against the real API server: a list in pages is the whole list, and a
+continue token the server has compacted away (410 between two pages) ends in one whole list."""
 
 from __future__ import annotations
 
+import json
+import shutil
+import tempfile
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
+import pytest
 import trio
 
-from tests.kubeapi import ApiServer, api_request
+from tests.kubeapi import INSTALL_HINT, ApiServer, api_request, apiserver_available, start_apiserver
+from tests.support import require
 from tests.unit.kube.conftest import ApiSeeder
 from vgpud.kube import config as kubeconfig
 from vgpud.kube.api import RESOURCE_API
@@ -64,3 +73,56 @@ async def test_a_list_in_pages_is_the_whole_list(kube_apiserver: ApiServer) -> N
         api_request, kube_apiserver, "GET", f"/apis/{RESOURCE_API}/resourceclaims"
     )
     assert listing.resource_version and len(listing.items) == len(whole["items"])
+
+
+@pytest.fixture(scope="module")
+def etcd_paged_apiserver() -> Iterator[ApiServer]:
+    """A second server that serves continue pages from etcd (ListFromCacheSnapshot off), as servers
+    before the cache snapshots did: there a compaction expires a list's continue token."""
+    require(apiserver_available(), "etcd + kube-apiserver", INSTALL_HINT)
+    workdir = Path(tempfile.mkdtemp(prefix="vgt", dir="/tmp"))
+    server = start_apiserver(workdir, feature_gates=["ListFromCacheSnapshot=false"])
+    try:
+        yield server
+    finally:
+        server.stop()
+        shutil.rmtree(workdir, ignore_errors=True)
+
+
+def compact(server: ApiServer) -> None:
+    """Compact etcd at its current revision: every older continue token is gone."""
+    revision = _etcd(server, "/v3/kv/range", {"key": "AA==", "limit": 1})["header"]["revision"]
+    _etcd(server, "/v3/kv/compaction", {"revision": revision, "physical": True})
+
+
+def _etcd(server: ApiServer, path: str, body: dict[str, Any]) -> dict[str, Any]:
+    request = urllib.request.Request(
+        server.etcd_url + path, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"}
+    )
+    with urllib.request.urlopen(request, timeout=10) as answer:
+        return json.loads(answer.read())
+
+
+async def test_a_continue_token_compacted_away_lists_whole(etcd_paged_apiserver: ApiServer) -> None:
+    server = etcd_paged_apiserver
+    names = await seeded(server, "compacted", 5)
+    client = KubeClient(kubeconfig.from_kubeconfig(server.kubeconfig), list_page_size=2)
+    sent = counting(client)
+    call = client._rest.call
+    seeder = ApiSeeder(server)
+
+    def compact_after_the_first_page(method: str, path: str, query: Any = None, *args: Any) -> Any:
+        answer = call(method, path, query, *args)
+        if query and query.get("limit") and not query.get("continue"):
+            trio.from_thread.run(seeder.claim, claim("compacted", "late"))  # the revision moves on
+            compact(server)
+        return answer
+
+    client._rest.call = compact_after_the_first_page  # type: ignore[method-assign]
+    try:
+        listing = await client.list_resource_claims()
+    finally:
+        client.close()
+    assert ours(listing, "compacted") == sorted([*names, "late"])  # the whole list, after the compaction
+    assert [query.get("continue", "") != "" for query in sent] == [False, True, False]
+    assert sent[-1] == {}  # the 410 on the second page: one whole, unpaginated list
