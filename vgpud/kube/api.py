@@ -41,6 +41,10 @@ class Conflict(KubeError):
     precondition that failed (the API server answers that one with 422 on metadata.uid)."""
 
 
+#: the annotation of the BOOKMARK that ends a watch's initial events (a watch from version "")
+INITIAL_EVENTS_END = "k8s.io/initial-events-end"
+
+
 class WatchEventType(StrEnum):
     ADDED = "ADDED"
     MODIFIED = "MODIFIED"
@@ -89,7 +93,9 @@ class KubeApi(Protocol):
         self, *, node_name: str, resource_version: str
     ) -> AbstractAsyncContextManager[AsyncIterator[WatchEvent]]:
         """Changes to this node's pods after `resource_version` (a `Listing`'s); Gone when the server
-        no longer has that version; ends (or raises KubeError) like the slice watch."""
+        no longer has that version; ends (or raises KubeError) like the slice watch. From version "":
+        the current pods first, each ADDED, then a BOOKMARK annotated INITIAL_EVENTS_END, then the
+        changes (the streaming list); a server without it refuses with KubeError (422)."""
         ...
 
     async def get_node(self, name: str) -> JsonObject:
@@ -122,6 +128,6 @@ class KubeApi(Protocol):
     def watch_resource_claims(
         self, *, resource_version: str
     ) -> AbstractAsyncContextManager[AsyncIterator[WatchEvent]]:
-        """Changes to every ResourceClaim after `resource_version`; Gone, ends or raises like
-        `watch_node_pods`."""
+        """Changes to every ResourceClaim after `resource_version`; Gone, ends, raises or streams the
+        current claims first (version "") like `watch_node_pods`."""
         ...

@@ -159,10 +159,19 @@ class KubeClient:
         query: dict[str, str | int | bool] = {"fieldSelector": selector} if selector else {}
         if bookmarks:
             query["allowWatchBookmarks"] = True
-        if resource_version is None:
-            listed = await self._call("GET", path, {**query, "limit": 1})
-            resource_version = listed["metadata"]["resourceVersion"]
-        query |= {"resourceVersion": resource_version, "timeoutSeconds": WATCH_TIMEOUT_S}
+        if resource_version == "":  # the streaming list: the current objects first, then the changes
+            query |= {
+                "sendInitialEvents": True,
+                "resourceVersionMatch": "NotOlderThan",
+                "allowWatchBookmarks": True,
+            }
+            bookmarks = True
+        else:
+            if resource_version is None:
+                listed = await self._call("GET", path, {**query, "limit": 1})
+                resource_version = listed["metadata"]["resourceVersion"]
+            query["resourceVersion"] = resource_version
+        query["timeoutSeconds"] = WATCH_TIMEOUT_S
         stream = _Watch(self._rest, path, query, bookmarks=bookmarks)
         send, receive = trio.open_memory_channel[WatchItem](0)
         error: BaseException | None = None

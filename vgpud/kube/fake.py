@@ -24,6 +24,7 @@ import trio
 
 from vgpud.kube._channel import ChannelEvents, WatchItem
 from vgpud.kube.api import (
+    INITIAL_EVENTS_END,
     RESOURCE_API,
     Conflict,
     Gone,
@@ -242,6 +243,14 @@ class FakeKube:
         as the API server sends it: an ERROR event on an accepted watch."""
         send, receive = trio.open_memory_channel[WatchItem](math.inf)
         watcher = _Watcher(kind, wanted, send)
+        if resource_version == "":  # the streaming list
+            for _, obj in sorted(self._stored(kind).items()):
+                if wanted(obj):
+                    send.send_nowait(WatchEvent(WatchEventType.ADDED, copy.deepcopy(obj)))
+            end = {"kind": kind, "metadata": {"resourceVersion": str(self._version)}}
+            end["metadata"]["annotations"] = {INITIAL_EVENTS_END: "true"}
+            send.send_nowait(WatchEvent(WatchEventType.BOOKMARK, end))
+            resource_version = str(self._version)
         since = None if resource_version is None else int(resource_version)
         if since is not None and since < self._compacted:
             send.send_nowait(Gone(f"too old resource version: {since} ({self._compacted})", 410))
@@ -258,6 +267,10 @@ class FakeKube:
             if watcher in self._watchers:
                 self._watchers.remove(watcher)
             send.close()
+
+    def _stored(self, kind: str) -> dict[tuple[str, str], JsonObject]:
+        """The objects of a kind a watch may stream."""
+        return {"Pod": self._pods, "ResourceClaim": self._claims}[kind]
 
     async def _enter(self, method: str) -> None:
         """Count the call, yield to the scheduler as real I/O would, and raise an injected failure."""

@@ -1,6 +1,9 @@
 """Informer: a watch-fed cache of one kind of object, the pattern of client-go's reflector and store.
 
-It lists, then watches from the list's resourceVersion, so no change falls between the two; a watch
+It lists, then watches from the list's resourceVersion, so no change falls between the two. Where the
+server offers it (the WatchList feature, on in current Kubernetes), the list is the watch's own start
+(`stream_lists`: a watch from version "" sends every object, then a bookmark, then the changes), so no
+list answer of every object is ever built or held; a server without it (422) is listed, in pages. A watch
 that ends (the server's timeout) is opened again from the last version seen, without a list; a
 watch the server answers 410 Gone (its history was compacted) lists again; every `resync` seconds it
 lists again anyway, which bounds how long a missed change can stay wrong. The watch asks for bookmarks,
@@ -25,7 +28,16 @@ from typing import Any
 
 import trio
 
-from vgpud.kube.api import Gone, JsonObject, KubeApi, Listing, WatchEvent, WatchEventType
+from vgpud.kube.api import (
+    INITIAL_EVENTS_END,
+    Gone,
+    JsonObject,
+    KubeApi,
+    KubeError,
+    Listing,
+    WatchEvent,
+    WatchEventType,
+)
 
 log = logging.getLogger("vgpud.kube")
 
@@ -58,6 +70,11 @@ def _version(obj: JsonObject) -> str:
     return str((obj.get("metadata") or {}).get("resourceVersion") or "")
 
 
+def _ends_initial_events(event: WatchEvent) -> bool:
+    annotations = (event.object.get("metadata") or {}).get("annotations") or {}
+    return event.type is WatchEventType.BOOKMARK and annotations.get(INITIAL_EVENTS_END) == "true"
+
+
 class Informer:
     """The objects one list + watch pair sees, kept current. Objects are the API's dicts, shared with
     every reader: readers must not modify them."""
@@ -72,6 +89,7 @@ class Informer:
         min_interval: float = WATCH_MIN_INTERVAL,
         resync_jitter: float = RESYNC_JITTER,
         rand: Callable[[], float] = random.random,
+        stream_lists: bool = True,
     ) -> None:
         if not (resync > 0 and min_interval >= 0 and resync_jitter >= 0):
             raise ValueError(f"informer {kind}: resync must be > 0, min_interval and resync_jitter >= 0")
@@ -83,6 +101,8 @@ class Informer:
         self.resync_jitter = resync_jitter
         #: a number in [0, 1): where in the jitter window the next resync falls
         self._rand = rand
+        #: list through the watch (the streaming list); off for good once the server refuses it
+        self.stream_lists = stream_lists
         self._objects: dict[Key, JsonObject] = {}
         self._uids: dict[str, Key] = {}
         #: the version the next watch starts from; None: list first
@@ -139,39 +159,71 @@ class Informer:
 
     async def run(self, ready: Callable[[], None]) -> None:
         """List when there is no version to watch from (or a resync is due), then watch; ready once
-        the watch is open (once per call). Returns never; raises KubeError when the server fails."""
+        the watch is open and the list in (once per call). Returns never; raises KubeError when the
+        server fails."""
         announced = False
+
+        def announce() -> None:
+            nonlocal announced
+            if not announced:
+                announced = True
+                ready()
+
         while True:
-            if self._version is None or trio.current_time() >= self._next_list:
+            relist = self._version is None or trio.current_time() >= self._next_list
+            stream = relist and self.stream_lists
+            if relist and not stream:
                 await self._list()
-            assert self._version is not None
             started = trio.current_time()
             try:
-                with trio.move_on_at(self._next_list):
-                    async with self._watcher(self._version) as events:
-                        self.watches += 1
-                        if not announced:
-                            announced = True
-                            ready()
-                        async for event in events:
-                            self._apply(event)
+                await self._watch(stream, announce)
             except Gone as err:
                 log.info("%s watch from version %s: %s; listing again", self.kind, self._version, err)
                 self._version = None
                 continue
+            except KubeError as err:
+                if not (stream and err.status == 422):
+                    raise
+                log.info("%s: the API server has no streaming list (%s); listing instead", self.kind, err)
+                self.stream_lists = False
+                continue
             if trio.current_time() < self._next_list:
                 await trio.sleep_until(started + self.min_interval)
 
+    async def _watch(self, stream: bool, announce: Callable[[], None]) -> None:
+        """One watch until the resync is due or the server ends it; `stream`: from version "", its
+        initial events (up to the bookmark that ends them) replace the store as a list would."""
+        # a streaming list has no deadline until its initial events are in: they are the list
+        with trio.CancelScope(deadline=math.inf if stream else self._next_list) as scope:
+            async with self._watcher("" if stream else str(self._version)) as events:
+                self.watches += 1
+                initial: dict[Key, JsonObject] | None = {} if stream else None
+                if initial is None:
+                    announce()
+                async for event in events:
+                    if initial is None:
+                        self._apply(event)
+                    elif _ends_initial_events(event):
+                        self._replace(initial, _version(event.object))
+                        initial = None
+                        scope.deadline = self._next_list
+                        announce()
+                    elif event.type is WatchEventType.ADDED:
+                        initial[key_of(event.object)] = event.object
+
     async def _list(self) -> None:
         listing = await self._lister()
-        fresh = {key_of(obj): obj for obj in listing.items}
+        self._replace({key_of(obj): obj for obj in listing.items}, listing.resource_version)
+
+    def _replace(self, fresh: dict[Key, JsonObject], version: str) -> None:
+        """A complete list of the objects (`fresh`, as of `version`) replaces the store."""
         for key in [k for k in self._objects if k not in fresh]:
             self._store(key, None)
         for key, obj in fresh.items():
             old = self._objects.get(key)
             if old is None or _version(old) != _version(obj) or _uid(old) != _uid(obj):
                 self._store(key, obj)
-        self._version = listing.resource_version
+        self._version = version
         self._next_list = trio.current_time() + self.resync * (1 + self.resync_jitter * self._rand())
         self.lists += 1
         if not self.synced:

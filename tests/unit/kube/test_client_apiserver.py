@@ -1,5 +1,6 @@
-"""KubeClient at scale, against the real API server: a list in pages is the whole list, and a
-continue token the server has compacted away (410 between two pages) ends in one whole list."""
+"""KubeClient at scale, against the real API server: a list in pages is the whole list; a continue
+token the server has compacted away (410 between two pages) ends in one whole list; the informer
+streams its list where the server offers it and lists where it does not."""
 
 from __future__ import annotations
 
@@ -17,9 +18,11 @@ import trio
 from tests.kubeapi import INSTALL_HINT, ApiServer, api_request, apiserver_available, start_apiserver
 from tests.support import require
 from tests.unit.kube.conftest import ApiSeeder
+from tests.unit.registry.world import run_cache
 from vgpud.kube import config as kubeconfig
 from vgpud.kube.api import RESOURCE_API
 from vgpud.kube.client import KubeClient
+from vgpud.kube.informer import Informer, claim_informer
 
 
 def claim(namespace: str, name: str) -> dict[str, Any]:
@@ -77,11 +80,11 @@ async def test_a_list_in_pages_is_the_whole_list(kube_apiserver: ApiServer) -> N
 
 @pytest.fixture(scope="module")
 def etcd_paged_apiserver() -> Iterator[ApiServer]:
-    """A second server that serves continue pages from etcd (ListFromCacheSnapshot off), as servers
-    before the cache snapshots did: there a compaction expires a list's continue token."""
+    """A second server as older ones were: continue pages served from etcd (ListFromCacheSnapshot
+    off: a compaction expires a list's continue token) and no streaming list (WatchList off)."""
     require(apiserver_available(), "etcd + kube-apiserver", INSTALL_HINT)
     workdir = Path(tempfile.mkdtemp(prefix="vgt", dir="/tmp"))
-    server = start_apiserver(workdir, feature_gates=["ListFromCacheSnapshot=false"])
+    server = start_apiserver(workdir, feature_gates=["ListFromCacheSnapshot=false", "WatchList=false"])
     try:
         yield server
     finally:
@@ -126,3 +129,32 @@ async def test_a_continue_token_compacted_away_lists_whole(etcd_paged_apiserver:
     assert ours(listing, "compacted") == sorted([*names, "late"])  # the whole list, after the compaction
     assert [query.get("continue", "") != "" for query in sent] == [False, True, False]
     assert sent[-1] == {}  # the 410 on the second page: one whole, unpaginated list
+
+
+async def informed(server: ApiServer) -> Informer:
+    """A claim informer over `server`, run until its cache has listed and its watch is open."""
+    client = KubeClient(kubeconfig.from_kubeconfig(server.kubeconfig), list_page_size=2)
+    informer = claim_informer(client)
+    try:
+        async with trio.open_nursery() as nursery:
+            await nursery.start(run_cache, informer)
+            nursery.cancel_scope.cancel()
+    finally:
+        client.close()
+    return informer
+
+
+async def test_the_informer_streams_its_list_where_the_server_offers_it(kube_apiserver: ApiServer) -> None:
+    names = await seeded(kube_apiserver, "streamed", 3)
+    informer = await informed(kube_apiserver)
+    assert informer.stream_lists and informer.lists == 1
+    assert all(informer.get("streamed", name) is not None for name in names)
+
+
+async def test_the_informer_lists_where_the_server_has_no_streaming_list(
+    etcd_paged_apiserver: ApiServer,
+) -> None:
+    names = await seeded(etcd_paged_apiserver, "listed", 3)
+    informer = await informed(etcd_paged_apiserver)
+    assert not informer.stream_lists and informer.lists == 1
+    assert all(informer.get("listed", name) is not None for name in names)

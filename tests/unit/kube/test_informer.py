@@ -60,7 +60,7 @@ async def test_lists_then_watches_this_nodes_pods(autojump: trio.testing.MockClo
     kube = FakeKube()
     kube.add_pod(pod("a"))
     kube.add_pod(pod("elsewhere", node="node-b"))
-    informer = pod_informer(kube, NODE)
+    informer = pod_informer(kube, NODE, stream_lists=False)
     seen = Recorded(informer)
     async with trio.open_nursery() as nursery:
         await nursery.start(run_cache, informer)
@@ -89,7 +89,7 @@ async def test_a_change_between_the_list_and_the_watch_is_not_lost(autojump: tri
     def watch(version: str) -> AbstractAsyncContextManager[AsyncIterator[WatchEvent]]:
         return kube.watch_node_pods(node_name=NODE, resource_version=version)
 
-    informer = Informer("pod", list_then_someone_writes, watch)
+    informer = Informer("pod", list_then_someone_writes, watch, stream_lists=False)
     async with trio.open_nursery() as nursery:
         await nursery.start(run_cache, informer)
         await settle()
@@ -101,7 +101,7 @@ async def test_an_ended_watch_is_reopened_from_the_last_version_without_a_list(
     autojump: trio.testing.MockClock,
 ) -> None:
     kube = FakeKube()
-    informer = pod_informer(kube, NODE)
+    informer = pod_informer(kube, NODE, stream_lists=False)
     async with trio.open_nursery() as nursery:
         await nursery.start(run_cache, informer)
         kube.end_watches()  # the server's timeout
@@ -117,7 +117,7 @@ async def test_410_gone_lists_again_and_the_list_is_the_truth(autojump: trio.tes
     kube = FakeKube()
     kube.add_pod(pod("stays"))
     kube.add_pod(pod("goes"))
-    informer = pod_informer(kube, NODE)
+    informer = pod_informer(kube, NODE, stream_lists=False)
     seen = Recorded(informer)
     listed = []
     informer.list_handlers.append(lambda: listed.append(names(informer)))
@@ -147,7 +147,7 @@ async def test_an_error_is_retried_with_the_supervisors_backoff_from_the_last_ve
     autojump: trio.testing.MockClock,
 ) -> None:
     kube = FakeKube()
-    informer = pod_informer(kube, NODE)
+    informer = pod_informer(kube, NODE, stream_lists=False)
     opened: list[float] = []
     watch_node_pods = kube.watch_node_pods
 
@@ -177,7 +177,7 @@ async def test_a_resync_lists_again_at_a_random_point_of_its_window(
 ) -> None:
     """[resync, resync x 1.1]: the nodes of a DaemonSet started together do not list together."""
     kube = FakeKube()
-    informer = pod_informer(kube, NODE, resync=600.0, rand=lambda: rand)
+    informer = pod_informer(kube, NODE, resync=600.0, rand=lambda: rand, stream_lists=False)
     async with trio.open_nursery() as nursery:
         await nursery.start(run_cache, informer)
         await trio.sleep(due - 1)
@@ -207,7 +207,7 @@ async def test_a_bookmark_moves_the_version_and_changes_nothing(autojump: trio.t
 
         yield events()
 
-    informer = Informer("pod", lister, watcher, min_interval=1.0)
+    informer = Informer("pod", lister, watcher, min_interval=1.0, stream_lists=False)
     async with trio.open_nursery() as nursery:
         await nursery.start(run_cache, informer)
         await trio.sleep(1.5)
@@ -218,7 +218,7 @@ async def test_a_bookmark_moves_the_version_and_changes_nothing(autojump: trio.t
 
 async def test_subscribers_are_woken_by_their_keys_change_only(autojump: trio.testing.MockClock) -> None:
     kube = FakeKube()
-    informer = pod_informer(kube, NODE)
+    informer = pod_informer(kube, NODE, stream_lists=False)
     mine, other, synced = trio.Event(), trio.Event(), trio.Event()
     informer.subscribe_synced(synced)
     informer.subscribe((o.NAMESPACE, "mine"), mine)
@@ -241,3 +241,46 @@ def test_settings_that_cannot_work_are_refused() -> None:
     kube = FakeKube()
     with pytest.raises(ValueError, match="resync must be > 0"):
         pod_informer(kube, NODE, resync=0)
+
+
+async def test_a_streaming_list_is_the_watchs_start(autojump: trio.testing.MockClock) -> None:
+    """The current pods arrive as the watch's initial events: no list call; ready once they are in."""
+    kube = FakeKube()
+    kube.add_pod(pod("before"))
+    informer = pod_informer(kube, NODE)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(run_cache, informer)
+        assert names(informer) == ["before"] and informer.synced and informer.lists == 1
+        kube.add_pod(pod("after"))
+        await settle()
+        assert names(informer) == ["after", "before"]
+        assert kube.calls == {"watch_node_pods": 1}
+        nursery.cancel_scope.cancel()
+
+
+async def test_a_server_without_the_streaming_list_is_listed(autojump: trio.testing.MockClock) -> None:
+    kube = FakeKube()
+    kube.add_pod(pod("before"))
+    kube.fail_next("watch_node_pods", KubeError("sendInitialEvents is forbidden for watch", 422))
+    informer = pod_informer(kube, NODE)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(run_cache, informer)
+        assert names(informer) == ["before"] and not informer.stream_lists
+        assert kube.calls == {"watch_node_pods": 2, "list_node_pods": 1}
+        nursery.cancel_scope.cancel()
+
+
+async def test_a_resync_streams_the_list_again(autojump: trio.testing.MockClock) -> None:
+    kube = FakeKube()
+    kube.add_pod(pod("stays"))
+    kube.add_pod(pod("goes"))
+    informer = pod_informer(kube, NODE, resync=600.0, rand=lambda: 0.0)
+    gone: list[str] = []
+    informer.handlers.append(lambda old, new: gone.append(old["metadata"]["name"]) if new is None else None)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(run_cache, informer)
+        kube.remove_pod("default", "goes")
+        await trio.sleep(601)
+        assert names(informer) == ["stays"] and gone == ["goes"]
+        assert informer.lists == 2 and kube.calls == {"watch_node_pods": 2}
+        nursery.cancel_scope.cancel()
