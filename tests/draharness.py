@@ -11,6 +11,7 @@ from vgpud.dra.cdi import spec_path
 from vgpud.dra.checkpoint import CheckpointStore
 from vgpud.dra.claimedits import NodeFacts
 from vgpud.dra.claimindex import ClaimRef
+from vgpud.dra.claimlabel import node_claim_labels
 from vgpud.dra.driver import DraDriver
 from vgpud.dra.driveredits import DriverEdits
 from vgpud.gpu import open_inventory
@@ -46,6 +47,8 @@ class Harness:
         self.recorder = Recorder()
         self.lazy, self.client_mode = lazy, client_mode
         self.driver_edits = driver_edits
+        #: what Prepare labels claims with: as `vgpud run` does, wherever a claim cache runs
+        self.claim_labels = node_claim_labels(o.DRIVER, NODE) if lazy or client_mode else {}
         self.driver = self.new_driver(boot)
 
     def new_driver(self, boot: str = BOOT) -> DraDriver:
@@ -65,6 +68,7 @@ class Harness:
             memory_ratio=100,
             library_version="1.0",
             driver_edits=self.driver_edits,
+            claim_labels=self.claim_labels,
         )
         return DraDriver(
             kube=self.kube,

@@ -120,6 +120,9 @@ class ApiServer:
     ca_file: Path
     workdir: Path
     etcd_url: str
+    #: a kubeconfig for user "tester" (group "testers"), who has no rights until a test binds some:
+    #: a client the server does not exempt from its limits, as it exempts system:masters
+    tester_kubeconfig: Path | None = None
     procs: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict, repr=False)
 
     def ssl_context(self) -> ssl.SSLContext:
@@ -188,7 +191,14 @@ def _etcd_argv(etcd: Path, workdir: Path, client_port: int, peer_port: int) -> l
 
 
 def _apiserver_argv(
-    apiserver: Path, workdir: Path, etcd_url: str, port: int, controllers: bool, *, gates: Sequence[str] = ()
+    apiserver: Path,
+    workdir: Path,
+    etcd_url: str,
+    port: int,
+    controllers: bool,
+    *,
+    gates: Sequence[str] = (),
+    extra_args: Sequence[str] = (),
 ) -> list[str]:
     sa_key = workdir / "sa.key"
     if controllers:
@@ -215,6 +225,7 @@ def _apiserver_argv(
         "--feature-gates=" + ",".join(["DRAConsumableCapacity=true", *gates]),
         "--profiling=false",
         "--v=1",
+        *extra_args,
     ]
 
 
@@ -286,11 +297,14 @@ def start_apiserver(
     *,
     controllers: bool = False,
     feature_gates: Sequence[str] = (),
+    extra_args: Sequence[str] = (),
 ) -> ApiServer:
     """Start etcd and kube-apiserver with all state under `workdir`; return once /readyz is ok.
 
     `controllers`: a kube-controller-manager will run beside it (see the module docstring).
     `feature_gates`: `Name=value` items added to the server's gates (a server without one feature).
+    `extra_args`: more kube-apiserver flags, after the defaults (a later flag wins: e.g. a server that
+    admits one request at a time, or one that writes an audit log).
 
     Raises StartError (with the tail of both logs) if either exits or /readyz is not ok in `timeout_s`.
     Ports are the kernel's free picks; if another process takes one first, it retries with new ones.
@@ -301,13 +315,23 @@ def start_apiserver(
     workdir.mkdir(parents=True, exist_ok=True)
     deadline = time.monotonic() + timeout_s
     token = secrets.token_hex(16)
-    (workdir / "tokens.csv").write_text(f'{token},admin,admin-uid,"system:masters"\n')
+    tester_token = secrets.token_hex(16)
+    (workdir / "tokens.csv").write_text(
+        f'{token},admin,admin-uid,"system:masters"\n{tester_token},tester,tester-uid,"testers"\n'
+    )
     (workdir / "tokens.csv").chmod(0o600)
     _write_sa_key(workdir / "sa.key")
     for attempt in range(1, PORT_ATTEMPTS + 1):
         try:
             return _start_once(
-                etcd, apiserver, workdir, token, deadline, controllers=controllers, gates=feature_gates
+                etcd,
+                apiserver,
+                workdir,
+                (token, tester_token),
+                deadline,
+                controllers=controllers,
+                gates=feature_gates,
+                extra_args=extra_args,
             )
         except StartError as exc:
             if attempt == PORT_ATTEMPTS or not exc.port_taken:
@@ -323,13 +347,15 @@ def _start_once(
     etcd: Path,
     apiserver: Path,
     workdir: Path,
-    token: str,
+    tokens: tuple[str, str],
     deadline: float,
     *,
     controllers: bool,
     gates: Sequence[str],
+    extra_args: Sequence[str] = (),
 ) -> ApiServer:
     client_port, peer_port, port = free_port(), free_port(), free_port()
+    token, tester_token = tokens
     server = ApiServer(
         kubeconfig=workdir / "kubeconfig",
         url=f"https://127.0.0.1:{port}",
@@ -344,16 +370,19 @@ def _start_once(
             _etcd_argv(etcd, workdir, client_port, peer_port), server.logs["etcd"], workdir
         )
         server.procs["kube-apiserver"] = _spawn(
-            _apiserver_argv(apiserver, workdir, server.etcd_url, port, controllers, gates=gates),
+            _apiserver_argv(
+                apiserver, workdir, server.etcd_url, port, controllers, gates=gates, extra_args=extra_args
+            ),
             server.logs["kube-apiserver"],
             workdir,
         )
         _wait_ready(server, deadline)
         # The self-signed bundle holds the serving certificate and the CA that signed it.
-        server.kubeconfig.write_text(
-            yaml.safe_dump(_kubeconfig(server.url, server.ca_file.read_bytes(), token))
-        )
-        server.kubeconfig.chmod(0o600)
+        ca_pem = server.ca_file.read_bytes()
+        server.tester_kubeconfig = workdir / "tester.kubeconfig"
+        for path, secret in ((server.kubeconfig, token), (server.tester_kubeconfig, tester_token)):
+            path.write_text(yaml.safe_dump(_kubeconfig(server.url, ca_pem, secret)))
+            path.chmod(0o600)
     except BaseException:
         server.stop()
         raise

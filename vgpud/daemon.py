@@ -77,7 +77,7 @@ def components(node: Node, observe: Observability) -> tuple[Component, ...]:
         Component(RESOURCE_SLICES, node.slices.run, API_CLIENT, counts_for_health=True),
         Component(DRA_CLEANUP, node.driver.run_cleanup, Restart(), counts_for_health=True),
         Component(DEVICE_HEALTH, run_of(node.health_watch), Restart(), counts_for_health=False),
-        Component(CLAIM_CACHE, run_of(node.caches.claims), API_CLIENT, counts_for_health=False),
+        Component(CLAIM_CACHE, run_of(node.caches.claim_watch), API_CLIENT, counts_for_health=False),
         Component(POD_CACHE, run_of(node.caches.pods), API_CLIENT, counts_for_health=False),
         Component(NRI_PLUGIN, nri_session(node), Restart(wake=nri_wake), counts_for_health=True),
         Component(REGISTRY, run_of(node.registry), Restart(), counts_for_health=True),

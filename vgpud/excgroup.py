@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
+from contextlib import contextmanager
+
+import trio
 
 
 def leaves(exc: BaseException) -> Iterator[BaseException]:
@@ -13,3 +16,16 @@ def leaves(exc: BaseException) -> Iterator[BaseException]:
             yield from leaves(inner)
     else:
         yield exc
+
+
+@contextmanager
+def single_error_unwrapped() -> Iterator[None]:
+    """Around a nursery: when what it raised holds one error besides cancellations, that error as it
+    was, not wrapped (callers and tests catch KubeError around a component as around a call)."""
+    try:
+        yield
+    except BaseExceptionGroup as group:
+        errors = [e for e in leaves(group) if not isinstance(e, trio.Cancelled)]
+        if len(errors) == 1:
+            raise errors[0] from errors[0].__cause__
+        raise

@@ -26,6 +26,7 @@ from vgpud.kube.api import RESOURCE_API, KubeApi, KubeError, WatchEventType
 from vgpud.kube.client import KubeClient
 from vgpud.kube.config import ApiConfig, from_kubeconfig
 from vgpud.webhook.lookup import KubeLookup, Lookup
+from vgpud.webhook.podcache import PodSource
 
 Right = tuple[str, str, str]  # (API group, resource, verb)
 RESOURCE = "resource.k8s.io"
@@ -34,7 +35,7 @@ SLICES, CLAIMS, TEMPLATES = "resourceslices", "resourceclaims", "resourceclaimte
 #: the node daemon's calls (vgpud.kube.client.KubeClient) -> the rights each needs
 NODE_CALLS: dict[str, set[Right]] = {
     "get_resource_claim": {(RESOURCE, CLAIMS, "get")},
-    "patch_resource_claim_annotations": {(RESOURCE, CLAIMS, "patch")},  # merge patch
+    "patch_resource_claim_metadata": {(RESOURCE, CLAIMS, "patch")},  # merge patch
     "get_pod": {("", "pods", "get")},
     "list_node_pods": {("", "pods", "list")},
     "watch_node_pods": {("", "pods", "watch")},
@@ -52,9 +53,15 @@ WEBHOOK_CALLS: dict[str, set[Right]] = {
     "get_resource_claim": {(RESOURCE, CLAIMS, "get")},
     "get_resource_claim_template": {(RESOURCE, TEMPLATES, "get")},
     "list_pods": {("", "pods", "list")},
+    "list_pods_named": {("", "pods", "list")},  # a field selector on metadata.name
+    # the pod cache's (vgpud.webhook.podcache.PodSource)
+    "list_all_pods": {("", "pods", "list")},
+    "watch_all_pods": {("", "pods", "watch")},  # from the list's version, or the streaming list
 }
 #: KubeClient's methods that make no API call
 NOT_CALLS = {"from_config", "close"}
+#: the webhook's reads that make no API call (the pod cache's index)
+WEBHOOK_NOT_CALLS = {"cached_pods"}
 
 
 def public_methods(cls: type) -> set[str]:
@@ -80,8 +87,8 @@ def granted(manifests: list[Manifest], name_suffix: str) -> set[Right]:
 def test_every_api_method_has_a_row() -> None:
     assert public_methods(KubeClient) - NOT_CALLS == set(NODE_CALLS)
     assert protocol_methods(KubeApi) == set(NODE_CALLS)
-    assert protocol_methods(Lookup) == set(WEBHOOK_CALLS)
-    assert public_methods(KubeLookup) - public_methods(KubeClient) <= set(WEBHOOK_CALLS)
+    assert protocol_methods(Lookup) | protocol_methods(PodSource) == set(WEBHOOK_CALLS) | WEBHOOK_NOT_CALLS
+    assert public_methods(KubeLookup) - public_methods(KubeClient) <= set(WEBHOOK_CALLS) | WEBHOOK_NOT_CALLS
 
 
 def test_cluster_roles_grant_exactly_what_is_called() -> None:
@@ -222,15 +229,15 @@ async def test_the_node_daemon_can_make_every_call_as_its_service_account(chart:
         called.add("get_pod")
         assert (await kube.get_resource_claim(ns, "c1"))["metadata"]["uid"] == claim["metadata"]["uid"]
         called.add("get_resource_claim")
-        patched = await kube.patch_resource_claim_annotations(
-            ns, "c1", {"vgpud.test/seen": "yes"}, uid=claim["metadata"]["uid"]
+        patched = await kube.patch_resource_claim_metadata(
+            ns, "c1", uid=claim["metadata"]["uid"], annotations={"vgpud.test/seen": "yes"}, labels={"n": "1"}
         )
         assert patched["metadata"]["annotations"]["vgpud.test/seen"] == "yes"
-        called.add("patch_resource_claim_annotations")
-        claims = await kube.list_resource_claims()
-        assert any(c["metadata"]["name"] == "c1" for c in claims.items)
+        called.add("patch_resource_claim_metadata")
+        claims = await kube.list_resource_claims(labels={"n": "1"})
+        assert [c["metadata"]["name"] for c in claims.items] == ["c1"]
         called.add("list_resource_claims")
-        async with kube.watch_resource_claims(resource_version=claims.resource_version):
+        async with kube.watch_resource_claims(resource_version=claims.resource_version, labels={"n": "1"}):
             called.add("watch_resource_claims")  # entering means the server accepted the watch
         pods = await kube.list_node_pods(node_name=chart.node_name)
         assert [p["metadata"]["name"] for p in pods.items] == ["p1"]
@@ -280,6 +287,14 @@ async def test_the_webhook_can_make_every_read_as_its_service_account(chart: Cha
         assert (await lookup.get_resource_claim(ns, "c1"))["metadata"]["name"] == "c1"
         assert (await lookup.get_resource_claim_template(ns, "t1"))["metadata"]["name"] == "t1"
         assert [p["metadata"]["name"] for p in await lookup.list_pods(ns)] == ["p1"]
+        assert [p["metadata"]["name"] for p in await lookup.list_pods_named(ns, "p1")] == ["p1"]
+        pods = await lookup.list_all_pods()
+        assert any(p["metadata"]["name"] == "p1" for p in pods.items)
+        async with lookup.watch_all_pods(pods.resource_version):
+            pass  # entering means the server accepted the watch
+        with trio.fail_after(30):
+            async with lookup.watch_all_pods("") as events:  # the streaming list
+                assert (await anext(events)).type is WatchEventType.ADDED
         # the node daemon's rights are not the webhook's
         with pytest.raises(KubeError) as refused:
             await lookup.list_resource_claims()

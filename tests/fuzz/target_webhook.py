@@ -3,7 +3,14 @@
 
 Contract per input: `BadReview` or a request; `decide` answers with a Decision and never reaches its
 catch-all (a "vgpud webhook failed" denial is an exception inside the rules: a crash), and never a 500
-(the fake API does not fail); the response encodes to JSON that echoes the request's uid.
+(the fake API does not fail); the response encodes to JSON that echoes the request's uid. Each review
+is decided twice: over the namespace's whole list, and through the pod cache's index (a real
+`PodCache`, its pods trimmed as stored); both answers must be the same, with one exception (`acheck`).
+
+The namespace's pods are fixed (holders of the claims' requests, a finished one, one whose claim comes
+from a template and is named in its status, one of another namespace, one naming no claim), except
+that one of them, now and then, is mutated as the reviews are (chosen from the input's hash, so an
+input replays alone).
 
 Inputs are reviews the API server would send (pods with named and template claims, vGPU claims, claim
 status updates, other resources; the relaxations on, with claims that select NRI nodes), with their
@@ -16,6 +23,7 @@ from __future__ import annotations
 import copy
 import json
 import random
+import zlib
 from typing import Any
 
 from tests import objects as o
@@ -23,17 +31,21 @@ from tests.fuzz.driver import ContractBroken, Target, kind_of, mutate, random_by
 from tests.unit.webhook.builders import (
     NRI_CLASS,
     RELAXED,
+    CachedLookup,
     FakeLookup,
     allocated,
     claim_review,
+    finished,
     nri_request,
     review,
     spec_claim,
     template,
 )
+from vgpud.kube.informer import key_of
 from vgpud.recorder import Recorder
 from vgpud.webhook.admit import Admitter
-from vgpud.webhook.review import BadReview, encode, parse_review, review_response
+from vgpud.webhook.claims import ApiObjectError, namespace_pod
+from vgpud.webhook.review import AdmissionRequest, BadReview, Decision, encode, parse_review, review_response
 
 POOL_SIZE = 32
 #: the fuzzed webhook's policy: both relaxations on, so every rule's code runs (rules 1 and 5 only
@@ -71,8 +83,64 @@ NRI_POD = o.pod(
 )
 
 
+#: a pod whose template's claim was generated under the name "gpu-claim" (named in its status only)
+GENERATED_POD = o.pod(
+    "generated",
+    "2b3c4d5e-6f7a-4b8c-9d0e-1f2a3b4c5d6e",
+    containers=[o.container("a", o.ref("t", "r0"))],
+    templates={"t": "gpu-claim"},
+)
+#: a finished pod on the GPU claim: it holds nothing unless reserved
+FINISHED_POD = finished(
+    o.pod("finished", "9d0e1f2a-3b4c-4d5e-8f6a-7b8c9d0e1f2a", containers=[o.container("a", o.ref("gpu"))])
+)
+ELSEWHERE_POD = o.pod(
+    "elsewhere",
+    "0e1f2a3b-4c5d-4e6f-9a7b-8c9d0e1f2a3b",
+    containers=[o.container("a", o.ref("gpu"))],
+    namespace="b",
+)
+PLAIN_POD = o.pod("plain", "4d5e6f7a-8b9c-4d0e-8f1a-2b3c4d5e6f7a", containers=[o.container("a")], claims={})
+NAMESPACE_PODS = (OTHER_POD, NRI_POD, GENERATED_POD, FINISHED_POD, ELSEWHERE_POD, PLAIN_POD)
+#: the share of inputs whose namespace has one pod mutated
+MUTATED_POD_SHARE = 0.25
+CLAIMS = {"gpu-claim": GPU, "nri-claim": NRI}
+TEMPLATES = {"gpu-template": TEMPLATE}
+
+
 def lookup() -> FakeLookup:
-    return FakeLookup({"gpu-claim": GPU, "nri-claim": NRI}, {"gpu-template": TEMPLATE}, [OTHER_POD, NRI_POD])
+    """The fake API with the namespace's pods as they are (the HTTPS target's)."""
+    return FakeLookup(CLAIMS, TEMPLATES, namespace_pods(b""))
+
+
+def namespace_pods(data: bytes) -> list[Any]:
+    """The pods the fake API holds for this input, in the list's order (by key, as the cache sorts)."""
+    rng = random.Random(zlib.crc32(data))
+    pods: list[Any] = list(NAMESPACE_PODS)
+    if rng.random() < MUTATED_POD_SHARE:
+        index = rng.randrange(len(pods))
+        pods[index] = mutate_tree(rng, pods[index])
+    return sorted(pods, key=lambda pod: key_of(pod) if _storable(pod) else ("~", ""))
+
+
+def _storable(pod: Any) -> bool:
+    return isinstance(pod, dict) and isinstance(pod.get("metadata"), dict)
+
+
+def _readable(pod: Any) -> bool:
+    try:
+        namespace_pod(pod)
+    except ApiObjectError:
+        return False
+    return True
+
+
+def answer(decision: Decision) -> tuple[Any, ...]:
+    return decision.allowed, decision.code, decision.message, decision.warnings
+
+
+async def decide(lookup: FakeLookup, request: AdmissionRequest) -> Decision:
+    return await Admitter(lookup, POLICY, recorder=Recorder(capacity=1)).decide(request)
 
 
 def seed_reviews() -> list[dict[str, Any]]:
@@ -185,7 +253,6 @@ def target(seed: int) -> Target:
     seeds = seed_reviews()
     pool = tuple(json.dumps(mutate_tree(rng, rng.choice(seeds))).encode() for _ in range(POOL_SIZE))
     valid = tuple(json.dumps(doc).encode() for doc in seeds)
-    state: dict[str, Admitter] = {}
 
     def generate(rng: random.Random) -> bytes:
         roll = rng.random()
@@ -201,20 +268,53 @@ def target(seed: int) -> Target:
         return random_bytes(rng, 128)
 
     async def acheck(data: bytes) -> str:
-        admitter = state.get("admitter")
-        if admitter is None:  # built inside Trio (its CPU lane holds a Trio limiter)
-            admitter = state["admitter"] = Admitter(lookup(), POLICY, recorder=Recorder())
-        admitter._lookup.calls.clear()  # type: ignore[attr-defined]
         try:
             request = parse_review(data)
         except BadReview as err:
             return kind_of(err, err.reason)
-        decision = await admitter.decide(request)
-        if decision.message.startswith("vgpud webhook failed") or decision.code == 500:
-            raise ContractBroken(f"decide failed inside: {decision.message}")
-        answer = json.loads(encode(review_response(request.uid, decision)))
-        if answer["response"]["uid"] != request.uid or answer["response"]["allowed"] != decision.allowed:
-            raise ContractBroken(f"the response does not echo the request: {answer}")
-        return f"{request.resource_path} {request.operation}: {decision.code}"
+        pods = namespace_pods(data)
+        decision = await decide(FakeLookup(CLAIMS, TEMPLATES, pods), request)
+        async with CachedLookup(CLAIMS, TEMPLATES, pods).running() as cached:
+            indexed = await decide(cached, request)
+        for made in (decision, indexed):
+            if made.message.startswith("vgpud webhook failed") or made.code == 500:
+                raise ContractBroken(f"decide failed inside: {made.message}")
+        response = json.loads(encode(review_response(request.uid, decision)))
+        if response["response"]["uid"] != request.uid or response["response"]["allowed"] != decision.allowed:
+            raise ContractBroken(f"the response does not echo the request: {response}")
+        outcome = f"{request.resource_path} {request.operation}: {decision.code}"
+        if answer(indexed) == answer(decision):
+            return outcome
+        return outcome + await _unrelated_malformed_pod(request, pods, decision, indexed, cached)
 
     return Target("webhook", generate, acheck=acheck)
+
+
+async def _unrelated_malformed_pod(
+    request: AdmissionRequest, pods: list[Any], listed: Decision, indexed: Decision, cached: CachedLookup
+) -> str:
+    """The one accepted difference between the two answers: the list holds a malformed pod that the
+    index does not choose (it names none of the claims under review and none reserves it), which the
+    list's answer rejects (code 400, the rules cannot read what the API server returned) and the
+    index's never reads. The API server validates every pod it stores, so it cannot hold such a pod:
+    the list's 400 guards against a broken answer, not a pod that exists. Anything else is a broken
+    contract; so is an answer that differs from the list's once the unchosen malformed pods are gone
+    from it (the index must choose every pod that can change the answer)."""
+    if listed.code != 400 or "cannot read what the API server returned" not in listed.message:
+        raise ContractBroken(
+            f"the index decides otherwise than the list: {answer(indexed)} != {answer(listed)}"
+        )
+    chosen = {key_of(pod) for pod in cached.returned}
+    chosen |= {(request.namespace, name) for call, name in cached.calls if call == "pod"}
+    kept = [pod for pod in pods if _readable(pod) or (_storable(pod) and key_of(pod) in chosen)]
+    if len(kept) == len(pods):
+        raise ContractBroken(
+            f"the index decides otherwise than the list with no pod left unread: {answer(indexed)}"
+        )
+    cleaned = await decide(FakeLookup(CLAIMS, TEMPLATES, kept), request)
+    if answer(cleaned) != answer(indexed):
+        raise ContractBroken(
+            f"without the malformed pods it did not read, the list decides otherwise than the index: "
+            f"{answer(cleaned)} != {answer(indexed)}"
+        )
+    return " (a malformed pod the index leaves out)"

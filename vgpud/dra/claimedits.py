@@ -11,7 +11,7 @@ mode, so both hand a container the same GPU.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from vgpud.dra.cdi import ContainerEdits, claim_spec, device_name, qualified_device_id
 from vgpud.dra.checkpoint import PreparedDevice
@@ -61,6 +61,9 @@ class NodeFacts:
     #: the driver's files and each GPU's device node; None: simulated GPUs on a node without a driver
     #: (the mock backend), whose containers get the limits and no GPU
     driver_edits: DriverEdits | None = None
+    #: the labels Prepare puts on each claim it prepares, so the node's claim cache sees it
+    #: (`vgpud.dra.claimlabel`); empty where no claim cache runs (eager mode without the registry)
+    claim_labels: Mapping[str, str] = field(default_factory=dict, hash=False)
 
 
 def device_minor(name: str) -> int | None:

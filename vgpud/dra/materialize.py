@@ -1,10 +1,11 @@
 """The side effects of a Prepare's plans (`vgpud.dra.decide.Plan`), written after PrepareStarted is
-recorded: each claim's directories and CDI spec, then its claim annotations through the API (eager
-client mode only).
+recorded: each claim's directories and CDI spec, then one metadata patch of the claim through the
+API: its register annotations (eager client mode) and the node label its claim cache selects
+(`vgpud.dra.claimlabel`; wherever a claim cache runs).
 
 The files of every WRITE_CHUNK claims go to one worker thread, at most WRITE_THREADS at once (their
-system calls release the GIL; more than two gained nothing on a 2-core node). A failure is its own
-claim's, whatever it is.
+system calls release the GIL; more than two gained nothing on a 2-core node); the patches go out
+together, at most PATCHES_AT_ONCE in flight. A failure is its own claim's, whatever it is.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ import errno
 import logging
 import os
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
@@ -31,6 +32,8 @@ log = logging.getLogger("vgpud.dra")
 
 #: worker threads writing one call's files at once, and the claims each hop carries
 WRITE_THREADS, WRITE_CHUNK = 2, 8
+#: claim patches of one call in flight at once (the API client's own connection pool holds 8)
+PATCHES_AT_ONCE = 8
 
 #: what failed a claim (None: its plan is written and recorded as done), and the seconds its own side
 #: effects took
@@ -46,8 +49,16 @@ class _Write:
     seconds: float = 0.0
 
 
-async def materialize(kube: KubeApi, cdi_root: Path, driver: str, todo: Sequence[Start]) -> list[Written]:
-    """Write each started claim's plan, in request order; a claim without a plan keeps its failure."""
+async def materialize(
+    kube: KubeApi,
+    cdi_root: Path,
+    driver: str,
+    todo: Sequence[Start],
+    *,
+    labels: Mapping[str, str] | None = None,
+) -> list[Written]:
+    """Write each started claim's plan, in request order; a claim without a plan keeps its failure.
+    `labels`: what each prepared claim is labelled with (None or empty: nothing)."""
     writes = [_Write(start.plan) for start in todo if start.plan is not None]
     limiter = trio.CapacityLimiter(WRITE_THREADS)
     async with trio.open_nursery() as nursery:
@@ -55,6 +66,11 @@ async def materialize(kube: KubeApi, cdi_root: Path, driver: str, todo: Sequence
             chunk = writes[first : first + WRITE_CHUNK]
             write = partial(trio.to_thread.run_sync, _write_files, cdi_root, driver, chunk)
             nursery.start_soon(partial(write, limiter=limiter))
+    patches = trio.CapacityLimiter(PATCHES_AT_ONCE)
+    async with trio.open_nursery() as nursery:
+        for each in writes:
+            if each.failure is None and (each.plan.result.annotations or labels):
+                nursery.start_soon(_patch, kube, each, labels or {}, patches)
     written = iter(writes)
     done: list[Written] = []
     for start in todo:
@@ -62,20 +78,30 @@ async def materialize(kube: KubeApi, cdi_root: Path, driver: str, todo: Sequence
             done.append((start.failure, 0.0))
             continue
         each = next(written)
-        if each.failure is None and each.plan.result.annotations:
-            claim = each.plan.claim
-            started = time.perf_counter()
-            try:
-                await kube.patch_resource_claim_annotations(
-                    claim.namespace, claim.name, dict(each.plan.result.annotations), uid=claim.uid
-                )
-            except Exception as err:  # whatever it is, it is this claim's error
-                each.failure = err
-            each.seconds += time.perf_counter() - started
         if each.failure is None:
             _log_prepared(each.plan)
         done.append((each.failure, each.seconds))
     return done
+
+
+async def _patch(
+    kube: KubeApi, each: _Write, labels: Mapping[str, str], limiter: trio.CapacityLimiter
+) -> None:
+    """The claim's annotations and labels in one patch; its failure is the claim's."""
+    claim = each.plan.claim
+    async with limiter:
+        started = time.perf_counter()
+        try:
+            await kube.patch_resource_claim_metadata(
+                claim.namespace,
+                claim.name,
+                uid=claim.uid,
+                annotations=dict(each.plan.result.annotations),
+                labels=labels,
+            )
+        except Exception as err:  # whatever it is, it is this claim's error
+            each.failure = err
+        each.seconds += time.perf_counter() - started
 
 
 def _log_prepared(plan: Plan) -> None:

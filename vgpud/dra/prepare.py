@@ -120,7 +120,7 @@ async def _apply(
     # A cancellation (the kubelet's deadline) from here on leaves PrepareStarted entries: the next
     # Prepare or the periodic cleanup rolls them back.
     checkpoint = await ctx.save(checkpoint)
-    written = await materialize(ctx.kube, ctx.cdi_root, ctx.driver, todo)
+    written = await materialize(ctx.kube, ctx.cdi_root, ctx.driver, todo, labels=ctx.facts.claim_labels)
     for start, (failure, seconds) in zip(todo, written, strict=True):
         ref = start.ref
         if failure is None:

@@ -187,15 +187,9 @@ class SliceKeeper:
             )
 
         self._build = desired
-        try:
+        with excgroup.single_error_unwrapped():
             async with trio.open_nursery() as nursery:
                 await self._session(nursery, ready)
-        except BaseExceptionGroup as group:
-            # the session's own error as it was, not wrapped: callers and tests catch KubeError
-            errors = [e for e in excgroup.leaves(group) if not isinstance(e, trio.Cancelled)]
-            if len(errors) == 1:
-                raise errors[0] from errors[0].__cause__
-            raise
 
     async def _session(self, nursery: trio.Nursery, ready: Callable[[], None]) -> None:
         first = True

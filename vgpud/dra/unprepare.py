@@ -76,8 +76,8 @@ async def _strip_annotations(ctx: DraContext, ref: ClaimRef, annotations: dict[s
     if not cleanup.annotations_to_remove:
         return
     try:
-        await ctx.kube.patch_resource_claim_annotations(
-            ref.namespace, ref.name, dict.fromkeys(cleanup.annotations_to_remove), uid=ref.uid
+        await ctx.kube.patch_resource_claim_metadata(
+            ref.namespace, ref.name, uid=ref.uid, annotations=dict.fromkeys(cleanup.annotations_to_remove)
         )
     except KubeError as err:  # the claim is going away; its annotations go with it
         log.info("claim %s/%s: register annotations not removed: %s", ref.namespace, ref.name, err)

@@ -75,10 +75,16 @@ class KubeApi(Protocol):
         """The claim (`resource.k8s.io/v1`); NotFound when it does not exist."""
         ...
 
-    async def patch_resource_claim_annotations(
-        self, namespace: str, name: str, annotations: Mapping[str, str | None], *, uid: str
+    async def patch_resource_claim_metadata(
+        self,
+        namespace: str,
+        name: str,
+        *,
+        uid: str,
+        annotations: Mapping[str, str | None] | None = None,
+        labels: Mapping[str, str | None] | None = None,
     ) -> JsonObject:
-        """Merge-patch annotations (None removes one), only if the claim still has `uid`."""
+        """Merge-patch annotations and labels (None removes one), only if the claim still has `uid`."""
         ...
 
     async def get_pod(self, namespace: str, name: str) -> JsonObject:
@@ -121,13 +127,14 @@ class KubeApi(Protocol):
         the watch breaks, and the caller lists again and re-watches."""
         ...
 
-    async def list_resource_claims(self) -> Listing:
-        """Every ResourceClaim of the cluster (all namespaces)."""
+    async def list_resource_claims(self, *, labels: Mapping[str, str] | None = None) -> Listing:
+        """The ResourceClaims of every namespace that carry all of `labels` (None: every claim)."""
         ...
 
     def watch_resource_claims(
-        self, *, resource_version: str
+        self, *, resource_version: str, labels: Mapping[str, str] | None = None
     ) -> AbstractAsyncContextManager[AsyncIterator[WatchEvent]]:
-        """Changes to every ResourceClaim after `resource_version`; Gone, ends, raises or streams the
-        current claims first (version "") like `watch_node_pods`."""
+        """Changes to the claims `labels` selects after `resource_version` (a claim that gains the
+        labels is ADDED, one that loses them DELETED); Gone, ends, raises or streams the current claims
+        first (version "") like `watch_node_pods`."""
         ...

@@ -93,12 +93,23 @@ class KubeClient:
     async def get_resource_claim(self, namespace: str, name: str) -> JsonObject:
         return await self._call("GET", _path(_RESOURCE, "namespaces", namespace, "resourceclaims", name))
 
-    async def patch_resource_claim_annotations(
-        self, namespace: str, name: str, annotations: Mapping[str, str | None], *, uid: str
+    async def patch_resource_claim_metadata(
+        self,
+        namespace: str,
+        name: str,
+        *,
+        uid: str,
+        annotations: Mapping[str, str | None] | None = None,
+        labels: Mapping[str, str | None] | None = None,
     ) -> JsonObject:
         # metadata.uid in a merge patch is a precondition, checked atomically with the write: a claim
         # deleted and re-created under the same name fails it (422 on metadata.uid -> Conflict).
-        body = {"metadata": {"uid": uid, "annotations": dict(annotations)}}
+        metadata: JsonObject = {"uid": uid}
+        if annotations:
+            metadata["annotations"] = dict(annotations)
+        if labels:
+            metadata["labels"] = dict(labels)
+        body = {"metadata": metadata}
         path = _path(_RESOURCE, "namespaces", namespace, "resourceclaims", name)
         return await self._call("PATCH", path, body=body, content_type=_MERGE_PATCH)
 
@@ -141,22 +152,33 @@ class KubeClient:
         the server has accepted the watch, so a change made after entry is always seen."""
         return self._watch(f"{_RESOURCE}/resourceslices", _slice_selector(driver, node_name))
 
-    async def list_resource_claims(self) -> Listing:
-        listed = await self._list(f"{_RESOURCE}/resourceclaims")
+    async def list_resource_claims(self, *, labels: Mapping[str, str] | None = None) -> Listing:
+        query = {"labelSelector": _label_selector(labels)} if labels else None
+        listed = await self._list(f"{_RESOURCE}/resourceclaims", query)
         return _listing(listed, RESOURCE_API, "ResourceClaim")
 
     def watch_resource_claims(
-        self, *, resource_version: str
+        self, *, resource_version: str, labels: Mapping[str, str] | None = None
     ) -> AbstractAsyncContextManager[AsyncIterator[WatchEvent]]:
-        return self._watch(f"{_RESOURCE}/resourceclaims", "", resource_version, bookmarks=True)
+        path = f"{_RESOURCE}/resourceclaims"
+        return self._watch(path, "", resource_version, bookmarks=True, labels=_label_selector(labels))
 
     @asynccontextmanager
     async def _watch(
-        self, path: str, selector: str, resource_version: str | None = None, *, bookmarks: bool = False
+        self,
+        path: str,
+        selector: str,
+        resource_version: str | None = None,
+        *,
+        bookmarks: bool = False,
+        labels: str = "",
     ) -> AsyncIterator[AsyncIterator[WatchEvent]]:
         """A watch from `resource_version`, or (None) from now: then a one-item list learns the
-        current version first. With `bookmarks`, the server's BOOKMARK events come through too."""
+        current version first. With `bookmarks`, the server's BOOKMARK events come through too.
+        `selector` and `labels`: the field and label selectors ("" for none)."""
         query: dict[str, str | int | bool] = {"fieldSelector": selector} if selector else {}
+        if labels:
+            query["labelSelector"] = labels
         if bookmarks:
             query["allowWatchBookmarks"] = True
         if resource_version == "":  # the streaming list: the current objects first, then the changes
@@ -317,6 +339,11 @@ def _path(*parts: str) -> str:
 
 def _slice_selector(driver: str, node_name: str) -> str:
     return f"spec.driver={driver},spec.nodeName={node_name}"
+
+
+def _label_selector(labels: Mapping[str, str] | None) -> str:
+    """Equality terms `key=value`, comma-joined: objects that carry every one ("" for None)."""
+    return ",".join(f"{key}={value}" for key, value in sorted((labels or {}).items()))
 
 
 def _pod_selector(node_name: str) -> str:

@@ -132,25 +132,31 @@ class FakeKube:
         await self._enter("get_resource_claim")
         return copy.deepcopy(_found(self._claims.get((namespace, name)), "resourceclaims", name))
 
-    async def patch_resource_claim_annotations(
-        self, namespace: str, name: str, annotations: Mapping[str, str | None], *, uid: str
+    async def patch_resource_claim_metadata(
+        self,
+        namespace: str,
+        name: str,
+        *,
+        uid: str,
+        annotations: Mapping[str, str | None] | None = None,
+        labels: Mapping[str, str | None] | None = None,
     ) -> JsonObject:
-        await self._enter("patch_resource_claim_annotations")
+        await self._enter("patch_resource_claim_metadata")
         claim = _found(self._claims.get((namespace, name)), "resourceclaims", name)
         meta = claim["metadata"]
         if meta["uid"] != uid:
             raise Conflict(f'ResourceClaim "{name}" is invalid: metadata.uid: {uid}: field is immutable', 422)
-        current = dict(meta.get("annotations", {}))
-        for key, value in annotations.items():
-            if value is None:
-                current.pop(key, None)
-            else:
-                current[key] = value
-        if current != meta.get("annotations", {}):  # a patch that changes nothing is no new version
+        patched = {
+            field: _merged(meta.get(field, {}), changes or {})
+            for field, changes in (("annotations", annotations), ("labels", labels))
+        }
+        if any(patched[field] != meta.get(field, {}) for field in patched):
+            # a patch that changes nothing is no new version
             old = copy.deepcopy(claim)
-            meta["annotations"] = current
-            if not current:
-                del meta["annotations"]
+            for field, values in patched.items():
+                meta[field] = values
+                if not values:
+                    del meta[field]
             self._bump(claim)
             self._notify(old, claim, "ResourceClaim")
         return copy.deepcopy(claim)
@@ -222,14 +228,18 @@ class FakeKube:
         async with self._watch("ResourceSlice", _slice_filter(driver, node_name)) as events:
             yield events
 
-    async def list_resource_claims(self) -> Listing:
+    async def list_resource_claims(self, *, labels: Mapping[str, str] | None = None) -> Listing:
         await self._enter("list_resource_claims")
-        return Listing([copy.deepcopy(c) for _, c in sorted(self._claims.items())], str(self._version))
+        wanted = _label_filter(labels)
+        claims = [copy.deepcopy(c) for _, c in sorted(self._claims.items()) if wanted(c)]
+        return Listing(claims, str(self._version))
 
     @asynccontextmanager
-    async def watch_resource_claims(self, *, resource_version: str) -> AsyncIterator[ChannelEvents]:
+    async def watch_resource_claims(
+        self, *, resource_version: str, labels: Mapping[str, str] | None = None
+    ) -> AsyncIterator[ChannelEvents]:
         await self._enter("watch_resource_claims")
-        async with self._watch("ResourceClaim", lambda _obj: True, resource_version) as events:
+        async with self._watch("ResourceClaim", _label_filter(labels), resource_version) as events:
             yield events
 
     # -- internals ---------------------------------------------------------------------------------
@@ -328,6 +338,27 @@ def _found(obj: JsonObject | None, resource: str, name: str) -> JsonObject:
     if obj is None:
         raise NotFound(f'{resource} "{name}" not found', 404)
     return obj
+
+
+def _merged(current: Mapping[str, str], changes: Mapping[str, str | None]) -> dict[str, str]:
+    """A merge patch of one string map: None removes a key."""
+    merged = dict(current)
+    for key, value in changes.items():
+        if value is None:
+            merged.pop(key, None)
+        else:
+            merged[key] = value
+    return merged
+
+
+def _label_filter(labels: Mapping[str, str] | None) -> Callable[[JsonObject], bool]:
+    """An equality label selector: the object carries every one of `labels` (None: any object)."""
+    wanted = dict(labels or {}).items()
+
+    def matches(obj: JsonObject) -> bool:
+        return wanted <= (obj.get("metadata", {}).get("labels") or {}).items()
+
+    return matches
 
 
 def _pod_filter(node_name: str) -> Callable[[JsonObject], bool]:

@@ -22,7 +22,7 @@ from __future__ import annotations
 import logging
 import math
 import random
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from contextlib import AbstractAsyncContextManager
 from typing import Any
 
@@ -272,10 +272,14 @@ def pod_informer(kube: KubeApi, node_name: str, **kwargs: Any) -> Informer:
     return Informer("pod", list_node_pods, watch, **kwargs)
 
 
-def claim_informer(kube: KubeApi, **kwargs: Any) -> Informer:
-    """Every ResourceClaim of the cluster (a claim's pods may be in any namespace)."""
+def claim_informer(kube: KubeApi, *, labels: Mapping[str, str] | None = None, **kwargs: Any) -> Informer:
+    """The ResourceClaims of every namespace that carry `labels` (a node's: the claims it prepared,
+    `vgpud.dra.claimlabel`); None: every claim of the cluster."""
 
     def watch(version: str) -> AbstractAsyncContextManager[AsyncIterator[WatchEvent]]:
-        return kube.watch_resource_claims(resource_version=version)
+        return kube.watch_resource_claims(resource_version=version, labels=labels)
 
-    return Informer("resource claim", kube.list_resource_claims, watch, **kwargs)
+    async def list_claims() -> Listing:
+        return await kube.list_resource_claims(labels=labels)
+
+    return Informer("resource claim", list_claims, watch, **kwargs)

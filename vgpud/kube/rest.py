@@ -71,6 +71,8 @@ class Rest:
 
     def __init__(self, config: ApiConfig, *, maxsize: int) -> None:
         self._config = config
+        #: answers that asked to come back later (429, or 5xx with Retry-After) and were tried again
+        self.throttled = 0
         self._pool = urllib3.PoolManager(
             num_pools=1,
             maxsize=maxsize,
@@ -145,6 +147,7 @@ class Rest:
             if delay is None or retries == THROTTLE_RETRIES:
                 return response
             retries += 1
+            self.throttled += 1
             response.drain_conn()
             response.release_conn()
             log.info(

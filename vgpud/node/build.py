@@ -8,14 +8,16 @@ for it.
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import partial
 
 from vgpud.componenthealth import HealthRegistry, HealthState
 from vgpud.config import Settings
 from vgpud.dra.checkpoint import CHECKPOINT_FILE, CheckpointStore
 from vgpud.dra.claimedits import NodeFacts
-from vgpud.dra.claimindex import describe_mismatches
+from vgpud.dra.claimindex import ClaimIndex, describe_mismatches
+from vgpud.dra.claimlabel import node_claim_labels
+from vgpud.dra.claimwatch import ClaimWatch
 from vgpud.dra.driver import DraDriver
 from vgpud.dra.driveredits import driver_edits
 from vgpud.dra.nodelock import LOCK_FILE
@@ -64,6 +66,9 @@ def build_driver(startup: Startup, assigner: EagerAssigner | LazyAssigner, recor
         library_version=LIBRARY_VERSION,
         sm_watcher=settings.feature_gates.enabled("SharedSMUtilizationWatcher"),
         driver_edits=driver_edits(startup.driver_files) if startup.driver_files else None,
+        claim_labels=node_claim_labels(settings.driver_name, settings.node_name)
+        if claims_watched(startup)
+        else {},
     )
     log.info("partition mode %s, client registration %s", assigner.mode, "on" if client_mode else "off")
     settings.plugin_dir.mkdir(parents=True, exist_ok=True)
@@ -80,19 +85,32 @@ def build_driver(startup: Startup, assigner: EagerAssigner | LazyAssigner, recor
 
 @dataclass(frozen=True)
 class Caches:
-    """The watch-fed caches of API objects, each a supervised component of its own: every claim (the
-    NRI admission's reservations and the registry), this node's pods (the registry)."""
+    """The watch-fed caches of API objects: the claims this node prepared (the NRI admission's
+    reservations and the registry; `claim_watch` runs it and binds it to the claim index), this
+    node's pods (the registry). Each runs as a supervised component of its own."""
 
     claims: Informer | None = None
+    claim_watch: ClaimWatch | None = None
     pods: Informer | None = None
 
 
-def build_caches(startup: Startup, *, nri: bool, registry: bool) -> Caches:
-    """One claim watch for all its readers; the pod watch only for the registry."""
-    kube = startup.kube
-    claims = claim_informer(kube) if nri or registry else None
-    pods = pod_informer(kube, startup.settings.node_name) if registry else None
-    return Caches(claims, pods)
+def claims_watched(startup: Startup) -> bool:
+    """Whether a claim cache runs: for the NRI plugin (lazy mode) or the registry. Prepare labels the
+    claims it prepares exactly then (`NodeFacts.claim_labels`)."""
+    return startup.mode is Mode.LAZY or registry_enabled(startup.settings)
+
+
+def build_caches(startup: Startup, index: ClaimIndex) -> Caches:
+    """One watch of this node's labelled claims for all its readers; the pod watch for the registry."""
+    kube, settings = startup.kube, startup.settings
+    caches = Caches()
+    if claims_watched(startup):
+        labels = node_claim_labels(settings.driver_name, settings.node_name)
+        claims = claim_informer(kube, labels=labels)
+        caches = Caches(claims, ClaimWatch(claims, index, kube, labels))
+    if registry_enabled(settings):
+        caches = replace(caches, pods=pod_informer(kube, settings.node_name))
+    return caches
 
 
 def registry_enabled(settings: Settings) -> bool:

@@ -12,7 +12,6 @@ from pathlib import Path
 
 from vgpud.componenthealth import HealthRegistry, HealthState
 from vgpud.config import Settings
-from vgpud.dra.claimwatch import ClaimWatch
 from vgpud.dra.driver import DraDriver
 from vgpud.dra.service import RegistrationService
 from vgpud.dra.slices import SliceKeeper
@@ -27,7 +26,6 @@ from vgpud.node.build import (
     build_driver,
     build_health_watch,
     build_registry,
-    registry_enabled,
     start_hotplug,
     watch_claim_modes,
 )
@@ -97,12 +95,9 @@ async def build_node(startup: Startup) -> Node:
     nri = None
     if isinstance(assigner, LazyAssigner):
         nri = NriHooks(assigner=assigner, admission=driver.index, recorder=recorder)
-    caches = build_caches(startup, nri=nri is not None, registry=registry_enabled(settings))
+    caches = build_caches(startup, driver.index)
     # the collector's one setting: start-up's objects frozen once the caches have listed
     freeze_when_listed([cache for cache in (caches.claims, caches.pods) if cache is not None])
-    if nri is not None and caches.claims is not None:
-        # who may join a claim after Prepare; without it only the pods Prepare saw are injected
-        ClaimWatch(caches.claims, driver.index)
     registry = build_registry(startup, assigner, driver, nri, recorder, caches=caches)
     health = HealthRegistry()
     link = RuntimeLink()

@@ -7,12 +7,22 @@ with code 400. A claim or template that does not exist (yet) constrains nothing 
 the answer carries a warning: a pod may be created before its claim, and the reservation check
 (resourceclaims/status) still holds the line when the claim is allocated.
 
+The pods a review reads are those that can change its answer: for a pod, the other pods of the
+namespace that name one of its vGPU claims or that these claims are reserved for; for a claim's
+reservations, the pods it is reserved for. They come from the pod cache (vgpud.webhook.podcache)
+while it is current, and from a list of the namespace before (the webhook just started) or while its
+watch reconnects: the same pods the rules would use out of the list, in the same order, so the same
+decision, at a cost that does not grow with the namespace.
+
 The race in rules 4 and 5 (one pod per request, per vGPU claim): two pods created at the same moment
 with the same request (or claim) of one named claim each see a namespace without the other, and both
 are admitted. That is accepted here rather than serialized (a webhook has no lock across API server
 replicas); the invariant holds anyway because the scheduler must reserve the claim for the second pod
 through a resourceclaims/status update, which `check_claim_status` denies, so the second pod stays
-Pending and never runs.
+Pending and never runs. The pod cache lags the API server by its watch's delay (milliseconds), which
+widens that race by as much; the reservation check still holds the line, because a reserved pod the
+cache has not seen yet, or has without the claim named (a template's claim: its name comes in the
+pod's status), is read from the API server before the rules run.
 
 What the API server returns is read as strictly as the review itself: a claim, template or namespace
 pod whose fields do not have Kubernetes' types is denied with code 400 naming the object and the field
@@ -24,7 +34,7 @@ still running at the deadline is answered with code 500.
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from typing import Any
 
 import trio
@@ -32,9 +42,17 @@ import trio
 from vgpud.kube.api import KubeError, NotFound
 from vgpud.recorder import Outcome, Recorder
 from vgpud.webhook import rules
-from vgpud.webhook.claims import ApiObjectError, Policy, RuleInputError, is_vgpu_claim, pod_claims
+from vgpud.webhook.claims import (
+    ApiObjectError,
+    Policy,
+    RuleInputError,
+    claim_vgpu_requests,
+    is_vgpu_claim,
+    pod_claims,
+)
 from vgpud.webhook.cpu import INLINE_CONTAINERS, CpuLane, DecisionTooSlow
 from vgpud.webhook.lookup import Lookup
+from vgpud.webhook.podselect import pod_claim_names, reservations
 from vgpud.webhook.review import AdmissionRequest, Decision
 from vgpud.webhook.violations import Violation, summary
 
@@ -160,7 +178,11 @@ class Admitter:
                 warnings.append(f'ResourceClaimTemplate "{name}" does not exist: no claim can be generated')
         pods: list[Mapping[str, Any]] = []
         if rules.uses_named_vgpu_claim(claims, self._policy):
-            pods = _api_list(await self._lookup.list_pods(namespace), namespace)
+            # rules 4 and 5 read the other pods that name a vGPU claim of this pod (a pod that names
+            # none of them uses none of their requests), and the claims' reserved ones
+            vgpu = {name: claim for name, claim in claims.items() if claim_vgpu_requests(claim, self._policy)}
+            reserved = {uid: n for claim in vgpu.values() for uid, n in reservations(claim).items()}
+            pods = await self._pods(namespace, vgpu.keys(), reserved)
             size += sum(_containers(other) for other in pods)
         violations = await self.cpu.run(
             size > INLINE_CONTAINERS, rules.check_pod, pod, claims, templates, pods, self._policy
@@ -184,10 +206,47 @@ class Admitter:
         namespace = claim["metadata"].get("namespace")
         if not namespace:
             raise RuleInputError("the claim has no namespace")
-        pods = _api_list(await self._lookup.list_pods(namespace), namespace)
+        # the rules read the pods the claim is (and was) reserved for, and no other
+        reserved = reservations(old) | reservations(claim)
+        pods = await self._pods(namespace, (), reserved, fresh_for=claim["metadata"].get("name"))
         large = sum(_containers(pod) for pod in pods) > INLINE_CONTAINERS
         violations = await self.cpu.run(large, rules.check_claim_status, claim, old, pods, self._policy)
         return _decision(violations, []), True
+
+    async def _pods(
+        self,
+        namespace: str,
+        claim_names: Collection[str],
+        reserved: Mapping[str, str],
+        *,
+        fresh_for: Any = None,
+    ) -> list[Mapping[str, Any]]:
+        """The pods of `namespace` a review needs: from the pod cache, those naming one of
+        `claim_names` or reserved (`reserved`: uid -> name); while there is no current cache, every
+        pod of the namespace. `fresh_for`, a claim's name: a reserved pod the cache does not have, or
+        has without that claim named, is read from the API server (the cache may lag it)."""
+        cached = self._lookup.cached_pods(namespace, claim_names, reserved.keys())
+        if cached is None:
+            return _api_list(await self._lookup.list_pods(namespace), namespace)
+        if not isinstance(fresh_for, str) or not fresh_for:
+            return cached
+        by_uid = {_meta(pod, "uid"): pod for pod in cached}
+        stale = {
+            name
+            for uid, name in reserved.items()
+            if name and ((pod := by_uid.get(uid)) is None or fresh_for not in pod_claim_names(pod))
+        }
+        read: list[Mapping[str, Any]] = []
+        for name in sorted(stale):
+            read += _api_list(await self._lookup.list_pods_named(namespace, name), namespace)
+        return [pod for pod in cached if _meta(pod, "name") not in stale] + read
+
+
+def _meta(pod: Mapping[str, Any], key: str) -> str:
+    """A metadata string of a pod; "" for one that is missing or not a string (the rules reject it)."""
+    meta = pod.get("metadata")
+    value = meta.get(key) if isinstance(meta, Mapping) else None
+    return value if isinstance(value, str) else ""
 
 
 def _api_object(value: Any, kind: str, name: str) -> Mapping[str, Any]:

@@ -2,8 +2,13 @@
 
 What can fail for good is checked before Trio starts and ends the process with exit 1: the serving
 certificate (or making the self-signed one), the Kubernetes API configuration and the listening
-socket. Then two supervised components run until SIGTERM or SIGINT: the HTTPS server and the
-certificate watcher, each restarting with backoff.
+socket. Then three supervised components run until SIGTERM or SIGINT, each restarting with backoff:
+the HTTPS server, the certificate watcher and the pod cache (vgpud.webhook.podcache: every pod of the
+cluster, trimmed and indexed by claim, which reviews read instead of listing their namespace). The
+pod cache's restarts are jittered, so the webhook's replicas do not call the API server in step; its
+failures make the webhook unhealthy only after a grace period, as the node daemon's API components'
+do (reviews list their namespace meanwhile), and it is healthy while it lists at start for the same
+reason.
 
 `python -m vgpud.webhook.main ARGS` runs the same thing as `vgpud webhook ARGS`.
 """
@@ -24,7 +29,7 @@ from vgpud.kube.api import KubeError
 from vgpud.logs import configure_logging
 from vgpud.options import ConfigError
 from vgpud.recorder import Recorder
-from vgpud.supervisor import Restart, Supervisor
+from vgpud.supervisor import Backoff, HealthAfter, Restart, Supervisor
 from vgpud.webhook.admit import Admitter
 from vgpud.webhook.config import WebhookSettings, add_webhook_arguments, webhook_settings_from
 from vgpud.webhook.lookup import KubeLookup
@@ -88,6 +93,12 @@ async def _main(
                 supervisor.supervise("webhook", partial(server.serve, listeners), Restart())
                 supervisor.supervise(
                     "webhook-tls", partial(tls.watch, settings.tls_reload_interval), Restart()
+                )
+                supervisor.supervise(
+                    "webhook-pod-cache",
+                    lookup.pod_cache.run,
+                    Restart(Backoff(jitter=0.5)),
+                    HealthAfter(),
                 )
                 host, port = listeners[0].socket.getsockname()[:2]
                 log.info("serving admission reviews on https://%s:%d/validate", host, port)

@@ -25,9 +25,10 @@ denial of a relaxable rule says which switch lifts it, or which claim does not s
 how to make it.
 
 Pure functions over API dicts (no I/O): the server looks up what they need (the pod's named claims and
-claim templates, the pods of the namespace) and hands it in; what they read of them, and which claims and
-requests are vGPU ones: vgpud.webhook.claims. When a claim's status changes (the scheduler reserving it
-for a pod), rules 2-5 are checked again against what is really allocated, over every reserved pod.
+claim templates, the namespace's pods that can hold their requests) and hands it in; what they read of
+them, and which claims and requests are vGPU ones: vgpud.webhook.claims. When a claim's status changes
+(the scheduler reserving it for a pod), rules 2-5 are checked again against what is really allocated,
+over every reserved pod.
 
 Every rule yields `Violation`s (vgpud.webhook.violations) whose message names the pod, the container,
 the claim and the request.
@@ -266,6 +267,9 @@ def check_pod(
     that does not exist is left out and constrains nothing here; the reservation check catches it
     later). `namespace_pods`: the other pods of the namespace (rules 4 and 5), needed only when
     `uses_named_vgpu_claim`; a pod counts while it has not finished, or while a claim is reserved for it.
+    Only a pod that names one of the pod's vGPU claims can hold one of their requests, so the list's
+    pods less any others (in the list's order) give the same answer: the webhook's pod cache hands in
+    just those (vgpud.webhook.podcache).
     """
     view = pod_view(pod)
     sources = parsed_pod_claims(pod)
@@ -321,7 +325,8 @@ def check_claim_status(
     one).
 
     Only breaches the update brings are returned: one already there before (`old_claim`) is not, so the
-    controllers that release reservations and deallocate are never blocked by an older state.
+    controllers that release reservations and deallocate are never blocked by an older state. Of
+    `namespace_pods` only those either claim is reserved for are read: any list that holds them does.
     """
     new = _reservation_violations(claim, namespace_pods, policy)
     if not new or old_claim is None:

@@ -84,12 +84,15 @@ async def test_a_pod_the_claim_is_not_reserved_for_gets_nothing(h: Harness) -> N
 
 
 async def test_a_pod_that_joins_after_prepare_is_injected_once_the_watch_sees_it(h: Harness) -> None:
-    claim = await prepared(h)
+    await prepared(h)
+    claim = await h.kube.get_resource_claim(REF.namespace, REF.name)  # with the label Prepare wrote
+    assert h.claim_labels.items() <= claim["metadata"]["labels"].items()
     hooks = nri(h)
-    claims = claim_informer(h.kube)
-    ClaimWatch(claims, h.driver.index)
+    claims = claim_informer(h.kube, labels=h.claim_labels)
+    watch = ClaimWatch(claims, h.driver.index, h.kube, h.claim_labels)
     async with trio.open_nursery() as nursery:
-        await nursery.start(run_cache, claims)
+        await nursery.start(run_cache, watch)
+        assert len(claims) == 1
         # the hook arrives first: it waits (bounded) for the watch rather than asking the API
         replies = []
         answered = trio.Event()

@@ -138,7 +138,7 @@ async def test_errors_are_mapped(stub: tuple[Stub, KubeClient]) -> None:
         await client.get_node("missing")
     assert "no route for GET /api/v1/nodes/missing" in str(e.value)
     with pytest.raises(Conflict) as c:
-        await client.patch_resource_claim_annotations("ns", "c", {"a": "1", "b": None}, uid="u1")
+        await client.patch_resource_claim_metadata("ns", "c", uid="u1", annotations={"a": "1", "b": None})
     assert "Precondition failed" in str(c.value)
     with pytest.raises(KubeError) as k:
         await client.get_node("boom")

@@ -1,6 +1,8 @@
 """KubeClient at scale, against the real API server: a list in pages is the whole list; a continue
 token the server has compacted away (410 between two pages) ends in one whole list; the informer
-streams its list where the server offers it and lists where it does not."""
+streams its list where the server offers it and lists where it does not; a server that answers 429
+(too many requests in flight) has its reads tried again after its Retry-After, and its writes'
+refusals reach the caller as 429."""
 
 from __future__ import annotations
 
@@ -20,7 +22,7 @@ from tests.support import require
 from tests.unit.kube.conftest import ApiSeeder
 from tests.unit.registry.world import run_cache
 from vgpud.kube import config as kubeconfig
-from vgpud.kube.api import RESOURCE_API
+from vgpud.kube.api import RESOURCE_API, KubeError
 from vgpud.kube.client import KubeClient
 from vgpud.kube.informer import Informer, claim_informer
 
@@ -158,3 +160,90 @@ async def test_the_informer_lists_where_the_server_has_no_streaming_list(
     informer = await informed(etcd_paged_apiserver)
     assert not informer.stream_lists and informer.lists == 1
     assert all(informer.get("listed", name) is not None for name in names)
+
+
+@pytest.fixture(scope="module")
+def throttling_apiserver() -> Iterator[ApiServer]:
+    """A server that serves one read and one write at a time and answers the rest 429 with
+    Retry-After: 1 (the in-flight limits without priority and fairness, as before APF)."""
+    require(apiserver_available(), "etcd + kube-apiserver", INSTALL_HINT)
+    workdir = Path(tempfile.mkdtemp(prefix="vgt", dir="/tmp"))
+    flags = ["--enable-priority-and-fairness=false", "--max-requests-inflight=1"]
+    server = start_apiserver(workdir, extra_args=[*flags, "--max-mutating-requests-inflight=1"])
+    try:
+        # the tests' client is "tester": the limits exempt system:masters, whom the seeder is
+        binding = {
+            "metadata": {"name": "testers-admin"},
+            "roleRef": {
+                "apiGroup": "rbac.authorization.k8s.io",
+                "kind": "ClusterRole",
+                "name": "cluster-admin",
+            },
+            "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "Group", "name": "testers"}],
+        }
+        api_request(server, "POST", "/apis/rbac.authorization.k8s.io/v1/clusterrolebindings", binding)
+        yield server
+    finally:
+        server.stop()
+        shutil.rmtree(workdir, ignore_errors=True)
+
+
+#: requests sent at once, and rounds of them at most, until the server has refused some
+AT_ONCE, ROUNDS = 24, 10
+
+
+def tester_client(server: ApiServer) -> KubeClient:
+    assert server.tester_kubeconfig is not None
+    return KubeClient(kubeconfig.from_kubeconfig(server.tester_kubeconfig), max_threads=AT_ONCE)
+
+
+async def test_reads_refused_with_429_are_tried_again_after_retry_after(
+    throttling_apiserver: ApiServer,
+) -> None:
+    names = await seeded(throttling_apiserver, "throttled", 3)
+    client = tester_client(throttling_apiserver)
+    answers: list[str] = []
+
+    async def read(name: str) -> None:
+        answers.append((await client.get_resource_claim("throttled", name))["metadata"]["name"])
+
+    try:
+        for _ in range(ROUNDS):
+            async with trio.open_nursery() as nursery:
+                for k in range(AT_ONCE):
+                    nursery.start_soon(read, names[k % len(names)])
+            if client._rest.throttled:
+                break
+    finally:
+        client.close()
+    assert client._rest.throttled > 0, f"the server refused none of {ROUNDS} x {AT_ONCE} reads"
+    assert len(answers) % AT_ONCE == 0 and sorted(set(answers)) == names  # every read answered
+
+
+async def test_writes_refused_with_429_reach_the_caller(throttling_apiserver: ApiServer) -> None:
+    seeder = ApiSeeder(throttling_apiserver)
+    await seeder.namespace("refused")
+    uids = [(await seeder.claim(claim("refused", f"w{k}")))["metadata"]["uid"] for k in range(AT_ONCE)]
+    client = tester_client(throttling_apiserver)
+    refused: list[KubeError] = []
+
+    async def write(k: int, round_: int) -> None:
+        try:
+            await client.patch_resource_claim_metadata(
+                "refused", f"w{k}", uid=uids[k], labels={"r": str(round_)}
+            )
+        except KubeError as err:
+            refused.append(err)
+
+    try:
+        for round_ in range(ROUNDS):
+            async with trio.open_nursery() as nursery:
+                for k in range(AT_ONCE):
+                    nursery.start_soon(write, k, round_)
+            if refused:
+                break
+    finally:
+        client.close()
+    assert refused, f"the server refused none of {ROUNDS} x {AT_ONCE} writes"
+    assert {err.status for err in refused} == {429}, [str(err) for err in refused]
+    assert client._rest.throttled == 0  # a write is never sent twice

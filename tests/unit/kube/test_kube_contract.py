@@ -111,11 +111,13 @@ async def test_get_claim(world: World) -> None:
 
 async def test_patch_claim_annotations(world: World) -> None:
     uid = (await world.seed.claim(claim_body(world, "claim")))["metadata"]["uid"]
-    patched = await world.kube.patch_resource_claim_annotations(
-        world.namespace, "claim", {"vgpu/a": "1", "vgpu/b": "2"}, uid=uid
+    patched = await world.kube.patch_resource_claim_metadata(
+        world.namespace, "claim", uid=uid, annotations={"vgpu/a": "1", "vgpu/b": "2"}
     )
     assert patched["metadata"]["annotations"] == {"keep": "me", "vgpu/a": "1", "vgpu/b": "2"}
-    await world.kube.patch_resource_claim_annotations(world.namespace, "claim", {"vgpu/a": None}, uid=uid)
+    await world.kube.patch_resource_claim_metadata(
+        world.namespace, "claim", uid=uid, annotations={"vgpu/a": None}
+    )
     got = await world.kube.get_resource_claim(world.namespace, "claim")
     assert got["metadata"]["annotations"] == {"keep": "me", "vgpu/b": "2"}
 
@@ -123,14 +125,14 @@ async def test_patch_claim_annotations(world: World) -> None:
 async def test_patch_claim_annotations_uid_precondition(world: World) -> None:
     await world.seed.claim(claim_body(world, "claim"))
     with pytest.raises(Conflict) as e:
-        await world.kube.patch_resource_claim_annotations(
-            world.namespace, "claim", {"vgpu/a": "1"}, uid="6a1b0e2c-0000-4000-8000-000000000000"
+        await world.kube.patch_resource_claim_metadata(
+            world.namespace, "claim", uid="6a1b0e2c-0000-4000-8000-000000000000", annotations={"vgpu/a": "1"}
         )
     assert "uid" in str(e.value)
     got = await world.kube.get_resource_claim(world.namespace, "claim")
     assert got["metadata"]["annotations"] == {"keep": "me"}
     with pytest.raises(NotFound):
-        await world.kube.patch_resource_claim_annotations(world.namespace, "absent", {"a": "1"}, uid="x")
+        await world.kube.patch_resource_claim_metadata(world.namespace, "absent", uid="x", labels={"a": "1"})
 
 
 async def test_get_pod_and_node(world: World) -> None:
@@ -290,8 +292,8 @@ async def test_claims_are_listed_and_watched_in_every_namespace(world: World) ->
         assert [(c["metadata"]["uid"], c["kind"]) for c in mine] == [
             (before["metadata"]["uid"], "ResourceClaim")
         ]
-        await world.kube.patch_resource_claim_annotations(
-            world.namespace, "before", {"seen": "yes"}, uid=before["metadata"]["uid"]
+        await world.kube.patch_resource_claim_metadata(
+            world.namespace, "before", uid=before["metadata"]["uid"], annotations={"seen": "yes"}
         )
         later = await world.seed.claim(claim_body(world, "later"))
         async with world.kube.watch_resource_claims(resource_version=listing.resource_version) as events:
@@ -305,6 +307,43 @@ async def test_claims_are_listed_and_watched_in_every_namespace(world: World) ->
                 (WatchEventType.MODIFIED, before["metadata"]["uid"]),
                 (WatchEventType.ADDED, later["metadata"]["uid"]),
             ]
+    assert watch_threads() == []
+
+
+async def test_a_label_selects_the_claims_listed_and_watched(world: World) -> None:
+    """What a node's claim cache is fed (vgpud.dra.claimlabel): the claims that carry its label. A
+    claim labelled later enters the watch (ADDED), one whose label is removed leaves it (DELETED), a
+    claim labelled for another node never shows."""
+    mine = {f"vgpud.test/node-{world.tag}": "here"}
+    theirs = {f"vgpud.test/node-{world.tag}": "there"}
+    labelled = await world.seed.claim(claim_body(world, "labelled"))
+    other = await world.seed.claim(claim_body(world, "other"))
+    late = await world.seed.claim(claim_body(world, "late"))
+    uid = {c["metadata"]["name"]: c["metadata"]["uid"] for c in (labelled, other, late)}
+    kube = world.kube
+    with trio.fail_after(DEADLINE_S):
+        await kube.patch_resource_claim_metadata(
+            world.namespace, "labelled", uid=uid["labelled"], labels=mine
+        )
+        await kube.patch_resource_claim_metadata(world.namespace, "other", uid=uid["other"], labels=theirs)
+        listing = await kube.list_resource_claims(labels=mine)
+        assert [c["metadata"]["name"] for c in listing.items] == ["labelled"]
+        async with kube.watch_resource_claims(
+            resource_version=listing.resource_version, labels=mine
+        ) as events:
+            await kube.patch_resource_claim_metadata(
+                world.namespace, "other", uid=uid["other"], labels={"x": "1"}
+            )
+            await kube.patch_resource_claim_metadata(world.namespace, "late", uid=uid["late"], labels=mine)
+            key = next(iter(mine))
+            await kube.patch_resource_claim_metadata(
+                world.namespace, "labelled", uid=uid["labelled"], labels={key: None}
+            )
+            got = [(event.type, event.object["metadata"]["name"]) for event in [await events.__anext__()]]
+            got.append(((e := await events.__anext__()).type, e.object["metadata"]["name"]))
+            assert got == [(WatchEventType.ADDED, "late"), (WatchEventType.DELETED, "labelled")]
+        gone = await kube.get_resource_claim(world.namespace, "labelled")
+        assert key not in (gone["metadata"].get("labels") or {})
     assert watch_threads() == []
 
 

@@ -84,7 +84,7 @@ def test_the_daemon_hands_the_setting_to_the_registry(
         SimpleNamespace(index=Claims()),
         None,
         Recorder(),
-        caches=build_caches(startup, nri=False, registry=True),
+        caches=build_caches(startup, Claims()),
     )
     assert registry is not None
     assert registry.service.systemd_cgroups is systemd

@@ -24,6 +24,7 @@ import trio
 from tests import objects as o
 from vgpud.containers.record import Injection, NodeContainer
 from vgpud.containers.store import ContainerStore
+from vgpud.dra.claimwatch import ClaimWatch
 from vgpud.kube.fake import FakeKube
 from vgpud.kube.informer import Informer, claim_informer, pod_informer
 from vgpud.partition.layout import Layout
@@ -228,8 +229,10 @@ class World:
         )
 
 
-async def run_cache(cache: Informer, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
-    """`cache.run`, started once it has listed and its watch is open."""
+async def run_cache(
+    cache: Informer | ClaimWatch, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
+) -> None:
+    """`cache.run`, started once it has listed and its watch is open (a ClaimWatch runs its cache)."""
     await cache.run(task_status.started)
 
 

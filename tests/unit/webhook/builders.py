@@ -5,15 +5,18 @@ from __future__ import annotations
 
 import copy
 import uuid
-from collections.abc import Mapping
+from collections.abc import AsyncIterator, Collection, Mapping
+from contextlib import asynccontextmanager
 from typing import Any
 
 import trio
 
 from tests import objects as o
-from vgpud.kube.api import JsonObject, NotFound
+from vgpud.kube.api import JsonObject, Listing, NotFound, WatchEvent
 from vgpud.relaxations import Relaxation, nri_selector
 from vgpud.webhook.claims import Policy
+from vgpud.webhook.podcache import PodCache
+from vgpud.webhook.podselect import select_pods
 
 POLICY = Policy(driver=o.DRIVER)
 #: the chart's DeviceClass for NRI nodes
@@ -113,7 +116,9 @@ def claim_review(claim: dict[str, Any], **kwargs: Any) -> dict[str, Any]:
 
 
 class FakeLookup:
-    """Objects by (namespace, name); every call is logged; `fail` makes every call raise it."""
+    """Objects by (namespace, name); every call is logged; `fail` makes every call raise it. Pods are
+    listed (`list_pods`) unless `synced`: then reviews read them as from the pod cache (`cached_pods`:
+    the same choice, `select_pods`, over the namespace's pods in their order)."""
 
     def __init__(
         self,
@@ -127,6 +132,7 @@ class FakeLookup:
         self.calls: list[tuple[str, str]] = []
         self.fail: BaseException | None = None
         self.delay = 0.0
+        self.synced = False
 
     async def _enter(self, call: str, name: str) -> None:
         self.calls.append((call, name))
@@ -148,4 +154,73 @@ class FakeLookup:
 
     async def list_pods(self, namespace: str) -> list[JsonObject]:
         await self._enter("pods", namespace)
-        return [p for p in self.pods if p["metadata"]["namespace"] == namespace]
+        return [p for p in self.pods if _meta(p, "namespace") == namespace]
+
+    async def list_pods_named(self, namespace: str, name: str) -> list[JsonObject]:
+        await self._enter("pod", name)
+        return [p for p in self.pods if _meta(p, "namespace") == namespace and _meta(p, "name") == name]
+
+    def cached_pods(
+        self, namespace: str, claim_names: Collection[str], reserved_uids: Collection[str]
+    ) -> list[JsonObject] | None:
+        if not self.synced:
+            return None
+        self.calls.append(("cached pods", namespace))
+        return select_pods(self.pods, namespace, claim_names, reserved_uids)
+
+
+def _meta(pod: Any, key: str) -> Any:
+    meta = pod.get("metadata") if isinstance(pod, Mapping) else None
+    return meta.get(key) if isinstance(meta, Mapping) else None
+
+
+class StaticPods:
+    """A PodSource (vgpud.webhook.podcache) of fixed pods: a list of them, then a watch that stays
+    open and sends nothing."""
+
+    def __init__(self, pods: list[JsonObject]) -> None:
+        self.pods = pods
+
+    async def list_all_pods(self) -> Listing:
+        return Listing(list(self.pods), "1")
+
+    @asynccontextmanager
+    async def watch_all_pods(self, resource_version: str) -> AsyncIterator[AsyncIterator[WatchEvent]]:
+        send, receive = trio.open_memory_channel[WatchEvent](0)
+        async with send, receive:
+            yield receive
+
+
+class CachedLookup(FakeLookup):
+    """A FakeLookup whose reviews read a real PodCache fed with its pods (trimmed, indexed, in name
+    order), while `running()`."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.cache = PodCache(StaticPods(self.pods), stream_lists=False)
+        self.synced = True
+        #: every pod `cached_pods` returned
+        self.returned: list[JsonObject] = []
+
+    def cached_pods(
+        self, namespace: str, claim_names: Collection[str], reserved_uids: Collection[str]
+    ) -> list[JsonObject] | None:
+        self.calls.append(("cached pods", namespace))
+        pods = self.cache.read(namespace, claim_names, reserved_uids)
+        self.returned += pods or []
+        return pods
+
+    @asynccontextmanager
+    async def running(self) -> AsyncIterator[CachedLookup]:
+        """The cache listed, its watch open, until the block ends."""
+        async with trio.open_nursery() as nursery:
+            await nursery.start(run_informer, self.cache)
+            yield self
+            nursery.cancel_scope.cancel()
+
+
+async def run_informer(
+    cache: PodCache, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
+) -> None:
+    """The cache's informer, started once it has listed and its watch is open."""
+    await cache.informer.run(task_status.started)

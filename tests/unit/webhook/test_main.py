@@ -94,9 +94,13 @@ def test_serves_until_sigterm(webhook: WebhookProcess) -> None:
     assert (failed["allowed"], failed["status"]["code"]) == (False, 500)
     assert failed["status"]["message"].startswith("vgpud webhook could not check pods default/p: ")
     assert webhook.request("POST", "/validate", b"{not json")[0] == 400
+    # the pod cache cannot list either; the webhook stays healthy through its grace period (reviews
+    # list their namespace meanwhile, and fail closed here)
+    assert webhook.request("GET", "/healthz")[0] == 200
     status, metrics = webhook.request("GET", "/metrics")
     assert status == 200
     assert b'vgpud_webhook_reviews_total{kind="pods",operation="CREATE",result="error"} 1.0' in metrics
     assert webhook.stop() == 0
     assert "serving admission reviews on https://127.0.0.1:" in webhook.output()
+    assert "component webhook-pod-cache is healthy (ready)" in webhook.output()
     assert "webhook stopped" in webhook.output()

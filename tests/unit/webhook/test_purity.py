@@ -1,5 +1,5 @@
-"""The rules and the review codec do no I/O (DESIGN §3: rules are pure functions): imported and run in
-a process where the filesystem, the network and subprocesses raise."""
+"""The rules, the review codec and the choice of a review's pods do no I/O (DESIGN §3: rules are pure
+functions): imported and run in a process where the filesystem, the network and subprocesses raise."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ BODY = """
     import json
 
     from tests import objects as o
-    from vgpud.webhook import claims, review, rules
+    from vgpud.webhook import claims, podselect, review, rules
     from vgpud.webhook.violations import Rule, summary
 
     policy = claims.Policy(driver=o.DRIVER)
@@ -29,6 +29,9 @@ BODY = """
     assert [v.rule for v in violations] == [Rule.ONE_APP_PER_REQUEST], violations
     status = o.claim(requests=[o.exactly("r0")], results=[o.result("r0")], reserved_for=o.reserved(pod))
     assert len(rules.check_claim_status(status, claim, [pod], policy)) == 1
+    kept = podselect.trim_pod(pod)
+    assert podselect.select_pods([kept], "default", {"gpu-claim"}, ()) == [kept]
+    assert len(rules.check_claim_status(status, claim, [kept], policy)) == 1
     out = review.review_response(request.uid, review.Decision.deny(summary(violations)))
     review.encode(out)
 
