@@ -30,7 +30,7 @@ log = logging.getLogger("vgpud.webhook")
 KIND = "webhook pod"
 
 
-class ClaimIndex:
+class PodsByClaim:
     """(namespace, claim name) -> the keys of the pods that name the claim; `update` is an Informer
     handler, called with (old, new) on every change."""
 
@@ -98,7 +98,7 @@ class PodCache:
     def __init__(self, source: PodSource, **informer_options: Any) -> None:
         self._source = source
         self.informer = Informer(KIND, self._list, self._watch, **informer_options)
-        self.index = ClaimIndex()
+        self.index = PodsByClaim()
         self.informer.handlers.append(self.index.update)
         self.informer.list_handlers.append(self._listed)
         self._watches = 0

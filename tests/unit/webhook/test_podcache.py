@@ -25,7 +25,7 @@ from vgpud.kube.api import JsonObject, KubeError, Listing, WatchEvent, WatchEven
 from vgpud.supervisor import Backoff, HealthAfter, Restart, Supervisor
 from vgpud.webhook.admit import _containers
 from vgpud.webhook.claims import ApiObjectError, namespace_pod
-from vgpud.webhook.podcache import ClaimIndex, PodCache
+from vgpud.webhook.podcache import PodCache, PodsByClaim
 from vgpud.webhook.podselect import pod_claim_names, reservations, select_pods, trim_pod
 
 c, ref = o.container, o.ref
@@ -225,7 +225,7 @@ def templated(name: str, k: int, generated: str | None) -> JsonObject:
 
 
 def test_the_index_follows_adds_changes_and_deletions() -> None:
-    index = ClaimIndex()
+    index = PodsByClaim()
     a, b = named("a", 1, "x", "y"), named("b", 2, "x")
     index.update(None, a)
     index.update(None, b)
