@@ -60,36 +60,53 @@ def claim_facts(
     container without one has no pod UID to be found by: left out, and told to `invalid`)."""
     found: dict[str, ClaimFacts] = {}
     layout = assigner.layout
+    refused = _RefusedFacts()
     for container in claimed:
         claim_uid = container.claim_uid
         pod = pods.get(container.pod_sandbox_id)
         if pod is None:
             invalid(container, f"its pod sandbox {container.pod_sandbox_id} was not reported")
             continue
-        found[container.id] = ClaimFacts(claim_uid, Injection.REFUSED)
         verdict = check(claim_uid, pod.namespace, pod.uid)
         try:
             base = layout.container_dir_text(claim_uid, pod.uid, container.name)
         except LayoutError as err:
+            found[container.id] = refused[claim_uid]
             invalid(container, str(err))
             continue
         # a pod that joined the claim after Prepare, before the claim watch of this run has
         # listed: its directory proves an earlier admission (a refused pod never gets one)
         joined = verdict.verdict is Verdict.NOT_RESERVED and os.path.isdir(base)
         if not (verdict.inject or joined):
+            found[container.id] = refused[claim_uid]
             invalid(container, verdict.reason)
             continue
-        paths = PartitionPaths.of(base)
-        # an exited container runs nothing that could register: only live ones are checked,
-        # against the injection (built only for them: most of the per-container time)
-        missing: tuple[str, ...] = ()
-        if not container.stopped:
-            ctx = ContainerContext(claim_uid, pod.uid, pod.name, pod.namespace, container.name)
-            env, mounts = assigner.injection(ctx, paths)
-            missing = missing_injection(mounts, env, container.mounts, container.env)
-        state = Injection.MISSING if missing else Injection.INJECTED
-        found[container.id] = ClaimFacts(claim_uid, state, paths.base, missing)
+        found[container.id] = _valid_facts(assigner, container, pod, PartitionPaths.of(base))
     return found
+
+
+class _RefusedFacts(dict[str, ClaimFacts]):
+    """Claim UID -> the facts of a container refused under it: one immutable tuple per claim, not
+    one per container (a node may report thousands)."""
+
+    def __missing__(self, claim_uid: str) -> ClaimFacts:
+        facts = self[claim_uid] = ClaimFacts(claim_uid, Injection.REFUSED)
+        return facts
+
+
+def _valid_facts(
+    assigner: LazyAssigner, container: SyncContainer, pod: SyncPod, paths: PartitionPaths
+) -> ClaimFacts:
+    """A container valid here: INJECTED, or MISSING with what of its injection it lacks. An exited
+    container runs nothing that could register: only live ones are checked, against the injection
+    (built only for them: most of the per-container time)."""
+    missing: tuple[str, ...] = ()
+    if not container.stopped:
+        ctx = ContainerContext(container.claim_uid, pod.uid, pod.name, pod.namespace, container.name)
+        env, mounts = assigner.injection(ctx, paths)
+        missing = missing_injection(mounts, env, container.mounts, container.env)
+    state = Injection.MISSING if missing else Injection.INJECTED
+    return ClaimFacts(container.claim_uid, state, paths.base, missing)
 
 
 def warn_not_injected(found_now: Sequence[NodeContainer], warned: set[str]) -> set[str]:

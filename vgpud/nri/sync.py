@@ -24,7 +24,6 @@ from vgpud._pb import nri_api_pb2
 from vgpud._pb.nri.pkg.api.v1alpha1 import ContainerState
 from vgpud.containers.linux import ContainerLinux
 from vgpud.containers.record import Injection, NodeContainer
-from vgpud.nri.envs import env_value
 from vgpud.partition.layout import ENV_CLAIM_UID
 from vgpud.wire import MalformedMessage
 
@@ -139,6 +138,8 @@ def _reduce(request: nri_api_pb2.SynchronizeRequest) -> SyncBatch:  # type: igno
     claimed, targets, unresolved = [], [], []
     live, new = LIVE_STATES, tuple.__new__  # a third of the NamedTuple constructor's cost
     no_claim = ("", Injection.NO_CLAIM, None, ())  # its vGPU fields: the hooks set those of claimed ones
+    prefix = f"{ENV_CLAIM_UID}="
+    value_at = len(prefix)
     for c in containers:  # one pass, no generator per container: a node reports thousands
         cid, sandbox, name, state = c.id, c.pod_sandbox_id, c.name, c.state
         linux = ContainerLinux(c)  # read when a hot-plug needs it (vgpud.containers.linux)
@@ -149,7 +150,11 @@ def _reduce(request: nri_api_pb2.SynchronizeRequest) -> SyncBatch:  # type: igno
         else:
             unresolved.append(SyncTarget(cid, sandbox, name, state, c.pid, linux))
         env = c.env
-        claim_uid = env_value(env, ENV_CLAIM_UID)
+        # `env_value` inlined: a call per container was a tenth of this loop (10,000 containers)
+        claim_uid = ""
+        for item in env:
+            if item.startswith(prefix):
+                claim_uid = item[value_at:]
         if not claim_uid:
             continue
         mounts = c.mounts

@@ -192,7 +192,7 @@ class ServerConnection:
         """The success reply; one that would not fit in a frame becomes a RESOURCE_EXHAUSTED reply."""
         self._finish(stream_id)
         try:
-            return _response(stream_id, pb.Response(payload=payload))
+            return encode_frame(stream_id, MessageType.RESPONSE, success_response(payload))
         except TtrpcError as err:
             return _error_response(stream_id, err.code, err.message)
 
@@ -340,6 +340,23 @@ def _oversized(length: int) -> TtrpcError:
     return TtrpcError(
         Code.RESOURCE_EXHAUSTED, f"message length {length} exceed maximum message size of {MAX_MESSAGE}"
     )
+
+
+#: `Response.payload`'s tag: field 2, length-delimited
+_PAYLOAD_TAG = b"\x12"
+
+
+def success_response(payload: bytes) -> bytes:
+    """`bytes(pb.Response(payload=payload))`, written directly: a success reply is one bytes field,
+    and betterproto2 took about a tenth of CreateContainer's Python time to encode it."""
+    if not payload:
+        return b""  # proto3 leaves an empty field out
+    size, length = len(payload), bytearray()
+    while size > 0x7F:
+        length.append(size & 0x7F | 0x80)
+        size >>= 7
+    length.append(size)
+    return _PAYLOAD_TAG + length + payload
 
 
 def _response(stream_id: int, response: betterproto2.Message) -> bytes:

@@ -7,6 +7,7 @@ container the runtime reports back (Synchronize: its mounts and env) is.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterable, Mapping, Sequence
 
 from vgpud.partition.layout import Mount
@@ -23,10 +24,17 @@ def missing_injection(
     value; () when complete. `have_mounts`: the container's (destination, source) pairs; `have_env`
     its `KEY=VALUE` list (the last of a key wins)."""
     have = set(have_mounts)
-    gaps = [f"mount {m.container_path}" for m in mounts if (m.container_path, m.host_path) not in have]
+    gaps = [_gap("mount", m.container_path) for m in mounts if (m.container_path, m.host_path) not in have]
     values = _env_dict(have_env)
-    gaps += [f"env {key}" for key, value in env.items() if values.get(key, "") != value]
+    gaps += [_gap("env", key) for key, value in env.items() if values.get(key, "") != value]
     return tuple(gaps)
+
+
+@functools.cache
+def _gap(kind: str, name: str) -> str:
+    """`<kind> <name>`, one string per name: a Synchronize may find thousands of containers lacking
+    the same few mounts and env (a node whose containers were created while vgpud was away)."""
+    return f"{kind} {name}"
 
 
 def _env_dict(env: Sequence[str]) -> dict[str, str]:

@@ -26,6 +26,7 @@ from vgpud.nri.ttrpc import (
     ServerConnection,
     TtrpcError,
     encode_frame,
+    success_response,
 )
 
 PLUGIN = "nri.pkg.api.v1alpha1.Plugin"
@@ -425,3 +426,9 @@ def test_client_fuzz_never_raises(garbage: bytes, calls: int) -> None:
     replies = client.receive(garbage)
     assert all((r.payload is None) != (r.error is None) for r in replies)
     assert len({r.stream_id for r in replies}) == len(replies)
+
+
+@pytest.mark.parametrize("size", [0, 1, 127, 128, 16383, 16384, 300_000])
+def test_a_success_reply_is_encoded_as_betterproto2_would(size: int) -> None:
+    payload = bytes(range(256)) * (size // 256) + bytes(size % 256)
+    assert success_response(payload) == bytes(pb.Response(payload=payload))
