@@ -65,7 +65,7 @@ bench: build kube node-deps  ## every bench (bench/*.py; the local-node ones und
 		VGPUD_BENCH_RESULTS=$(BENCH_RESULTS) flock /tmp/vgpud-e2e.lock $(PY) bench/$$b.py || failed="$$failed $$b"; done; \
 	echo "== summary ($(BENCH_RESULTS))"; \
 	$(PY) bench/summary.py $(BENCH_RESULTS) --ran $(BENCHES) $(NODE_BENCHES) \
-		--expect nri_latency prepare stream webhook $(NODE_BENCHES) || failed="$$failed summary"; \
+		--expect nri_latency prepare scale stream webhook $(NODE_BENCHES) || failed="$$failed summary"; \
 	[ -z "$$failed" ] || { echo "bench: failed:$$failed" >&2; exit 1; }
 
 fuzz: setup  ## every fuzz target at volume (tests/fuzz; FUZZ_TARGET, FUZZ_N, FUZZ_SEED, FUZZ_INPUT to replay a crash)

@@ -29,8 +29,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from bench.lib.results import Figure, emit
 from tests.conformance.nri import gobuild
 
-#: the issue's goals: the ratio to the Go stub plugin, and CreateContainer's absolute p99 at c=1
-GOAL_RATIO = 1.5
+#: the goals: CreateContainer's p99 and Synchronize's time as ratios to the Go stub plugin's in the
+#: same run, and CreateContainer's absolute p99 at c=1
+GOAL_CREATE_RATIO = 1.3
+GOAL_SYNC_RATIO = 1.5
 GOAL_C1_P99_MS = 2.0
 
 
@@ -89,8 +91,8 @@ def summary_figures(rows: list[dict]) -> list[Figure]:
     for conc in (1, 32):
         mine, ref = ours[f"create_c{conc}"]["p99_ms"], go[f"create_c{conc}"]["p99_ms"]
         ratio = mine / ref
-        met = ratio <= GOAL_RATIO and (conc != 1 or mine <= GOAL_C1_P99_MS)
-        goal = f"<= {GOAL_RATIO}x" + (f", <= {GOAL_C1_P99_MS:.0f} ms" if conc == 1 else "")
+        met = ratio <= GOAL_CREATE_RATIO and (conc != 1 or mine <= GOAL_C1_P99_MS)
+        goal = f"<= {GOAL_CREATE_RATIO}x" + (f", <= {GOAL_C1_P99_MS:.0f} ms" if conc == 1 else "")
         figures.append(
             Figure(f"NRI CreateContainer p99, c={conc}", mine, "ms", "Go stub plugin", ratio, goal, met)
         )
@@ -102,8 +104,8 @@ def summary_figures(rows: list[dict]) -> list[Figure]:
             "ms",
             "Go stub plugin",
             ratio,
-            f"<= {GOAL_RATIO}x",
-            ratio <= GOAL_RATIO,
+            f"<= {GOAL_SYNC_RATIO}x",
+            ratio <= GOAL_SYNC_RATIO,
         )
     )
     return figures

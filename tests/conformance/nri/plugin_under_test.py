@@ -33,6 +33,7 @@ from vgpud._pb.nri.pkg.api.v1alpha1 import (  # noqa: E402
 )
 from vgpud.containers.record import Injection  # noqa: E402
 from vgpud.containers.values import DeviceRule  # noqa: E402
+from vgpud.heap import freeze_start_up  # noqa: E402
 from vgpud.nri.conn import Identity, run_session  # noqa: E402
 from vgpud.nri.hooks import NriHooks  # noqa: E402
 from vgpud.nri.runtime_link import RuntimeLink, RuntimeUpdateError  # noqa: E402
@@ -168,6 +169,9 @@ async def main(args: argparse.Namespace) -> None:
     if args.sync_report is not None:
         with_sync_report(hooks, args.sync_report)
     link = RuntimeLink()
+    # as `vgpud run` does once its caches have listed (this process has none): start-up's objects
+    # out of the collector's reach, so a full collection does not traverse them inside a hook
+    freeze_start_up()
     restart = Restart(Backoff(initial=args.backoff, factor=2, cap=max(args.backoff, 2.0)), healthy_after=30)
     with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
         async with trio.open_nursery() as nursery, Supervisor(shutdown_timeout=5) as supervisor:
