@@ -69,15 +69,15 @@ def test_summary_prints_every_figure_and_fails_on_a_failed_or_missing_bench(
 
 def test_nri_latency_figures_hold_the_goals_of_the_issue() -> None:
     """The harness's JSON (plugin under test first, the Go stub second) -> ratios and goal verdicts:
-    c=1 also needs its absolute p99 under 2 ms."""
+    CreateContainer's p99 within 1.3x of the Go stub's, Synchronize within 1.5x."""
     from bench.nri_latency import summary_figures
 
     def row(c1_p99: float, c32_p99: float, sync: float) -> dict:
         return {"create_c1": {"p99_ms": c1_p99}, "create_c32": {"p99_ms": c32_p99}, "sync_ms": sync}
 
     c1, c32, sync = summary_figures([row(2.5, 30.0, 60.0), row(2.0, 25.0, 50.0)])
-    assert (c1.ratio, c1.met) == (1.25, False)  # within 1.5x but over 2 ms
+    assert (c1.ratio, c1.met) == (1.25, True)
     assert (c32.ratio, c32.met) == (1.2, True)
     assert (sync.ratio, sync.met) == (1.2, True)
-    c1, _, sync = summary_figures([row(1.5, 30.0, 80.0), row(1.0, 25.0, 50.0)])
-    assert (c1.met, sync.met) == (True, False)
+    c1, c32, sync = summary_figures([row(1.4, 35.0, 80.0), row(1.0, 25.0, 50.0)])
+    assert (c1.met, c32.met, sync.met) == (False, False, False)  # 1.4x, 1.4x, 1.6x

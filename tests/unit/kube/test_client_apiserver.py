@@ -192,7 +192,7 @@ def throttling_apiserver() -> Iterator[ApiServer]:
 AT_ONCE, ROUNDS = 24, 10
 
 
-def tester_client(server: ApiServer) -> KubeClient:
+def client_as_tester(server: ApiServer) -> KubeClient:
     assert server.tester_kubeconfig is not None
     return KubeClient(kubeconfig.from_kubeconfig(server.tester_kubeconfig), max_threads=AT_ONCE)
 
@@ -201,7 +201,7 @@ async def test_reads_refused_with_429_are_tried_again_after_retry_after(
     throttling_apiserver: ApiServer,
 ) -> None:
     names = await seeded(throttling_apiserver, "throttled", 3)
-    client = tester_client(throttling_apiserver)
+    client = client_as_tester(throttling_apiserver)
     answers: list[str] = []
 
     async def read(name: str) -> None:
@@ -224,7 +224,7 @@ async def test_writes_refused_with_429_reach_the_caller(throttling_apiserver: Ap
     seeder = ApiSeeder(throttling_apiserver)
     await seeder.namespace("refused")
     uids = [(await seeder.claim(claim("refused", f"w{k}")))["metadata"]["uid"] for k in range(AT_ONCE)]
-    client = tester_client(throttling_apiserver)
+    client = client_as_tester(throttling_apiserver)
     refused: list[KubeError] = []
 
     async def write(k: int, round_: int) -> None:
