@@ -247,30 +247,46 @@ BUILD_INFO = MetricName(
     ("version", "python"),
 )
 
+#: whose container a per-container series is about, and its claim and directory
+CONTAINER_LABELS = ("namespace", "pod", "container", "claim_uid", "partition")
+#: the same, and which GPU
+CONTAINER_DEVICE_LABELS = (*CONTAINER_LABELS, "index", "uuid")
+#: one physical GPU
+GPU_LABELS = ("index", "uuid")
+
 # --------------------------------------------------------------------------------------------------
 # Each container's limits and usage, as the library's files in its directory say (vgpud.observe.usage).
-# Labels: claim_uid; partition (`<pod UID>_<container>` in lazy mode, the partition key in eager mode);
-# index (host NVML index) and uuid of the device.
+# Labels: namespace, pod, container (whose container it is: what dashboards and alerts group by; in
+# eager mode a partition may serve several pods, so pod and container are "" and namespace is the
+# claim's); claim_uid; partition (`<pod UID>_<container>` in lazy mode, the partition key in eager
+# mode); index (host NVML index) and uuid of the device. The node comes from the scrape (the chart's
+# ServiceMonitor relabels it from the pod's node).
+#
+# Cardinality: one series per family for each (vGPU container, GPU it uses) the reader's last pass
+# found on the node: it grows with the node's vGPU containers, never with the cluster (8 GPUs with 10
+# vGPU containers each: 80 series per family, 560 for the seven). A restarted container keeps its
+# series (same directory); a deleted pod's series go with its directory. No label takes free text.
 
 #: vgpu.config: the memory limit the library enforces (absent when it enforces none)
 CONTAINER_MEMORY_LIMIT = MetricName(
     "vgpud_container_memory_limit_bytes",
     "Device memory limit of a vGPU container, as its library's vgpu.config says.",
-    ("claim_uid", "partition", "index", "uuid"),
+    CONTAINER_DEVICE_LABELS,
 )
 
-#: vgpu.config: the hard core limit the library enforces, percent (absent when it enforces none)
+#: vgpu.config: the hard core limit the library enforces, 0..1 of the GPU's SMs (absent when it enforces
+#: none; the file says percent)
 CONTAINER_CORE_LIMIT = MetricName(
-    "vgpud_container_core_limit_percent",
-    "Core (SM) limit of a vGPU container in percent, as its library's vgpu.config says.",
-    ("claim_uid", "partition", "index", "uuid"),
+    "vgpud_container_core_limit_ratio",
+    "Core (SM) limit of a vGPU container as a share of the GPU (0..1), as its library's vgpu.config says.",
+    CONTAINER_DEVICE_LABELS,
 )
 
 #: vmem_node.config: bytes charged to the container that NVML does not report (managed, async, capture)
 CONTAINER_LEDGER_BYTES = MetricName(
     "vgpud_container_ledger_bytes",
     "Device memory a vGPU container's library charges in its ledger (what NVML does not report).",
-    ("claim_uid", "partition", "index", "uuid"),
+    CONTAINER_DEVICE_LABELS,
 )
 
 #: what the library's memory limit counts: NVML's memory of the PIDs pids.config registers plus the
@@ -278,34 +294,88 @@ CONTAINER_LEDGER_BYTES = MetricName(
 CONTAINER_MEMORY_USED = MetricName(
     "vgpud_container_memory_used_bytes",
     "Device memory a vGPU container uses: NVML's per-process memory of its registered PIDs plus its ledger.",
-    ("claim_uid", "partition", "index", "uuid"),
+    CONTAINER_DEVICE_LABELS,
 )
 
 #: vmem_node.config: processes with a live ledger entry
 CONTAINER_LEDGER_PROCESSES = MetricName(
     "vgpud_container_ledger_processes",
     "Processes of a vGPU container with a live entry in its library's ledger.",
-    ("claim_uid", "partition", "index", "uuid"),
+    CONTAINER_DEVICE_LABELS,
 )
 
 #: sm_node.config: the container's SM utilization at the shared bucket's last sample (0..1)
 CONTAINER_SM_UTILIZATION = MetricName(
     "vgpud_container_sm_utilization_ratio",
     "SM utilization of a vGPU container at its shared bucket's last sample (0..1).",
-    ("claim_uid", "partition", "index", "uuid"),
+    CONTAINER_DEVICE_LABELS,
 )
 
 #: library files of a container that the last read found but could not read or parse
 CONTAINER_FILE_ERRORS = MetricName(
     "vgpud_container_file_errors",
     "Library files of a vGPU container the last usage read could not read or parse.",
-    ("claim_uid", "partition"),
+    CONTAINER_LABELS,
 )
 
 #: completed passes of the usage reader
 USAGE_READS = MetricName(
     "vgpud_usage_reads_total",
     "Passes of vgpud's reader of each container's library files.",
+)
+
+# --------------------------------------------------------------------------------------------------
+# Each GPU: capacity vs allocated vs used (vgpud.observe.gpuview), like the reference's device view.
+# Allocated is what the vGPU containers' libraries enforce (their vgpu.config limits), used what they
+# count; both need the usage reader. One series per GPU and family.
+
+#: always 1; which product the GPU is
+GPU_INFO = MetricName(
+    "vgpud_gpu_info",
+    "A GPU of the node and its product name (value 1).",
+    (*GPU_LABELS, "product"),
+)
+
+#: the GPU's device memory (NVML's total)
+GPU_MEMORY_TOTAL = MetricName(
+    "vgpud_gpu_memory_total_bytes",
+    "Device memory of the GPU.",
+    GPU_LABELS,
+)
+
+#: the sum of the memory limits of the vGPU containers on the GPU
+GPU_MEMORY_ALLOCATED = MetricName(
+    "vgpud_gpu_memory_allocated_bytes",
+    "Device memory of the GPU allocated to vGPU containers: the sum of their memory limits.",
+    GPU_LABELS,
+)
+
+#: the sum of what the vGPU containers' libraries count (NVML per-process memory plus ledger)
+GPU_MEMORY_USED = MetricName(
+    "vgpud_gpu_memory_used_bytes",
+    "Device memory of the GPU that its vGPU containers use, as their libraries count it.",
+    GPU_LABELS,
+)
+
+#: the sum of the core limits of the vGPU containers on the GPU (above 1: overcommitted)
+GPU_CORES_ALLOCATED = MetricName(
+    "vgpud_gpu_cores_allocated_ratio",
+    "Share of the GPU's SMs allocated to vGPU containers: their core limits' sum (over 1: overcommitted).",
+    GPU_LABELS,
+)
+
+#: the sum of the vGPU containers' SM utilization at their buckets' last sample
+GPU_SM_UTILIZATION = MetricName(
+    "vgpud_gpu_sm_utilization_ratio",
+    "SM utilization of the GPU by its vGPU containers at their last sample (0..1).",
+    GPU_LABELS,
+)
+
+#: vGPU containers (lazy) or partitions (eager) on the GPU; limited: with a memory limit or not
+GPU_VGPUS = MetricName(
+    "vgpud_gpu_vgpus",
+    "vGPU containers (eager mode: partitions) on the GPU, by whether they have a memory limit.",
+    (*GPU_LABELS, "memory_limited"),
 )
 
 #: the hot-plug API's attachment table; state: attaching, attached, detaching (a change under way,
@@ -356,5 +426,12 @@ ALL: tuple[MetricName, ...] = (
     CONTAINER_SM_UTILIZATION,
     CONTAINER_FILE_ERRORS,
     USAGE_READS,
+    GPU_INFO,
+    GPU_MEMORY_TOTAL,
+    GPU_MEMORY_ALLOCATED,
+    GPU_MEMORY_USED,
+    GPU_CORES_ALLOCATED,
+    GPU_SM_UTILIZATION,
+    GPU_VGPUS,
     HOTPLUG_ATTACHMENTS,
 )

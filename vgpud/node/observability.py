@@ -75,6 +75,7 @@ def build_observability(node: Node) -> Observability:
         hotplug=node.hotplug,
         drift=drift,
         usage=usage,
+        gpus=startup.gpus,
     )
     state = DebugState(
         identity,
@@ -89,6 +90,7 @@ def build_observability(node: Node) -> Observability:
         hotplug=node.hotplug,
         drift=drift,
         usage=usage,
+        gpus=startup.gpus,
     )
     return Observability(metrics, StreamHub(node.recorder, stream), state, drift, usage)
 

@@ -11,7 +11,7 @@ A registry per `NodeMetrics` rather than the global one, so tests build several 
 from __future__ import annotations
 
 from collections import Counter as Tally
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING
 
 from grpclib.const import Status
@@ -28,9 +28,10 @@ from prometheus_client.registry import Collector
 
 from vgpud import metrics_names as names
 from vgpud.containers.record import Injection
+from vgpud.gpu.model import GpuInfo
 from vgpud.hotplug.rules import AttachState
 from vgpud.observe.drift import DriftKind
-from vgpud.observe.state import NodeIdentity, StreamStats, WatchedDevices, build_info
+from vgpud.observe.state import NodeIdentity, StreamStats, WatchedDevices, build_info, current_gpu_views
 from vgpud.partition.nrionly import RefusalReason
 from vgpud.recorder import HookCall, Outcome
 
@@ -89,6 +90,7 @@ class NodeMetrics:
         hotplug: HotPlug | None = None,
         drift: DriftChecker | None = None,
         usage: UsageReader | None = None,
+        gpus: Sequence[GpuInfo] = (),
     ) -> None:
         """The parts it reads at scrape time (None: not on this node), and the recorder it listens to."""
         self.identity = identity
@@ -100,6 +102,7 @@ class NodeMetrics:
         self.hotplug = hotplug
         self.drift = drift
         self.usage = usage
+        self.gpus = tuple(gpus)
         self.registry = CollectorRegistry()
         ProcessCollector(registry=self.registry)
         self.calls = Counter(
@@ -193,6 +196,7 @@ class StateCollector(Collector):
             yield from self._nri(node.nri)
         yield from self._drift_metrics()
         yield from self._usage_metrics()
+        yield from self._gpu_metrics()
         attachments = _gauge(names.HOTPLUG_ATTACHMENTS)  # no samples while the API is not served
         if node.hotplug is not None:
             by_state = Tally(a.state.value for a in node.hotplug.service.table.attachments.values())
@@ -268,14 +272,15 @@ class StateCollector(Collector):
         sm, errors = _gauge(names.CONTAINER_SM_UTILIZATION), _gauge(names.CONTAINER_FILE_ERRORS)
         used = _gauge(names.CONTAINER_MEMORY_USED)
         for container in status.containers:
-            owner = [container.target.claim_uid, container.target.partition]
+            target = container.target
+            owner = [target.namespace, target.pod_name, target.container, target.claim_uid, target.partition]
             errors.add_metric(owner, len(container.usage.errors))
             for device in container.usage.devices:
                 labels = [*owner, str(device.index), device.uuid]
                 if device.memory_limited:
                     memory.add_metric(labels, device.memory_limit)
                 if device.core_limited:
-                    core.add_metric(labels, device.core_limit)
+                    core.add_metric(labels, device.core_limit / 100)
                 if container.usage.has_ledger:
                     ledger.add_metric(labels, device.ledger_bytes)
                     processes.add_metric(labels, device.ledger_processes)
@@ -284,3 +289,25 @@ class StateCollector(Collector):
                 if device.used_bytes is not None:
                     used.add_metric(labels, device.used_bytes)
         yield from (memory, core, used, ledger, processes, sm, errors)
+
+    def _gpu_metrics(self) -> Iterator[Metric]:
+        """Each GPU's capacity; what its vGPUs are allocated and use when the usage reader runs."""
+        node = self._node
+        views = current_gpu_views(node.gpus, node.usage, node.devices)
+        info, total = _gauge(names.GPU_INFO), _gauge(names.GPU_MEMORY_TOTAL)
+        allocated, used = _gauge(names.GPU_MEMORY_ALLOCATED), _gauge(names.GPU_MEMORY_USED)
+        cores, sm = _gauge(names.GPU_CORES_ALLOCATED), _gauge(names.GPU_SM_UTILIZATION)
+        vgpus = _gauge(names.GPU_VGPUS)
+        for view in views:
+            gpu = [str(view.index), view.uuid]
+            info.add_metric([*gpu, view.product], 1)
+            total.add_metric(gpu, view.memory_total)
+            if node.usage is None:
+                continue
+            allocated.add_metric(gpu, view.memory_allocated)
+            used.add_metric(gpu, view.memory_used)
+            cores.add_metric(gpu, view.cores_allocated)
+            sm.add_metric(gpu, view.sm_utilization)
+            vgpus.add_metric([*gpu, "true"], len(view.vgpus) - view.unlimited)
+            vgpus.add_metric([*gpu, "false"], view.unlimited)
+        yield from (info, total, allocated, used, cores, sm, vgpus)

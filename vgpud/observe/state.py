@@ -31,8 +31,15 @@ Shape (every key always present; a section that does not apply to this node is n
     device_health: {ignored_xids, recovery_seconds, sessions, checks,
                   devices: {uuid: {index, healthy, reason, since, xid}},
                   xids: [{uuid, xid, kind, count}]}            when the device-health watcher runs
+    gpus:        [{index, uuid, product, healthy, memory_total_bytes, memory_allocated_bytes,
+                   memory_used_bytes, cores_allocated_ratio, sm_utilization_ratio, unlimited_vgpus,
+                   vgpus: [{namespace, pod, container, claim_uid, partition, memory_limit_bytes,
+                            core_limit_ratio, memory_used_bytes, sm_utilization_ratio, pids}]}]
+                  every GPU by index (vgpud.observe.gpuview: allocated and used need the usage
+                  reader; healthy is null without the device-health watcher)
     usage:       {interval_seconds, reads, last_read, process_memory_error,
-                  containers: {"<claim UID>/<partition>": {claim_uid, partition, pod_uid, container,
+                  containers: {"<claim UID>/<partition>": {claim_uid, partition, namespace, pod,
+                               pod_uid, container,
                                directory, files: {vgpu_config, vmem_node, sm_node}, pids,
                                devices: {index: {uuid, memory_limit_bytes, core_limit_percent,
                                                  ledger_bytes, ledger_processes,
@@ -52,7 +59,7 @@ from __future__ import annotations
 import platform
 import time
 from collections import Counter
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -60,6 +67,8 @@ import trio
 
 from vgpud import __version__
 from vgpud.containers.record import Injection
+from vgpud.gpu.model import GpuInfo
+from vgpud.observe.gpuview import GpuView, gpu_views
 from vgpud.partition.layout import Layout
 from vgpud.partition.nrionly import RefusalReason
 from vgpud.recorder import Recorder
@@ -109,6 +118,17 @@ class StreamStats:
     clients: int = 0
     #: clients vgpud closed, by reason (slow, filter-failed, shutdown)
     closed: Counter[str] = field(default_factory=Counter)
+
+
+def current_gpu_views(
+    gpus: Sequence[GpuInfo], usage: UsageReader | None, devices: WatchedDevices | None
+) -> list[GpuView]:
+    """Every GPU as the usage reader's last pass and the device-health watcher see it now."""
+    containers = usage.status().containers if usage is not None else ()
+    healthy = None
+    if devices is not None:
+        healthy = {uuid: h.healthy for uuid, h in devices.board.snapshot().items()}
+    return gpu_views(gpus, containers, healthy)
 
 
 def build_info() -> dict[str, str]:
@@ -289,6 +309,7 @@ class DebugState:
         hotplug: HotPlug | None = None,
         drift: DriftChecker | None = None,
         usage: UsageReader | None = None,
+        gpus: Sequence[GpuInfo] = (),
         partitions_timeout: float = PARTITIONS_TIMEOUT,
     ) -> None:
         self.identity = identity
@@ -303,6 +324,7 @@ class DebugState:
         self.hotplug = hotplug
         self.drift = drift
         self.usage = usage
+        self.gpus = tuple(gpus)
         self._partitions_timeout = partitions_timeout
 
     async def snapshot(self, *, calls: int = 20) -> JsonObject:
@@ -324,6 +346,7 @@ class DebugState:
             "register_uuids": None,
             "drift": self.drift.status().to_dict() if self.drift is not None else None,
             "device_health": device_health_json(self.devices) if self.devices is not None else None,
+            "gpus": [v.to_dict() for v in current_gpu_views(self.gpus, self.usage, self.devices)],
             "usage": self.usage.status().to_dict() if self.usage is not None else None,
             "hotplug": hotplug_json(self.hotplug) if self.hotplug is not None else None,
             "stream": {"clients": self.stream.clients, "closed": dict(self.stream.closed)},

@@ -45,6 +45,10 @@ class UsageTarget:
     pod_uid: str = field(default="", compare=False)
     container: str = field(default="", compare=False)
     container_id: str = field(default="", compare=False)
+    #: the pod's namespace (lazy mode), or the claim's (eager mode: a partition may serve several pods)
+    namespace: str = field(default="", compare=False)
+    #: the pod's name (lazy mode; "" in eager mode)
+    pod_name: str = field(default="", compare=False)
 
 
 @dataclass(frozen=True)
@@ -56,6 +60,8 @@ class ContainerUsage:
         return {
             "claim_uid": self.target.claim_uid,
             "partition": self.target.partition,
+            "namespace": self.target.namespace,
+            "pod": self.target.pod_name,
             "pod_uid": self.target.pod_uid,
             "container": self.target.container,
             **self.usage.to_dict(),
@@ -90,16 +96,24 @@ def usage_targets(layout: Layout, index: ClaimIndex, containers: ContainerStore 
     if containers is not None:
         found = {
             c.directory: UsageTarget(
-                c.claim_uid, c.directory.name, c.directory, c.pod_uid, c.name, c.container_id
+                c.claim_uid,
+                c.directory.name,
+                c.directory,
+                c.pod_uid,
+                c.name,
+                c.container_id,
+                c.pod_namespace,
+                c.pod_name,
             )
             for c in containers.select(Injection.INJECTED)
             if c.directory is not None
         }
         return sorted(found.values())
     targets = []
-    for claim_uid, (_, record) in index.records().items():
+    for claim_uid, (claim, record) in index.records().items():
         for key in sorted(set(record.request_partitions.values())):
-            targets.append(UsageTarget(claim_uid, key, layout.partition(claim_uid, key).base))
+            base = layout.partition(claim_uid, key).base
+            targets.append(UsageTarget(claim_uid, key, base, namespace=claim.namespace))
     return sorted(targets)
 
 

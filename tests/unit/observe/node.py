@@ -80,6 +80,7 @@ class Node:
             "hotplug": self.hotplug,
             "drift": self.drift,
             "usage": self.usage,
+            "gpus": GPUS,
         }
         return NodeMetrics(self.identity, **{**parts, **changes})
 
@@ -99,6 +100,7 @@ class Node:
             hotplug=self.hotplug,
             drift=self.drift,
             usage=self.usage,
+            gpus=GPUS,
         )
 
     def app(self) -> ObserveApp:

@@ -98,6 +98,7 @@ async def test_lazy_state_maps_directories_to_containers(short_tmp: Path) -> Non
         "prepare_refusals",
         "components",
         "nri",
+        "gpus",
         "partitions",
         "partition_conflicts",
         "partition_errors",

@@ -15,7 +15,7 @@ import trio
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests import objects as o
-from tests.draharness import REF, single_container_claim
+from tests.draharness import GPUS, REF, single_container_claim
 from tests.support import built
 from tests.unit.fakes import gpu as fakegpu
 from tests.unit.observe.node import Node, make_node
@@ -73,21 +73,21 @@ async def test_lazy_containers_show_their_limits_and_ledger(short_tmp: Path) -> 
     status = await node.usage.read()
     assert status.reads == 1
     found = families(node)
-    main_labels = {"claim_uid": o.CLAIM_UID, "partition": f"{o.POD1_UID}_main", "index": "0", "uuid": UUID}
-    side_labels = {**main_labels, "partition": f"{o.POD1_UID}_side"}
+    main_owner = {"namespace": o.NAMESPACE, "pod": "train", "container": "main", "claim_uid": o.CLAIM_UID}
+    main_labels = {**main_owner, "partition": f"{o.POD1_UID}_main", "index": "0", "uuid": UUID}
+    side_labels = {**main_labels, "container": "side", "partition": f"{o.POD1_UID}_side"}
     limit = found[family(names.CONTAINER_MEMORY_LIMIT)]
     assert value(limit, names.CONTAINER_MEMORY_LIMIT.name, **main_labels) == 4 * GIB
     assert value(limit, names.CONTAINER_MEMORY_LIMIT.name, **side_labels) == 2 * GIB
-    assert (
-        value(found[family(names.CONTAINER_CORE_LIMIT)], names.CONTAINER_CORE_LIMIT.name, **main_labels) == 30
-    )
+    core = found[family(names.CONTAINER_CORE_LIMIT)]
+    assert value(core, names.CONTAINER_CORE_LIMIT.name, **main_labels) == 0.3
     ledger_samples = found[family(names.CONTAINER_LEDGER_BYTES)]
     assert value(ledger_samples, names.CONTAINER_LEDGER_BYTES.name, **main_labels) == 3 * GIB
     assert [s.labels for s in ledger_samples] == [main_labels]
     processes = found[family(names.CONTAINER_LEDGER_PROCESSES)]
     assert value(processes, names.CONTAINER_LEDGER_PROCESSES.name, **main_labels) == 2
     errors = found[family(names.CONTAINER_FILE_ERRORS)]
-    owner = {"claim_uid": o.CLAIM_UID, "partition": f"{o.POD1_UID}_side"}
+    owner = {**main_owner, "container": "side", "partition": f"{o.POD1_UID}_side"}
     assert value(errors, names.CONTAINER_FILE_ERRORS.name, **owner) == 1
     assert value(found[family(names.USAGE_READS)], names.USAGE_READS.name) == 1
 
@@ -96,6 +96,7 @@ async def test_lazy_containers_show_their_limits_and_ledger(short_tmp: Path) -> 
     assert set(containers) == {f"{o.CLAIM_UID}/{o.POD1_UID}_main", f"{o.CLAIM_UID}/{o.POD1_UID}_side"}
     shown = containers[f"{o.CLAIM_UID}/{o.POD1_UID}_main"]
     assert (shown["pod_uid"], shown["container"], shown["directory"]) == (o.POD1_UID, "main", str(main))
+    assert (shown["namespace"], shown["pod"]) == (o.NAMESPACE, "train")
     assert shown["files"] == {"vgpu_config": True, "vmem_node": True, "sm_node": False}
     assert shown["devices"] == {
         "0": {
@@ -141,7 +142,8 @@ async def test_eager_partitions_show_what_the_c_structs_wrote(short_tmp: Path) -
 
     await node.usage.read()
     found = families(node)
-    labels = {"claim_uid": claim_uid, "partition": key, "index": "3", "uuid": UUID}
+    owner = {"namespace": o.NAMESPACE, "pod": "", "container": ""}  # a partition may serve several pods
+    labels = {**owner, "claim_uid": claim_uid, "partition": key, "index": "3", "uuid": UUID}
     assert (
         value(found[family(names.CONTAINER_MEMORY_LIMIT)], names.CONTAINER_MEMORY_LIMIT.name, **labels)
         == 4 * GIB
@@ -225,6 +227,9 @@ def test_the_registered_pids_nvml_memory_plus_the_ledger_is_the_usage(
                 if f.name == names.CONTAINER_MEMORY_USED.name
             ]
             labels = {
+                "namespace": o.NAMESPACE,
+                "pod": "train",
+                "container": "main",
                 "claim_uid": o.CLAIM_UID,
                 "partition": f"{o.POD1_UID}_main",
                 "index": str(index),
@@ -276,3 +281,61 @@ def test_cgroup_mode_counts_the_pids_of_the_containers_cgroup(
             assert sorted(asked) == [(o.POD1_UID, "id-main"), (o.POD1_UID, "id-other")]
 
         trio.run(scenario)
+
+
+async def test_each_gpu_shows_capacity_allocated_and_used_by_its_vgpus(short_tmp: Path) -> None:
+    """Two containers on GPU 0 (4 GiB/30% and 2 GiB/20%): the GPU's allocated memory and cores are their
+    limits' sums; GPU 1 has none; the metrics, the debug state and their containers agree."""
+    node = await _prepared(short_tmp, lazy=True)
+    gpu0, gpu1 = GPUS[0], GPUS[1]
+    main, side = await _container_dir(node, "main"), await _container_dir(node, "side")
+    for directory, memory, cores in ((main, 4 * GIB, 30), (side, 2 * GIB, 20)):
+        devices = [F.DeviceLimits()] * 16
+        devices[gpu0.index] = F.DeviceLimits(
+            uuid=gpu0.uuid,
+            total_memory=memory,
+            hard_core=cores,
+            memory_limit=True,
+            core_limit=True,
+            activate=True,
+        )
+        (directory / "config" / F.VGPU_CONFIG_FILE).write_bytes(
+            F.build_vgpu_config(F.VgpuConfig(devices=tuple(devices)))
+        )
+    await node.usage.read()
+    found = families(node)
+    labels0 = {"index": str(gpu0.index), "uuid": gpu0.uuid}
+    labels1 = {"index": str(gpu1.index), "uuid": gpu1.uuid}
+    total = found[family(names.GPU_MEMORY_TOTAL)]
+    assert value(total, names.GPU_MEMORY_TOTAL.name, **labels0) == gpu0.memory_total
+    allocated = found[family(names.GPU_MEMORY_ALLOCATED)]
+    assert value(allocated, names.GPU_MEMORY_ALLOCATED.name, **labels0) == 6 * GIB
+    assert value(allocated, names.GPU_MEMORY_ALLOCATED.name, **labels1) == 0
+    cores = found[family(names.GPU_CORES_ALLOCATED)]
+    assert value(cores, names.GPU_CORES_ALLOCATED.name, **labels0) == pytest.approx(0.5)
+    vgpus = found[family(names.GPU_VGPUS)]
+    assert value(vgpus, names.GPU_VGPUS.name, **labels0, memory_limited="true") == 2
+    assert value(vgpus, names.GPU_VGPUS.name, **labels0, memory_limited="false") == 0
+    info = found[family(names.GPU_INFO)]
+    assert value(info, names.GPU_INFO.name, **labels1, product=gpu1.product_name) == 1
+
+    state = json.loads(json.dumps(await node.state.snapshot()))
+    shown0, shown1 = state["gpus"]
+    assert (shown0["index"], shown0["memory_allocated_bytes"], shown0["cores_allocated_ratio"]) == (
+        gpu0.index,
+        6 * GIB,
+        0.5,
+    )
+    assert shown0["healthy"] is (None if node.watcher is None else True) and shown1["vgpus"] == []
+    assert [(v["namespace"], v["pod"], v["container"], v["memory_limit_bytes"]) for v in shown0["vgpus"]] == [
+        (o.NAMESPACE, "train", "main", 4 * GIB),
+        (o.NAMESPACE, "train", "side", 2 * GIB),
+    ]
+
+
+async def test_without_the_usage_reader_a_gpu_shows_only_its_capacity(short_tmp: Path) -> None:
+    node = await _prepared(short_tmp, lazy=True)
+    body, _ = node.make_metrics(usage=None).exposition()
+    found = {f.name: f.samples for f in text_string_to_metric_families(body.decode())}
+    assert len(found[family(names.GPU_MEMORY_TOTAL)]) == len(GPUS)
+    assert found[family(names.GPU_MEMORY_ALLOCATED)] == []
