@@ -183,6 +183,13 @@ PREPARE_REFUSALS = MetricName(
     ("reason",),
 )
 
+#: 1 while vgpud's gRPC health service answers SERVING (every component that counts for health is
+#: healthy), 0 while NOT_SERVING: the kubelet's and an alert's view of the node daemon as a whole
+SERVING = MetricName(
+    "vgpud_serving",
+    "Whether vgpud's health service answers SERVING (1) or NOT_SERVING (0).",
+)
+
 #: component health as a state set: one series per component and state, 1 for the current state
 COMPONENT_HEALTH = MetricName(
     "vgpud_component_health",
@@ -409,6 +416,7 @@ ALL: tuple[MetricName, ...] = (
     NRI_OTHER_MODE_CONTAINERS,
     PARTITION_CONFLICTS,
     PREPARE_REFUSALS,
+    SERVING,
     COMPONENT_HEALTH,
     DEVICE_HEALTHY,
     DEVICE_XIDS,

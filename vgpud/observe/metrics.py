@@ -186,6 +186,7 @@ class StateCollector(Collector):
         for reason in RefusalReason:  # every reason, 0 until the first refusal
             refusals.add_metric([reason.value], node.driver.refusals.get(reason.value, 0))
         yield refusals
+        yield _gauge(names.SERVING, 1 if node.health.all_healthy() else 0)
         health = _gauge(names.COMPONENT_HEALTH)
         for component, entry in sorted(node.health.snapshot().items()):
             for state in type(entry.state):  # every state of the enum, 1 for the current one

@@ -22,6 +22,7 @@ from vgpud._pb.nri.pkg.api.v1alpha1 import (
     SynchronizeRequest,
 )
 from vgpud._pb.vgpud.hotplug.v1 import AttachRequest, DetachRequest
+from vgpud.componenthealth import HealthState
 from vgpud.containers.record import Injection, NodeContainer
 from vgpud.hotplug.node import HotPlug
 from vgpud.hotplug.service import HotPlugService
@@ -120,6 +121,10 @@ async def test_exposition_has_every_node_family_with_its_labels(short_tmp: Path)
     assert value(health, "vgpud_component_health", component="dra-plugin", state="healthy") == 1
     assert value(health, "vgpud_component_health", component="dra-plugin", state="failing") == 0
     assert value(health, "vgpud_component_health", component="metrics", state="starting") == 1
+    assert node.health.all_healthy()  # the metrics server does not count for health
+    assert value(found[family(names.SERVING)], "vgpud_serving") == 1
+    node.health.set("dra-plugin", HealthState.FAILING, "socket gone")
+    assert value(families(node)[family(names.SERVING)], "vgpud_serving") == 0
     assert value(found[family(names.DRIFT_CHECKS)], "vgpud_drift_checks_total") == 1
     drift = found[family(names.DRIFT_DETECTED)]
     assert value(drift, "vgpud_drift_detected_total", kind="orphan-directory") == 0
