@@ -372,6 +372,21 @@ def test_api_server_override_reaches_both_workloads() -> None:
         assert "KUBERNETES_SERVICE_HOST" not in env_of(workload)
 
 
+def test_log_format_reaches_both_workloads_as_vgpud_reads_it() -> None:
+    """text by default; json set for each workload on its own, read by vgpud's own settings code."""
+    defaults = render()
+    assert daemon_settings(defaults).log_format == "text"
+    webhook_env = resolved_env(one(defaults, "Deployment", "-webhook"))
+    assert webhook_settings_from(argparse.Namespace(), webhook_env).log_format == "text"
+    node_only = render({"node": {"logFormat": "json"}})
+    assert daemon_settings(node_only).log_format == "json"
+    assert env_of(one(node_only, "Deployment", "-webhook"))["LOG_FORMAT"] == "text"
+    both = render({"node": {"logFormat": "json"}, "webhook": {"logFormat": "json"}})
+    webhook_env = resolved_env(one(both, "Deployment", "-webhook"))
+    assert webhook_settings_from(argparse.Namespace(), webhook_env).log_format == "json"
+    assert env_of(one(both, "DaemonSet"))["LOG_FORMAT"] == "json"
+
+
 def test_labels_follow_helm_conventions() -> None:
     for manifest in render():
         labels = manifest["metadata"]["labels"]
