@@ -404,6 +404,20 @@ def test_app_version_is_vgpuds_version() -> None:
     assert chart["apiVersion"] == "v2"
 
 
+def test_chart_metadata_names_the_project_and_its_license() -> None:
+    """What Artifact Hub and `helm show chart` show: the project, its maintainers, and the license
+    pyproject.toml declares (one license, stated in both places)."""
+    chart = yaml.safe_load((CHART / "Chart.yaml").read_text())
+    project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
+    assert chart["home"] in chart["sources"]
+    assert all(m["name"] and m["url"].startswith("https://") for m in chart["maintainers"])
+    annotations = chart["annotations"]
+    assert annotations["artifacthub.io/license"] == project["license"]
+    assert annotations["artifacthub.io/operator"] == "false"
+    links = yaml.safe_load(annotations["artifacthub.io/links"])
+    assert links and all(link["name"] and link["url"].startswith(chart["home"]) for link in links)
+
+
 @pytest.mark.parametrize("variant", VARIANTS, ids=ids)
 def test_the_driver_root_is_mounted_read_only_and_mapped_to_the_hosts(variant: Variant) -> None:
     manifests = render(variant.values)
