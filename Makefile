@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 export PIP_CACHE_DIR := $(CURDIR)/.cache/pip
 
-.PHONY: setup build image kube chart-crds node-deps node test unit lint protos check-protos demo bench fuzz soak clean
+.PHONY: setup build image kube chart-crds chart-docs node-deps node test unit lint protos check-protos demo bench fuzz soak clean
 
 setup:  ## venv with vgpud and its dev dependencies (idempotent, cached)
 	@./hack/setup-venv.sh
@@ -20,6 +20,9 @@ kube:  ## etcd, kube-apiserver, kube-controller-manager, kube-scheduler, kubelet
 
 chart-crds:  ## cert-manager and ServiceMonitor CRDs (from their Go modules) for the chart's server-side dry run
 	@./hack/fetch-chart-crds.sh
+
+chart-docs: setup  ## write the values table of helm/vgpud/README.md from values.yaml's `# --` comments (hack/chart-values-table.py; a test fails while it is stale)
+	@$(PY) hack/chart-values-table.py
 
 node-deps: build  ## containerd 1.7, runc, CNI loopback, busybox + pause + cudaprobe images, containerd 2.x and NVIDIA's nvidia-ctk + nvidia-cdi-hook (built from their Go modules) into ~/.cache/vgpud (the probe links against build/fakecuda)
 	@./hack/install-node.sh

@@ -187,7 +187,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def _run(args: argparse.Namespace) -> int:
     settings = settings_from(args)
-    configure_logging(settings.log_level)
+    configure_logging(settings.log_level, settings.log_format)
     from vgpud.daemon import run_daemon  # imported late: `vgpud --help` stays fast
 
     return run_daemon(settings)

@@ -22,6 +22,7 @@ from vgpud.artifacts import DEFAULT_LIBRARY_SOURCE, DEFAULT_REGISTER_CLIENT_SOUR
 from vgpud.gates import FeatureGates, gates_help, parse_feature_gates
 from vgpud.gpu.healthrules import DEFAULT_IGNORED_XIDS, NO_XIDS, parse_xid_list
 from vgpud.gpu.source import BUILTIN_PROFILES, GPU_BACKENDS, GpuSource, gpu_profile
+from vgpud.logs import LOG_FORMATS
 from vgpud.nvdriver.discover import DriverRoots
 from vgpud.options import ConfigError, Option, add_arguments, resolve
 from vgpud.parsers import (
@@ -398,6 +399,16 @@ OPTIONS: tuple[Option, ...] = (
         "log level: debug, info, warning or error",
         "LEVEL",
     ),
+    Option(
+        "log_format",
+        "--log-format",
+        "LOG_FORMAT",
+        choice(*LOG_FORMATS),
+        "text",
+        "log line format: text (one line of text per record) or json (one JSON object per line, with "
+        "the pod, namespace, container, claim and GPU a line is about as fields)",
+        "FORMAT",
+    ),
 )
 
 _ROOT_PREFIX = Option(
@@ -458,6 +469,7 @@ class Settings:
     drift_interval: int
     usage_interval: int
     log_level: str
+    log_format: str
     root_prefix: Path | None = field(default=None)
 
     @property

@@ -372,6 +372,21 @@ def test_api_server_override_reaches_both_workloads() -> None:
         assert "KUBERNETES_SERVICE_HOST" not in env_of(workload)
 
 
+def test_log_format_reaches_both_workloads_as_vgpud_reads_it() -> None:
+    """text by default; json set for each workload on its own, read by vgpud's own settings code."""
+    defaults = render()
+    assert daemon_settings(defaults).log_format == "text"
+    webhook_env = resolved_env(one(defaults, "Deployment", "-webhook"))
+    assert webhook_settings_from(argparse.Namespace(), webhook_env).log_format == "text"
+    node_only = render({"node": {"logFormat": "json"}})
+    assert daemon_settings(node_only).log_format == "json"
+    assert env_of(one(node_only, "Deployment", "-webhook"))["LOG_FORMAT"] == "text"
+    both = render({"node": {"logFormat": "json"}, "webhook": {"logFormat": "json"}})
+    webhook_env = resolved_env(one(both, "Deployment", "-webhook"))
+    assert webhook_settings_from(argparse.Namespace(), webhook_env).log_format == "json"
+    assert env_of(one(both, "DaemonSet"))["LOG_FORMAT"] == "json"
+
+
 def test_labels_follow_helm_conventions() -> None:
     for manifest in render():
         labels = manifest["metadata"]["labels"]
@@ -387,6 +402,20 @@ def test_app_version_is_vgpuds_version() -> None:
     project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
     assert chart["appVersion"] == project["version"]
     assert chart["apiVersion"] == "v2"
+
+
+def test_chart_metadata_names_the_project_and_its_license() -> None:
+    """What Artifact Hub and `helm show chart` show: the project, its maintainers, and the license
+    pyproject.toml declares (one license, stated in both places)."""
+    chart = yaml.safe_load((CHART / "Chart.yaml").read_text())
+    project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
+    assert chart["home"] in chart["sources"]
+    assert all(m["name"] and m["url"].startswith("https://") for m in chart["maintainers"])
+    annotations = chart["annotations"]
+    assert annotations["artifacthub.io/license"] == project["license"]
+    assert annotations["artifacthub.io/operator"] == "false"
+    links = yaml.safe_load(annotations["artifacthub.io/links"])
+    assert links and all(link["name"] and link["url"].startswith(chart["home"]) for link in links)
 
 
 @pytest.mark.parametrize("variant", VARIANTS, ids=ids)

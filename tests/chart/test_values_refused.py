@@ -40,6 +40,8 @@ REFUSED: list[tuple[str, dict[str, Any], str]] = [
     ("port not a number", {"metrics": {"port": "http"}}, "/metrics/port'"),
     ("relative host path", {"hostPaths": {"cdiRoot": "var/run/cdi"}}, "/hostPaths/cdiRoot'"),
     ("bad log level", {"node": {"logLevel": "trace"}}, "/node/logLevel'"),
+    ("bad log format", {"node": {"logFormat": "logfmt"}}, "/node/logFormat'"),
+    ("bad webhook log format", {"webhook": {"logFormat": "JSON"}}, "/webhook/logFormat'"),
     ("unknown GPU backend", {"node": {"gpu": {"backend": "rocm"}}}, "/node/gpu/backend'"),
     ("bad driver name", {"driverName": "Manager_NVIDIA"}, "/driverName'"),
     ("no DeviceClass", {"deviceClasses": []}, "/deviceClasses'"),

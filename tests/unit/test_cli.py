@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
+import time
+from pathlib import Path
 
 import pytest
 
@@ -84,6 +87,12 @@ def test_every_option_says_what_it_does_its_default_and_its_variable(command: st
         assert "(default: " in text, (option.flag, text)
 
 
+@pytest.mark.parametrize("command", ["run", "webhook"])
+def test_help_offers_both_log_formats(command: str) -> None:
+    text = _help_entries(command)["--log-format"]
+    assert "text" in text and "json" in text and "(default: text)" in text and "[env LOG_FORMAT]" in text
+
+
 def test_run_help_lists_only_gates_that_work() -> None:
     gates = _help_entries("run")["--feature-gates"]
     assert "DevicePluginClientMode (off)" in gates and "NRISupport (off)" in gates
@@ -112,6 +121,12 @@ def test_run_help_lists_only_gates_that_work() -> None:
         ),
         (["run"], {"FEATURE_GATES": "SharedSMUtilizationWatcher=true"}, "no SM utilization watcher"),
         (["run", "--cgroup-driver", "openrc"], {}, "--cgroup-driver: 'openrc' is not one of"),
+        (["run", "--log-format", "bogus"], {}, "--log-format: 'bogus' is not one of text, json"),
+        (
+            ["webhook", "--self-signed", "/tmp/unused"],
+            {"LOG_FORMAT": "yaml"},
+            "LOG_FORMAT (environment): 'yaml' is not one of text, json",
+        ),
         (["run", "--gpu-backend", "mock"], {}, "--gpu-backend mock needs --gpu-profile"),
         (["frobnicate"], {}, "invalid choice: 'frobnicate'"),
         (["debug"], {}, "the following arguments are required: SUBCOMMAND"),
@@ -223,3 +238,43 @@ def test_driver_prints_what_a_container_gets_or_why_not(short_tmp) -> None:
     assert table.returncode == 0, table.stderr
     assert f"{short_tmp}/usr/lib/x86_64-linux-gnu/libcuda.so.550.54.15 -> " in table.stdout
     assert "no nvidia-cdi-hook: the links are bind mounts" in table.stdout
+
+
+def test_run_with_json_logs_writes_only_json_lines(short_tmp: Path) -> None:
+    """`vgpud run --log-format json` as a node runs it (mock GPUs, every path under a temp root, an API
+    server that is not there): every line on stderr is one JSON object, until SIGTERM stops it."""
+    kubeconfig = short_tmp / "kubeconfig"
+    kubeconfig.write_text(
+        "apiVersion: v1\nkind: Config\nclusters: [{name: c, cluster: {server: 'https://127.0.0.1:1'}}]\n"
+        "users: [{name: u, user: {token: t}}]\ncontexts: [{name: x, context: {cluster: c, user: u}}]\n"
+        "current-context: x\n"
+    )
+    env = {
+        **os.environ,
+        "PYTHONUNBUFFERED": "1",
+        "LIBRARY_SOURCE": str(built("libvgpu/libvgpu-control.so")),
+        "REGISTER_CLIENT_SOURCE": str(built("libvgpu/vgpu-register")),
+    }
+    argv = [
+        *("run", "--gpu-backend", "mock", "--gpu-profile", "a100-40gb-x2", "--log-format", "json"),
+        *("--root-prefix", str(short_tmp / "host"), "--kubeconfig", str(kubeconfig)),
+        *("--healthcheck-address", "127.0.0.1", "--healthcheck-port", "0", "--metrics-address", "off"),
+    ]
+    log = short_tmp / "stderr.log"
+    with log.open("w") as stderr:
+        proc = subprocess.Popen([sys.executable, "-m", "vgpud", *argv], stderr=stderr, env=env)
+    try:
+        deadline = time.monotonic() + 60
+        while "is healthy" not in log.read_text() and proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert proc.poll() is None, f"vgpud exited {proc.returncode}:\n{log.read_text()}"
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=30) == 0, log.read_text()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    lines = [json.loads(line) for line in log.read_text().splitlines()]
+    assert lines[0]["logger"] == "vgpud" and lines[0]["message"].startswith("vgpud ")
+    assert all(set(line) >= {"time", "level", "logger", "message"} for line in lines)
+    assert any(line["message"] == "vgpud stopped" for line in lines)

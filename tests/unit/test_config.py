@@ -59,6 +59,12 @@ def test_flag_beats_environment_beats_default() -> None:
     assert s.cgroup_driver == "systemd" and s.systemd_cgroups is True
 
 
+def test_log_format_is_text_unless_set_to_json() -> None:
+    assert (_settings([]).log_format, _settings([]).log_level) == ("text", "info")
+    assert _settings([], {"LOG_FORMAT": "JSON"}).log_format == "json"
+    assert _settings(["--log-format", "text"], {"LOG_FORMAT": "json"}).log_format == "text"
+
+
 def test_empty_environment_value_means_unset() -> None:
     assert _settings(["--node-name", "n"], {"HEALTHCHECK_PORT": ""}).healthcheck_port == 51515
 
@@ -94,6 +100,7 @@ def test_root_prefix_moves_default_paths_but_not_explicit_ones(short_tmp: Path) 
         ([], {"HEALTH_IGNORED_XIDS": "13,,31"}, "HEALTH_IGNORED_XIDS (environment): '' is not an XID"),
         (["--health-ignored-xids", "0"], {}, "'0' is not an XID (1..65535)"),
         (["--health-recovery-seconds", "0"], {}, "--health-recovery-seconds: 0 is outside 1..86400"),
+        ([], {"LOG_FORMAT": "logfmt"}, "LOG_FORMAT (environment): 'logfmt' is not one of text, json"),
         (
             [
                 "--gpu-backend",

@@ -16,10 +16,12 @@ import logging
 from collections.abc import AsyncIterator, Callable, Iterable, Mapping
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
+from typing import Any
 
 import trio
 
 from vgpud.dra.checkpoint import Checkpoint, ClaimEntry, PrepareState
+from vgpud.logs import fields
 from vgpud.partition.admission import Admission, Verdict
 from vgpud.partition.assigner import Mode, PartitionRecord
 
@@ -38,6 +40,10 @@ class ClaimRef:
     namespace: str
     uid: str
     name: str
+
+    def log_fields(self) -> dict[str, Any]:
+        """The `extra=` of a log line about this claim: its UID and namespace."""
+        return fields(claim=self.uid, namespace=self.namespace)
 
 
 @dataclass(frozen=True)

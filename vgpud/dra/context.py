@@ -70,7 +70,7 @@ class DraContext:
         a use this node cannot serve is counted too."""
         if isinstance(err, PrepareRefusal):
             self.count_refusal(err)
-        log.warning("%s", err)
+        log.warning("%s", err, extra=ref.log_fields())
         self.recorder.record(
             HookCall(
                 component="dra",
@@ -103,7 +103,14 @@ class DraContext:
         try:
             await self.remove_artifacts(ref.uid)
         except (OSError, ValueError) as err:  # ValueError: a claim UID that names no directory
-            log.error("claim %s/%s (%s): rollback failed: %s", ref.namespace, ref.name, ref.uid, err)
+            log.error(
+                "claim %s/%s (%s): rollback failed: %s",
+                ref.namespace,
+                ref.name,
+                ref.uid,
+                err,
+                extra=ref.log_fields(),
+            )
             return f"rollback failed: {err}"
         return ""
 

@@ -93,6 +93,7 @@ class DraDriver:
                 mismatch.claim.name,
                 mismatch.claim.uid,
                 mismatch.consequence,
+                extra=mismatch.claim.log_fields(),
             )
         return checkpoint
 

@@ -25,6 +25,7 @@ from vgpud.dra.cdi import write_spec
 from vgpud.dra.decide import Plan, Start
 from vgpud.fsutil import remove_tree
 from vgpud.kube import KubeApi
+from vgpud.logs import fields
 from vgpud.partition.assigner import PrepareResult
 from vgpud.partition.pidsfile import create_pids_file
 
@@ -112,6 +113,7 @@ def _log_prepared(plan: Plan) -> None:
         claim.name,
         claim.uid,
         ", ".join(f"{d.device}/{d.share_id or '-'}" for d in plan.devices) or "no vGPU devices",
+        extra=fields(claim=claim.uid, namespace=claim.namespace),
     )
 
 

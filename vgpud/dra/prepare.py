@@ -100,13 +100,20 @@ async def _apply(
             with ctx.timed("Prepare", ref) as call:
                 call.detail = REPLAYED
                 outcomes[ref.uid] = PrepareOutcome(devices=decision.devices)
-            log.info("claim %s/%s (%s) %s", ref.namespace, ref.name, ref.uid, REPLAYED)
+            log.info(
+                "claim %s/%s (%s) %s", ref.namespace, ref.name, ref.uid, REPLAYED, extra=ref.log_fields()
+            )
             continue
         if isinstance(decision, Refuse):
             outcomes[ref.uid] = ctx.failed("Prepare", ref, decision.error)
             continue
         if decision.rollback_first:
-            log.warning("claim %s/%s: rolling back an interrupted Prepare", ref.namespace, ref.name)
+            log.warning(
+                "claim %s/%s: rolling back an interrupted Prepare",
+                ref.namespace,
+                ref.name,
+                extra=ref.log_fields(),
+            )
             problem = await ctx.try_remove_artifacts(ref)
             if problem:  # the PrepareStarted entry stays: the next Prepare or the cleanup tries again
                 outcomes[ref.uid] = ctx.failed(
@@ -138,7 +145,7 @@ async def _apply(
             message = f"{message}; {problem}"
         else:
             checkpoint = checkpoint.without_claim(ref.uid)
-        log.warning("%s", message)
+        log.warning("%s", message, extra=ref.log_fields())
         outcomes[ref.uid] = PrepareOutcome(error=message)
         _record(ctx.recorder, ref, seconds + time.perf_counter() - started, message)
     try:
@@ -161,6 +168,7 @@ def _failure_message(ref: ClaimRef, failure: Exception) -> str:
             ref.namespace,
             ref.name,
             exc_info=(type(failure), failure, failure.__traceback__),
+            extra=ref.log_fields(),
         )
     if isinstance(failure, PrepareRefusal):  # its message names the claim already
         return str(failure)

@@ -49,6 +49,7 @@ from vgpud.dra.claimindex import ClaimRef
 from vgpud.dra.context import PrepareOutcome
 from vgpud.dra.driver import DraDriver
 from vgpud.gpu.health import HealthBoard
+from vgpud.logs import fields
 
 log = logging.getLogger("vgpud.dra")
 
@@ -94,6 +95,14 @@ class RegistrationService(RegistrationBase):
         return RegistrationStatusResponse()
 
 
+def _batch_fields(refs: list[ClaimRef]) -> dict[str, Any]:
+    """The log fields of a whole call: its claim when it has one, its namespace when they share one."""
+    if len(refs) == 1:
+        return refs[0].log_fields()
+    namespaces = {ref.namespace for ref in refs}
+    return fields(namespace=namespaces.pop()) if len(namespaces) == 1 else {}
+
+
 def _claim_refs(message: Any) -> list[ClaimRef]:
     return [ClaimRef(c.namespace, c.uid, c.name) for c in message.claims]
 
@@ -130,7 +139,7 @@ def _node_service(pb: ModuleType, with_share_id: bool) -> type:
             try:
                 outcomes = await trio_asyncio.trio_as_aio(self._driver.prepare)(refs) if refs else {}
             except Exception as err:  # a driver bug must still name every claim, never "Unknown"
-                log.exception("NodePrepareResources failed")
+                log.exception("NodePrepareResources failed", extra=_batch_fields(refs))
                 outcomes = {ref.uid: PrepareOutcome(error=_unexpected(ref, err)) for ref in refs}
             return pb.NodePrepareResourcesResponse(
                 claims={ref.uid: prepare_entry(outcomes[ref.uid]) for ref in refs}
@@ -141,7 +150,7 @@ def _node_service(pb: ModuleType, with_share_id: bool) -> type:
             try:
                 errors = await trio_asyncio.trio_as_aio(self._driver.unprepare)(refs) if refs else {}
             except Exception as err:  # as above
-                log.exception("NodeUnprepareResources failed")
+                log.exception("NodeUnprepareResources failed", extra=_batch_fields(refs))
                 errors = {ref.uid: _unexpected(ref, err) for ref in refs}
             return pb.NodeUnprepareResourcesResponse(
                 claims={ref.uid: pb.NodeUnprepareResourceResponse(error=errors[ref.uid]) for ref in refs}

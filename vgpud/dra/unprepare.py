@@ -49,7 +49,13 @@ async def unprepare(ctx: DraContext, claims: Sequence[ClaimRef]) -> dict[str, st
                         continue
                     checkpoint = checkpoint.without_claim(ref.uid)
                     errors[ref.uid] = ""
-                    log.info("claim %s/%s (%s) unprepared", ref.namespace, ref.name, ref.uid)
+                    log.info(
+                        "claim %s/%s (%s) unprepared",
+                        ref.namespace,
+                        ref.name,
+                        ref.uid,
+                        extra=ref.log_fields(),
+                    )
             await ctx.save(checkpoint)
     except (NodeLockTimeout, CheckpointError) as err:
         for ref in claims:

@@ -32,6 +32,7 @@ from vgpud.gpu.healthrules import (
     settle,
 )
 from vgpud.gpu.model import GpuInfo, GpusLost, XidEvent
+from vgpud.logs import fields
 from vgpud.ready import Ready
 
 log = logging.getLogger(__name__)
@@ -175,6 +176,7 @@ class HealthWatcher:
                 "NVML reported %s on GPU %d, which is not in the inventory",
                 describe_xid(event.xid),
                 event.index,
+                extra=fields(gpu=event.index),
             )
             return
         fatal = is_fatal(event.xid, self.rules.ignored_xids)
@@ -185,6 +187,7 @@ class HealthWatcher:
                 gpu.uuid,
                 gpu.index,
                 describe_xid(event.xid),
+                extra=fields(gpu=gpu.uuid),
             )
             return
         track = self._tracks[event.index]
@@ -194,6 +197,7 @@ class HealthWatcher:
                 gpu.uuid,
                 gpu.index,
                 describe_xid(event.xid),
+                extra=fields(gpu=gpu.uuid),
             )
         self._apply(event.index, on_fatal_xid(track, event.xid, trio.current_time()))
 
@@ -214,8 +218,14 @@ class HealthWatcher:
                 gpu.index,
                 self.rules.recovery_seconds,
                 MARKED.format("healthy"),
+                extra=fields(gpu=gpu.uuid),
             )
         else:
             log.warning(
-                "%s (%d) unhealthy: %s: %s", gpu.uuid, gpu.index, track.reason, MARKED.format("unhealthy")
+                "%s (%d) unhealthy: %s: %s",
+                gpu.uuid,
+                gpu.index,
+                track.reason,
+                MARKED.format("unhealthy"),
+                extra=fields(gpu=gpu.uuid),
             )

@@ -76,6 +76,7 @@ from vgpud.containers.linux import ContainerLinux
 from vgpud.containers.record import Injection, NodeContainer
 from vgpud.containers.store import ContainerStore
 from vgpud.fsutil import remove_tree
+from vgpud.logs import pod_fields
 from vgpud.nri.adjust import adjustment, make_directories_soon
 from vgpud.nri.envs import env_value
 from vgpud.nri.events import WANTED_EVENTS, event_mask, known_events_mask
@@ -283,7 +284,7 @@ class NriHooks:
                 async with self._admission.guard(claim_uid):
                     verdict = await self._admission.admit(claim_uid, pod.namespace, pod.uid)
                     if not verdict.inject:
-                        self._refuse(call, verdict, pod, container.name)
+                        self._refuse(call, verdict, pod, container.name, claim_uid)
                         return CreateContainerResponse()
                     plan = self.assigner.inject(context)
                     await make_directories_soon(plan)
@@ -292,7 +293,11 @@ class NriHooks:
                     f"vgpud: cannot set up the vGPU directory of container {container.name} in pod "
                     f"{pod.namespace}/{pod.name}: {err}"
                 )
-                log.error("NRI: %s", message)
+                log.error(
+                    "NRI: %s",
+                    message,
+                    extra=pod_fields(pod.namespace, pod.name, container=container.name, claim=claim_uid),
+                )
                 self.containers.pop(container.id)  # creation fails: the runtime will not run it
                 raise HookError(Code.FAILED_PRECONDITION, message) from err
             now = self.containers.by_id(container.id) or record
@@ -301,7 +306,9 @@ class NriHooks:
             call.detail = str(plan.paths.base)
             return CreateContainerResponse(adjust=adjustment(plan))
 
-    def _refuse(self, call: TimedCall, verdict: Admission, pod: PodSandbox, container: str) -> None:
+    def _refuse(
+        self, call: TimedCall, verdict: Admission, pod: PodSandbox, container: str, claim_uid: str
+    ) -> None:
         """Record and count a container that gets no injection, and say why."""
         if verdict.verdict is Verdict.OTHER_MODE:
             call.outcome, call.detail = Outcome.SKIPPED, f"{verdict.reason}: nothing injected"
@@ -312,7 +319,14 @@ class NriHooks:
                 self.stats.rejected_not_reserved += 1
             else:
                 self.stats.rejected_unprepared += 1
-        log.warning("NRI: %s/%s container %s: %s", pod.namespace, pod.name, container, call.detail)
+        log.warning(
+            "NRI: %s/%s container %s: %s",
+            pod.namespace,
+            pod.name,
+            container,
+            call.detail,
+            extra=pod_fields(pod.namespace, pod.name, container=container, claim=claim_uid),
+        )
 
     async def update_container(self, request: UpdateContainerRequest) -> UpdateContainerResponse:
         return UpdateContainerResponse()

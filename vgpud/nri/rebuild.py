@@ -17,6 +17,7 @@ from pathlib import PurePosixPath
 from typing import NamedTuple
 
 from vgpud.containers.record import Injection, NodeContainer
+from vgpud.logs import pod_fields
 from vgpud.nri.sync import SyncContainer, SyncPod
 from vgpud.nri.verify import missing_injection
 from vgpud.partition.admission import Admission, Verdict
@@ -124,6 +125,9 @@ def warn_not_injected(found_now: Sequence[NodeContainer], warned: set[str]) -> s
             found.pod_namespace,
             found.pod_name,
             ", ".join(found.missing),
+            extra=pod_fields(
+                found.pod_namespace, found.pod_name, container=found.name, claim=found.claim_uid
+            ),
         )
     if len(new) > SYNC_WARNINGS_SHOWN:
         log.warning(

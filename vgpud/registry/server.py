@@ -36,6 +36,7 @@ from vgpud._pb.registry import ContainerDeviceRequest, ContainerDeviceResponse, 
 from vgpud.containers.store import ContainerStore
 from vgpud.grpcserve import read_unary
 from vgpud.kube.informer import Informer
+from vgpud.logs import fields
 from vgpud.partition.assigner import PartitionAssigner
 from vgpud.partition.layout import Layout
 from vgpud.partition.pidsfile import PidsFileError, PidsFileLockTimeout, write_pids_file
@@ -145,6 +146,7 @@ class RegistryService(VDeviceRegistryBase):
                     pid,
                     err.status.name,
                     err,
+                    extra=fields(pod=request.pod_uid[:64], container=request.container_name[:64]),
                 )
                 raise GRPCError(err.status, str(err)[:1024]) from None
         log.debug(  # every process of a container registers: the recorder keeps the history
@@ -181,7 +183,15 @@ class RegistryService(VDeviceRegistryBase):
         except (PidsFileError, OSError, ValueError) as err:
             if isinstance(err, OSError) and err.errno == errno.ELOOP:
                 # nothing legitimate plants one: the container may be redirecting a privileged write
-                log.error("SECURITY: %s", err)
+                log.error(
+                    "SECURITY: %s",
+                    err,
+                    extra=fields(
+                        pod=resolved.candidate.pod_uid,
+                        container=resolved.candidate.container,
+                        claim=resolved.target.claim_uid,
+                    ),
+                )
             raise WriteFailed(str(err)) from None
 
 

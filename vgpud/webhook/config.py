@@ -36,9 +36,8 @@ def _switch(dest: str, relaxation: Relaxation, what: str) -> Option:
 
 
 #: options shared with `vgpud run`, declared once in vgpud.config
-_SHARED = {
-    option.dest: option for option in OPTIONS if option.dest in ("driver_name", "kubeconfig", "log_level")
-}
+_SHARED_DESTS = ("driver_name", "kubeconfig", "log_level", "log_format")
+_SHARED = {option.dest: option for option in OPTIONS if option.dest in _SHARED_DESTS}
 
 WEBHOOK_OPTIONS: tuple[Option, ...] = (
     Option("address", "--address", "WEBHOOK_ADDRESS", ip_address, "0.0.0.0", "address to listen on", "ADDR"),
@@ -147,7 +146,7 @@ WEBHOOK_OPTIONS: tuple[Option, ...] = (
         "let several pods use one vGPU claim (each request still by one pod) when it selects NRI nodes "
         "(an eager node's partitions cannot span pods)",
     ),
-    *(_SHARED[dest] for dest in ("driver_name", "kubeconfig", "log_level")),
+    *(_SHARED[dest] for dest in _SHARED_DESTS),
 )
 
 
@@ -169,6 +168,7 @@ class WebhookSettings:
     driver_name: str
     kubeconfig: Path | None
     log_level: str
+    log_format: str
 
     @property
     def relaxations(self) -> frozenset[Relaxation]:

@@ -117,7 +117,7 @@ async def _main(
 def command(args: argparse.Namespace) -> int:
     """`vgpud webhook` once argparse has run: settings (ConfigError propagates), logging, serve."""
     settings = webhook_settings_from(args)
-    configure_logging(settings.log_level)
+    configure_logging(settings.log_level, settings.log_format)
     return run_webhook(settings)
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -14,6 +15,7 @@ from vgpud.dra.checkpoint import CheckpointStore, ClaimEntry, PrepareState
 from vgpud.dra.claimindex import ClaimRef
 from vgpud.dra.materialize import WRITE_CHUNK
 from vgpud.dra.prepare import REPLAYED
+from vgpud.logs import JsonFormatter
 from vgpud.partition import libfiles as F
 
 
@@ -297,7 +299,9 @@ async def test_the_same_share_prepared_for_another_claim_is_refused(h: Harness) 
     assert "already prepared for claim default/c0" in second[uids[1]].error
 
 
-async def test_eager_refuses_a_claim_reserved_for_two_pods(h: Harness) -> None:
+async def test_eager_refuses_a_claim_reserved_for_two_pods(
+    h: Harness, caplog: pytest.LogCaptureFixture
+) -> None:
     pods = [
         o.pod(f"p{i}", uid, containers=[o.container("main", o.ref("gpu", f"r{i}"))])
         for i, uid in enumerate((o.POD1_UID, o.POD2_UID))
@@ -310,9 +314,13 @@ async def test_eager_refuses_a_claim_reserved_for_two_pods(h: Harness) -> None:
     h.kube.add_claim(claim)
     for pod in pods:
         h.kube.add_pod(pod)
+    caplog.set_level("WARNING", logger="vgpud.dra")
     out = await h.driver.prepare([REF])
     assert "pod" in out[o.CLAIM_UID].error
     assert not h.claim_dir().exists()
+    (line,) = [json.loads(JsonFormatter().format(r)) for r in caplog.records]
+    assert line["message"] == out[o.CLAIM_UID].error
+    assert (line["claim"], line["namespace"]) == (o.CLAIM_UID, o.NAMESPACE)
 
 
 async def test_lazy_mode_marks_the_claim_uid_and_creates_no_partitions(tmp_path: Path) -> None:

@@ -89,6 +89,7 @@ async def test_a_fatal_xid_marks_the_gpu_unhealthy_until_the_recovery_wait_is_ov
         f"{U0} (0) healthy again: it answers NVML and had no fatal XID or failed check for 60s: "
         f"marked healthy {marked}",
     ]
+    assert [r.__dict__.get("gpu") for r in caplog.records if "healthy" in r.getMessage()] == [U0, U0]
 
 
 async def test_another_fatal_xid_restarts_the_wait_and_keeps_the_first_cause(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import fcntl
+import json
 import os
 from pathlib import Path
 
@@ -24,6 +25,7 @@ from vgpud._pb.nri.pkg.api.v1alpha1 import (
     SynchronizeRequest,
 )
 from vgpud.containers.record import Injection, NodeContainer
+from vgpud.logs import JsonFormatter
 from vgpud.nri.envs import env_value
 from vgpud.nri.events import event_mask, known_events_mask
 from vgpud.nri.hooks import SYNC_WARNINGS_SHOWN, Code, HookError, NriHooks
@@ -156,12 +158,23 @@ async def test_a_container_without_a_claim_is_not_touched(hooks: NriHooks) -> No
     assert hooks.stats.skipped == 1
 
 
-async def test_an_unprepared_claim_uid_is_rejected_without_injection(hooks: NriHooks, tmp_path: Path) -> None:
+async def test_an_unprepared_claim_uid_is_rejected_without_injection(
+    hooks: NriHooks, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
     forged = "00000000-0000-4000-8000-000000000bad"
+    caplog.set_level("WARNING", logger="vgpud.nri")
     reply = await hooks.create_container(CreateContainerRequest(pod=pod(), container=container(claim=forged)))
     assert reply.adjust is None
     assert not (tmp_path / "claims").exists()
     assert hooks.stats.rejected_unprepared == 1
+    (line,) = [json.loads(JsonFormatter().format(r)) for r in caplog.records]
+    assert line["message"].startswith("NRI: ml/train container main: ")
+    assert (line["pod"], line["namespace"], line["container"], line["claim"]) == (
+        "ml/train",
+        "ml",
+        "main",
+        forged,
+    )
 
 
 async def test_a_directory_that_cannot_be_made_fails_creation(hooks: NriHooks, tmp_path: Path) -> None:
@@ -384,8 +397,15 @@ async def test_synchronize_finds_a_container_the_runtime_created_without_the_inj
     found = missing_record(hooks, "late")
     assert found is not None and found.directory == container_dir(hooks)
     assert "mount /etc/vgpu-manager/config" in found.missing and "env VGPU_POD_UID" in found.missing
-    lines = [r.getMessage() for r in caplog.records if "without its vGPU injection" in r.getMessage()]
-    assert len(lines) == 1 and "late" in lines[0] and "ml/train" in lines[0]
+    records = [r for r in caplog.records if "without its vGPU injection" in r.getMessage()]
+    assert len(records) == 1 and "late" in records[0].getMessage() and "ml/train" in records[0].getMessage()
+    line = json.loads(JsonFormatter().format(records[0]))
+    assert (line["pod"], line["namespace"], line["container"], line["claim"]) == (
+        "ml/train",
+        "ml",
+        "main",  # its instance with the ID "late"
+        CLAIM,
+    )
     assert hooks.stats.sync_invalid == 0
     await hooks.remove_container(RemoveContainerRequest(pod=pod(), container=instance("late")))
     assert hooks.containers.count(Injection.MISSING) == 0 and not container_dir(hooks).exists()

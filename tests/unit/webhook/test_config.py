@@ -28,7 +28,8 @@ def test_defaults() -> None:
     assert s.policy == Policy(driver="manager.nvidia.com", vgpu_classes=frozenset({"vgpu-manager"}))
     assert (s.policy.nri_classes, s.policy.relaxations) == (frozenset(), frozenset())
     assert s.self_signed_dir is None
-    assert (s.kubeconfig, s.log_level) == (None, "info")
+    assert (s.kubeconfig, s.log_level, s.log_format) == (None, "info", "text")
+    assert _settings(TLS, {"LOG_FORMAT": "json"}).log_format == "json"
 
 
 def test_flags_beat_the_environment() -> None:
