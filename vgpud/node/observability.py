@@ -75,6 +75,7 @@ def build_observability(node: Node) -> Observability:
         hotplug=node.hotplug,
         drift=drift,
         usage=usage,
+        events=node.events,
     )
     state = DebugState(
         identity,
