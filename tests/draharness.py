@@ -16,6 +16,7 @@ from vgpud.dra.driver import DraDriver
 from vgpud.dra.driveredits import DriverEdits
 from vgpud.gpu import open_inventory
 from vgpud.gpu.mock import shipped_profiles
+from vgpud.kube.events import EventSink
 from vgpud.kube.fake import FakeKube
 from vgpud.partition.eager import EagerAssigner
 from vgpud.partition.layout import Layout
@@ -36,8 +37,10 @@ class Harness:
         client_mode: bool = False,
         boot: str = BOOT,
         driver_edits: DriverEdits | None = None,
+        events: EventSink | None = None,
     ) -> None:
         self.root = root
+        self.events = events
         self.kube = FakeKube()
         self.kube.add_node({"metadata": {"name": NODE}})
         self.layout = Layout(root / "manager")
@@ -79,6 +82,7 @@ class Harness:
             lock_path=self.plugin_dir / "pu.lock",
             recorder=self.recorder,
             lock_timeout=1.0,
+            events=self.events,
         )
 
     def checkpoint(self) -> dict:

@@ -33,6 +33,7 @@ import tempfile
 import threading
 import time
 import urllib.error
+import urllib.parse
 import urllib.request
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
@@ -412,6 +413,24 @@ def api_request(
     )
     with urllib.request.urlopen(request, timeout=30, context=server.ssl_context()) as response:
         return json.loads(response.read() or b"{}")
+
+
+def described_events(
+    server: ApiServer, kind: str, name: str, uid: str, *, namespace: str = "default", reason: str = ""
+) -> list[dict[str, Any]]:
+    """The Events `kubectl describe` shows for an object (its field selector: the object's kind,
+    name, namespace and uid; a cluster-scoped object's Events are in `default`), of `reason` if given."""
+    fields = {
+        "involvedObject.kind": kind,
+        "involvedObject.name": name,
+        "involvedObject.uid": uid,
+        "involvedObject.namespace": "" if kind == "Node" else namespace,
+    }
+    if reason:
+        fields["reason"] = reason
+    selector = urllib.parse.quote(",".join(f"{key}={value}" for key, value in fields.items()))
+    path = f"/api/v1/namespaces/{namespace}/events?fieldSelector={selector}"
+    return api_request(server, "GET", path)["items"]
 
 
 @pytest.fixture(scope="session")

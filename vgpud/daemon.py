@@ -30,6 +30,7 @@ from vgpud.node.names import (
     DRA_CLEANUP,
     DRA_PLUGIN,
     DRIFT,
+    EVENTS,
     HEALTH,
     HOTPLUG,
     METRICS,
@@ -66,13 +67,14 @@ class Component:
 
 def components(node: Node, observe: Observability) -> tuple[Component, ...]:
     """Which components run, in the order they start. The DRA side (sockets, ResourceSlice, cleanup),
-    the NRI plugin and the registry count for health; the device-health watcher (without NVML the
-    GPUs stay published), the caches, the hot-plug API and the readers of the node's state do not (a
-    taken port never restarts vgpud)."""
+    the NRI plugin and the registry count for health; the Events' writer, the device-health watcher
+    (without NVML the GPUs stay published), the caches, the hot-plug API and the readers of the node's
+    state do not (a taken port never restarts vgpud)."""
     dialer = node.nri_dialer
     # a runtime that restarts is dialed as soon as it binds its socket again, whatever the backoff
     nri_wake = dialer.replaced if dialer is not None else None
     return (
+        Component(EVENTS, node.events.run, Restart(), counts_for_health=False),
         Component(DRA_PLUGIN, partial(serve_dra, node), Restart(), counts_for_health=True),
         Component(RESOURCE_SLICES, node.slices.run, API_CLIENT, counts_for_health=True),
         Component(DRA_CLEANUP, node.driver.run_cleanup, Restart(), counts_for_health=True),

@@ -247,6 +247,16 @@ STREAM_DROPS = MetricName(
     ("reason",),
 )
 
+#: every Kubernetes Event vgpud recorded, by what became of it (vgpud.kube.events.EventResult): sent
+#: (a new Event), patched (a repeat's count bumped), combined (into a "(combined from similar events)"
+#: Event), rate_limited (the per-object spam filter), dropped (the queue was full, or it named no
+#: object), failed (the API server refused it or did not answer)
+EVENTS = MetricName(
+    "vgpud_events_total",
+    "Kubernetes Events vgpud recorded, by result (sent, patched, combined, rate_limited, dropped, failed).",
+    ("result",),
+)
+
 #: always 1; the labels say which build runs
 BUILD_INFO = MetricName(
     "vgpud_build_info",
@@ -425,6 +435,7 @@ ALL: tuple[MetricName, ...] = (
     DRIFT_DIFFERENCES,
     STREAM_CLIENTS,
     STREAM_DROPS,
+    EVENTS,
     BUILD_INFO,
     CONTAINER_MEMORY_LIMIT,
     CONTAINER_CORE_LIMIT,

@@ -47,6 +47,8 @@ NODE_CALLS: dict[str, set[Right]] = {
     "watch_resource_slices": {(RESOURCE, SLICES, "list"), (RESOURCE, SLICES, "watch")},  # list for the RV
     "list_resource_claims": {(RESOURCE, CLAIMS, "list")},
     "watch_resource_claims": {(RESOURCE, CLAIMS, "watch")},  # from the list's version
+    "create_event": {("", "events", "create")},
+    "patch_event": {("", "events", "patch")},  # merge patch of a repeat's count
 }
 #: the webhook's reads (vgpud.webhook.lookup.Lookup) -> the rights each needs
 WEBHOOK_CALLS: dict[str, set[Right]] = {
@@ -210,6 +212,31 @@ def slice_body(chart: Chart, node_uid: str, generation: int) -> dict[str, Any]:
     }
 
 
+def event_body(chart: Chart, namespace: str, involved: dict[str, str]) -> dict[str, Any]:
+    return {
+        "metadata": {"name": f"{involved['name']}.{secrets.token_hex(8)}", "namespace": namespace},
+        "involvedObject": {"apiVersion": "v1", **involved},
+        "type": "Normal",
+        "reason": "RbacTest",
+        "message": "the node's role may write Events",
+        "source": {"component": "vgpud", "host": chart.node_name},
+        "count": 1,
+    }
+
+
+async def write_events(kube: KubeClient, chart: Chart, pod: dict[str, Any]) -> set[str]:
+    """An Event on the pod (in its namespace) and one on the node (in `default`), each patched once."""
+    ns = chart.namespace
+    for namespace, involved in (
+        (ns, {"kind": "Pod", "namespace": ns, "name": "p1", "uid": pod["metadata"]["uid"]}),
+        ("default", {"kind": "Node", "name": chart.node_name, "uid": chart.node_name}),
+    ):
+        event = await kube.create_event(namespace, event_body(chart, namespace, involved))
+        patched = await kube.patch_event(namespace, event["metadata"]["name"], {"count": 2})
+        assert patched["count"] == 2
+    return {"create_event", "patch_event"}
+
+
 async def test_the_node_daemon_can_make_every_call_as_its_service_account(chart: Chart) -> None:
     ns, resource = chart.namespace, f"/apis/{RESOURCE_API}/namespaces/{chart.namespace}"
     chart.post("/api/v1/nodes", {"metadata": {"name": chart.node_name}})
@@ -218,11 +245,11 @@ async def test_the_node_daemon_can_make_every_call_as_its_service_account(chart:
         "metadata": {"name": "p1"},
         "spec": {"nodeName": chart.node_name, "containers": [{"name": "c", "image": "busybox"}]},
     }
-    chart.post(f"/api/v1/namespaces/{ns}/pods", pod)
+    pod = chart.post(f"/api/v1/namespaces/{ns}/pods", pod)
 
     kube = KubeClient(impersonating(chart.server, chart.node_user))
-    called: set[str] = set()
     try:
+        called = await write_events(kube, chart, pod)
         node = await kube.get_node(chart.node_name)
         called.add("get_node")
         assert (await kube.get_pod(ns, "p1"))["metadata"]["name"] == "p1"

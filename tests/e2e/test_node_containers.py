@@ -27,7 +27,7 @@ import pytest
 from tests.e2e import workload as w
 from tests.e2e.conftest import NRI_TRACKS
 from tests.e2e.node import LocalNode
-from tests.kubeapi import kube_env
+from tests.kubeapi import described_events, kube_env
 from tests.support import require
 from vgpud import metrics_names as names
 from vgpud.observe.client import Endpoint, get_json
@@ -235,6 +235,17 @@ def test_vgpud_stopped_past_the_deadline_leaves_a_reported_container(node: Local
     w.wait_for(lambda: cid in debug_state(node)["nri"]["not_injected"], what="the container reported")
     assert check_every_vgpu_container(node, [cid]) == [cid]
     assert w.container_env(node, cid).get("VGPU_POD_UID") is None
+    # and `kubectl describe pod` says so (vgpud writes it within a second)
+    assert node.api is not None
+    pod_uid = pod["metadata"]["uid"]
+    [event] = w.wait_for(
+        lambda: described_events(node.api, "Pod", "late", pod_uid, namespace=ns, reason="VGPUNotInjected"),
+        timeout=10,
+        what="the VGPUNotInjected Event on the pod",
+    )
+    assert event["type"] == "Warning" and event["source"] == {"component": "vgpud", "host": node.name}
+    assert event["message"].startswith("container main runs without its vGPU injection (missing "), event
+    assert event["message"].endswith("recreate the pod"), event
 
     w.delete_pod(node, ns, "late")
     w.wait_for(lambda: not node.claim_dir(uid).exists(), what="claim directory removed")

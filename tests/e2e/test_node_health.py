@@ -20,6 +20,7 @@ import pytest
 from tests.e2e import workload as w
 from tests.e2e.node import HEALTH_RECOVERY_S, LocalNode
 from tests.fakegpu_state import raise_xid
+from tests.kubeapi import described_events
 
 #: the NVRM XID a GPU that fell off the bus raises: fatal, never ignored
 XID_FALLEN_OFF_THE_BUS = 79
@@ -73,8 +74,27 @@ def faulty_gpu(node: LocalNode, index: int, xid: int) -> Iterator[None]:
         thread.join()
 
 
+def node_events(node: LocalNode, reason: str) -> dict[tuple[str, int], dict[str, Any]]:
+    """vgpud's Events of `reason` that `kubectl describe node` shows, by (name, count): a repeat of
+    one is a new key."""
+    assert node.api is not None
+    events = described_events(node.api, "Node", node.name, node.name, reason=reason)
+    return {(e["metadata"]["name"], e["count"]): e for e in events if e["source"]["component"] == "vgpud"}
+
+
+def new_node_event(node: LocalNode, reason: str, before: dict[tuple[str, int], Any]) -> dict[str, Any]:
+    """The Event of `reason` on the node that was not there `before` (a node runs many tests)."""
+    found = w.wait_for(
+        lambda: [e for key, e in node_events(node, reason).items() if key not in before],
+        timeout=10,
+        what=f"a new {reason} Event on the node",
+    )
+    return found[0]
+
+
 def test_a_fatal_xid_taints_the_gpu_and_the_pods_see_it_until_it_recovers(node: LocalNode) -> None:
     ns = w.namespace(node)
+    unhealthy_before, healthy_before = node_events(node, "GPUUnhealthy"), node_events(node, "GPUHealthy")
     w.create_claim(node, ns, "gpu0", [pinned("gpu", 0)])
     w.create_pod(node, ns, "running", [w.container("main", [("gpu0", None)])], {"gpu0": "gpu0"})
     w.wait_running(node, ns, "running")
@@ -103,10 +123,16 @@ def test_a_fatal_xid_taints_the_gpu_and_the_pods_see_it_until_it_recovers(node: 
         )
         assert w.get_pod(node, ns, "next")["spec"].get("nodeName") is None
         assert node.metric("vgpud_device_healthy") == 1  # GPU 1 healthy, GPU 0 not
+        sick = new_node_event(node, "GPUUnhealthy", unhealthy_before)
+        assert sick["type"] == "Warning" and sick["message"].startswith("GPU 0 (GPU-"), sick
+        assert f"XID {XID_FALLEN_OFF_THE_BUS}" in sick["message"], sick
 
     # the XIDs stop: after the recovery time the GPU is healthy again everywhere
     w.wait_for(lambda: not taints(node, "vgpu-0"), timeout=HEALTH_RECOVERY_S + 30, what="vgpu-0 untainted")
     w.wait_for(lambda: container_health(node, ns, "running") == ["Healthy"], what="the device Healthy again")
+    recovered = new_node_event(node, "GPUHealthy", healthy_before)
+    assert recovered["type"] == "Normal" and recovered["message"].startswith("GPU 0 (GPU-"), recovered
+    assert "healthy again" in recovered["message"], recovered
     w.wait_running(node, ns, "next")  # the waiting pod gets GPU 0 now
     for pod, claim in (("next", "next"), ("running", "gpu0")):
         w.delete_pod(node, ns, pod)

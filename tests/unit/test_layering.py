@@ -33,6 +33,7 @@ PURE = {
     "vgpud.nri.ttrpc",
     "vgpud.nri.mux",
     "vgpud.gpu.healthrules",
+    "vgpud.kube.eventcorrelate",
     "vgpud.quantity",
     "vgpud.registry.cgroup",
     "vgpud.hotplug.rules",

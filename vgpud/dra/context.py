@@ -21,7 +21,10 @@ from vgpud.dra.claimindex import ClaimIndex, ClaimRef
 from vgpud.dra.nodelock import NodeLockTimeout, node_lock
 from vgpud.fsutil import remove_tree
 from vgpud.kube import KubeApi
+from vgpud.kube.eventcorrelate import EventType
+from vgpud.kube.events import EventSink, Reason, pod_ref
 from vgpud.partition.assigner import PartitionAssigner
+from vgpud.partition.model import ClaimView
 from vgpud.partition.nrionly import PrepareRefusal
 from vgpud.recorder import HookCall, Outcome, Recorder, TimedCall
 
@@ -48,6 +51,8 @@ class DraContext:
     lock_path: Path
     recorder: Recorder
     lock_timeout: float = NODE_LOCK_TIMEOUT
+    #: the pods' Events: a claim refused (None: none written)
+    events: EventSink | None = None
     index: ClaimIndex = field(init=False)
     #: claims Prepare refused because this node cannot serve their use, by reason (its value)
     refusals: Counter[str] = field(default_factory=Counter)
@@ -66,10 +71,8 @@ class DraContext:
         return self.recorder.timed("dra", call, claim_uid=ref.uid, pod_namespace=ref.namespace)
 
     def failed(self, call: str, ref: ClaimRef, err: PrepareError | PrepareRefusal) -> PrepareOutcome:
-        """Log and record a claim that failed before any side effect; its reply entry. A refusal of
-        a use this node cannot serve is counted too."""
-        if isinstance(err, PrepareRefusal):
-            self.count_refusal(err)
+        """Log and record a claim that failed before any side effect; its reply entry (a refusal is
+        also `refused`)."""
         log.warning("%s", err, extra=ref.log_fields())
         self.recorder.record(
             HookCall(
@@ -83,8 +86,16 @@ class DraContext:
         )
         return PrepareOutcome(error=str(err))
 
-    def count_refusal(self, err: PrepareRefusal) -> None:
+    def refused(self, err: PrepareRefusal, claim: ClaimView) -> None:
+        """A use this node cannot serve: counted by its reason, and a VGPUClaimRefused Event on each
+        pod the claim is reserved for (the kubelet's own FailedPrepareDynamicResources Event says only
+        that Prepare failed; this one says why, and what to do)."""
         self.refusals[err.reason.value] += 1
+        if self.events is None:
+            return
+        for pod in claim.reserved_for:
+            ref = pod_ref(claim.namespace, pod.name, pod.uid)
+            self.events.record(ref, EventType.WARNING, Reason.VGPU_CLAIM_REFUSED, str(err))
 
     async def remove_artifacts(self, claim_uid: str) -> None:
         """Remove everything Prepare may have created for the claim: its directory and CDI spec (in

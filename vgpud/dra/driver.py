@@ -22,6 +22,7 @@ from vgpud.dra.claimindex import ClaimIndex, ClaimRef
 from vgpud.dra.context import NODE_LOCK_TIMEOUT, DraContext, PrepareOutcome
 from vgpud.dra.partitions import ClaimPartitions
 from vgpud.kube import KubeApi
+from vgpud.kube.events import EventSink
 from vgpud.partition.assigner import PartitionAssigner
 from vgpud.recorder import Recorder
 
@@ -42,6 +43,7 @@ class DraDriver:
         lock_path: Path,
         recorder: Recorder,
         lock_timeout: float = NODE_LOCK_TIMEOUT,
+        events: EventSink | None = None,
     ) -> None:
         self.ctx = DraContext(
             kube=kube,
@@ -52,6 +54,7 @@ class DraDriver:
             lock_path=lock_path,
             recorder=recorder,
             lock_timeout=lock_timeout,
+            events=events,
         )
 
     @property

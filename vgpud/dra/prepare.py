@@ -14,8 +14,9 @@
 Eager mode refuses a claim whose use needs NRI mode (`vgpud.partition.nrionly`: reserved for several
 pods, or a container that also uses another vGPU claim); NRI mode refuses a container whose vGPU
 claims have devices on the same GPU (one limit per GPU reaches it). Per claim, before any side
-effect; each refusal is counted by its reason (`DraContext.refusals`). A claim prepared already
-replays, with none of these lookups (an API error must not fail a replay).
+effect; each refusal is counted by its reason (`DraContext.refusals`) and told to the claim's
+reserved pods (a VGPUClaimRefused Event). A claim prepared already replays, with none of these
+lookups (an API error must not fail a replay).
 
 Every per-claim failure is a message in that claim's reply entry, never a whole-call error.
 """
@@ -24,7 +25,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 from vgpud.dra.checkpoint import Checkpoint, CheckpointError
 from vgpud.dra.claimedits import NodeFacts, PrepareError
@@ -68,7 +69,8 @@ async def prepare(ctx: DraContext, claims: Sequence[ClaimRef]) -> dict[str, Prep
         async with ctx.node_lock():
             checkpoint = await ctx.load()
             decisions = decide(gathered.claims, checkpoint, facts, ctx.assigner, gpu_names(facts))
-            await _apply(ctx, decisions, checkpoint, outcomes)
+            views = {claim.ref.uid: claim.claim for claim in gathered.claims}
+            await _apply(ctx, decisions, checkpoint, outcomes, views)
     except (NodeLockTimeout, CheckpointError) as err:
         for ref in (claim.ref for claim in gathered.claims):
             if ref.uid not in outcomes:
@@ -89,10 +91,11 @@ async def _apply(
     decisions: Sequence[Decision],
     checkpoint: Checkpoint,
     outcomes: dict[str, PrepareOutcome],
+    views: Mapping[str, ClaimView],
 ) -> None:
     """Carry out the decisions, in request order. Two checkpoint writes per call, not per claim:
     every claim to prepare is marked PrepareStarted before any side effect, and the results are
-    recorded together at the end."""
+    recorded together at the end. `views`: each claim as gathered, by UID (a refusal tells its pods)."""
     todo: list[Start] = []
     for decision in decisions:
         ref = decision.ref
@@ -106,6 +109,8 @@ async def _apply(
             continue
         if isinstance(decision, Refuse):
             outcomes[ref.uid] = ctx.failed("Prepare", ref, decision.error)
+            if isinstance(decision.error, PrepareRefusal):
+                ctx.refused(decision.error, views[ref.uid])
             continue
         if decision.rollback_first:
             log.warning(
@@ -138,7 +143,7 @@ async def _apply(
             continue
         message = _failure_message(ref, failure)
         if isinstance(failure, PrepareRefusal):
-            ctx.count_refusal(failure)
+            ctx.refused(failure, views[ref.uid])
         started = time.perf_counter()
         problem = await ctx.try_remove_artifacts(ref)
         if problem:  # PrepareStarted stays, so the next Prepare or the cleanup rolls back

@@ -1,5 +1,6 @@
 """The device-health watcher: NVML's XID events and per-GPU checks, decided by vgpud.gpu.healthrules,
-written to the HealthBoard that the ResourceSlice publisher and the kubelet's health stream read.
+written to the HealthBoard that the ResourceSlice publisher and the kubelet's health stream read;
+each change of a GPU's health is also an Event on the Node (GPUUnhealthy, GPUHealthy).
 
 It runs behind the `NVMLDeviceHealthCheck` gate as a supervised component. Every NVML call blocks, so
 each runs in a worker thread, and every decision and board update happens back on the Trio thread.
@@ -32,6 +33,8 @@ from vgpud.gpu.healthrules import (
     settle,
 )
 from vgpud.gpu.model import GpuInfo, GpusLost, XidEvent
+from vgpud.kube.eventcorrelate import EventType
+from vgpud.kube.events import EventSink, Reason
 from vgpud.logs import fields
 from vgpud.ready import Ready
 
@@ -97,6 +100,7 @@ class HealthWatcher:
         rules: HealthRules,
         *,
         wall: Callable[[], float] = time.time,
+        events: EventSink | None = None,
     ) -> None:
         self.board = board
         self.rules = rules
@@ -106,6 +110,8 @@ class HealthWatcher:
         self._wall = wall
         self._tracks = {index: DeviceTrack() for index in self._gpus}
         self._check_now = trio.Event()
+        #: the Node's Events: a GPU turned unhealthy, or recovered
+        self._events = events
 
     def uuids(self) -> dict[int, str]:
         """Each watched GPU's UUID by NVML index."""
@@ -229,3 +235,22 @@ class HealthWatcher:
                 MARKED.format("unhealthy"),
                 extra=fields(gpu=gpu.uuid),
             )
+        if self._events is not None:
+            self._events.record_node(*health_event(gpu, track, self.rules.recovery_seconds))
+
+
+def health_event(gpu: GpuInfo, track: DeviceTrack, recovery_seconds: float) -> tuple[EventType, Reason, str]:
+    """The Node's Event for a GPU's change of health: its index, UUID and why."""
+    name = f"GPU {gpu.index} ({gpu.uuid})"
+    if track.healthy:
+        return (
+            EventType.NORMAL,
+            Reason.GPU_HEALTHY,
+            f"{name} healthy again: it answers NVML and had no fatal XID or failed check for "
+            f"{recovery_seconds:g}s: {MARKED.format('healthy')}",
+        )
+    return (
+        EventType.WARNING,
+        Reason.GPU_UNHEALTHY,
+        f"{name} unhealthy: {track.reason}: {MARKED.format('unhealthy')}",
+    )

@@ -138,3 +138,12 @@ class KubeApi(Protocol):
         labels is ADDED, one that loses them DELETED); Gone, ends, raises or streams the current claims
         first (version "") like `watch_node_pods`."""
         ...
+
+    async def create_event(self, namespace: str, body: JsonObject) -> JsonObject:
+        """Create a core/v1 Event in `namespace` (vgpud.kube.events); Conflict when its name is taken."""
+        ...
+
+    async def patch_event(self, namespace: str, name: str, changes: Mapping[str, Any]) -> JsonObject:
+        """Merge-patch an Event's top-level fields (a repeat's count, lastTimestamp, message); NotFound
+        when the server no longer has it."""
+        ...

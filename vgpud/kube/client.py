@@ -20,6 +20,7 @@ import threading
 from collections.abc import AsyncIterator, Callable, Iterator, Mapping
 from contextlib import AbstractAsyncContextManager, asynccontextmanager, closing, suppress
 from pathlib import Path
+from typing import Any
 from urllib.parse import quote
 
 import trio
@@ -162,6 +163,13 @@ class KubeClient:
     ) -> AbstractAsyncContextManager[AsyncIterator[WatchEvent]]:
         path = f"{_RESOURCE}/resourceclaims"
         return self._watch(path, "", resource_version, bookmarks=True, labels=_label_selector(labels))
+
+    async def create_event(self, namespace: str, body: JsonObject) -> JsonObject:
+        return await self._call("POST", _path(_CORE, "namespaces", namespace, "events"), body=body)
+
+    async def patch_event(self, namespace: str, name: str, changes: Mapping[str, Any]) -> JsonObject:
+        path = _path(_CORE, "namespaces", namespace, "events", name)
+        return await self._call("PATCH", path, body=dict(changes), content_type=_MERGE_PATCH)
 
     @asynccontextmanager
     async def _watch(

@@ -4,8 +4,9 @@ It keeps objects as dicts, as the API server would return them, and deep-copies 
 out so a caller can never mutate the store behind its back. Test hooks simulate what other actors
 do: `add_claim`/`add_pod`/`add_node` and `remove_claim`/`remove_pod` (the user, the scheduler, the
 kubelet), `delete_resource_slice` (kubelet deleting slices), `fail_next` (a flaky server),
-`end_watches` (a watch that breaks) and `compact` (etcd compaction: a watch from an older
-resourceVersion is Gone). Every change is kept in a history, so a watch from a resourceVersion
+`end_watches` (a watch that breaks), `compact` (etcd compaction: a watch from an older
+resourceVersion is Gone) and `delete_event` (the server's event TTL); `events` lists the Events
+written. Every change is kept in a history, so a watch from a resourceVersion
 replays what came after it, as the API server's watch cache does.
 """
 
@@ -19,6 +20,7 @@ from collections.abc import AsyncIterator, Callable, Mapping
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from typing import Any
 
 import trio
 
@@ -64,6 +66,7 @@ class FakeKube:
         self._pods: dict[tuple[str, str], JsonObject] = {}
         self._nodes: dict[str, JsonObject] = {}
         self._slices: dict[str, JsonObject] = {}
+        self._events: dict[tuple[str, str], JsonObject] = {}
         self._watchers: list[_Watcher] = []
         self._version = 0
         self._history: list[_Change] = []
@@ -113,6 +116,16 @@ class FakeKube:
     def slices(self) -> list[JsonObject]:
         """Every stored slice, whatever its driver or node (what an admin would see)."""
         return [copy.deepcopy(s) for _, s in sorted(self._slices.items())]
+
+    def events(self, namespace: str | None = None) -> list[JsonObject]:
+        """The Events written (in `namespace`; None: every namespace), oldest first."""
+        return [
+            copy.deepcopy(e) for (ns, _), e in self._events.items() if namespace is None or ns == namespace
+        ]
+
+    def delete_event(self, namespace: str, name: str) -> None:
+        """An Event gone (deleted, or expired after the server's TTL)."""
+        self._events.pop((namespace, name), None)
 
     def fail_next(self, method: str, error: KubeError) -> None:
         """The next call of `method` raises `error` (queued: call again to fail several in a row)."""
@@ -241,6 +254,25 @@ class FakeKube:
         await self._enter("watch_resource_claims")
         async with self._watch("ResourceClaim", _label_filter(labels), resource_version) as events:
             yield events
+
+    async def create_event(self, namespace: str, body: JsonObject) -> JsonObject:
+        await self._enter("create_event")
+        name = body["metadata"]["name"]
+        if (namespace, name) in self._events:
+            raise Conflict(f'events "{name}" already exists', 409)
+        if body["metadata"].get("namespace", namespace) != namespace:
+            raise KubeError("the namespace of the provided object does not match the namespace sent", 400)
+        metadata = {**body["metadata"], "namespace": namespace}
+        stored = self._admit({**body, "metadata": metadata}, "v1", "Event")
+        self._events[(namespace, name)] = stored
+        return copy.deepcopy(stored)
+
+    async def patch_event(self, namespace: str, name: str, changes: Mapping[str, Any]) -> JsonObject:
+        await self._enter("patch_event")
+        event = _found(self._events.get((namespace, name)), "events", name)
+        event.update(copy.deepcopy(dict(changes)))
+        self._bump(event)
+        return copy.deepcopy(event)
 
     # -- internals ---------------------------------------------------------------------------------
 

@@ -25,6 +25,7 @@ from vgpud.gpu import GpuInfo, GpuInventory
 from vgpud.gpu.health import HealthBoard
 from vgpud.gpu.healthwatch import HealthRules, HealthWatcher
 from vgpud.hotplug.node import HotPlug, NoDeviceCgroup, build_hotplug, device_cgroup
+from vgpud.kube.events import EventSink
 from vgpud.kube.informer import Informer, claim_informer, pod_informer
 from vgpud.node.checks import Startup
 from vgpud.node.names import CLAIM_MODES, HOTPLUG, LIBRARY_VERSION
@@ -51,7 +52,9 @@ def build_assigner(startup: Startup) -> EagerAssigner | LazyAssigner:
     return EagerAssigner(startup.layout, driver=settings.driver_name, client_mode=client_mode)
 
 
-def build_driver(startup: Startup, assigner: EagerAssigner | LazyAssigner, recorder: Recorder) -> DraDriver:
+def build_driver(
+    startup: Startup, assigner: EagerAssigner | LazyAssigner, recorder: Recorder, events: EventSink
+) -> DraDriver:
     """The DRA driver with its node facts and checkpoint, from the settings."""
     settings = startup.settings
     client_mode = settings.feature_gates.enabled("DevicePluginClientMode")
@@ -80,6 +83,7 @@ def build_driver(startup: Startup, assigner: EagerAssigner | LazyAssigner, recor
         cdi_root=settings.cdi_root,
         lock_path=settings.plugin_dir / LOCK_FILE,
         recorder=recorder,
+        events=events,
     )
 
 
@@ -214,7 +218,11 @@ def watch_claim_modes(health: HealthRegistry, driver: DraDriver) -> None:
 
 
 def build_health_watch(
-    settings: Settings, inventory: GpuInventory | None, gpus: list[GpuInfo], board: HealthBoard
+    settings: Settings,
+    inventory: GpuInventory | None,
+    gpus: list[GpuInfo],
+    board: HealthBoard,
+    events: EventSink | None = None,
 ) -> HealthWatcher | None:
     """The device-health watcher over the inventory's NVML, when the gate is on and there is NVML."""
     if not settings.feature_gates.enabled("NVMLDeviceHealthCheck"):
@@ -238,4 +246,4 @@ def build_health_watch(
         ",".join(map(str, sorted(rules.ignored_xids))) or "none",
         rules.recovery_seconds,
     )
-    return HealthWatcher(board, gpus, partial(NvmlHealthSession, inventory), rules)
+    return HealthWatcher(board, gpus, partial(NvmlHealthSession, inventory), rules, events=events)

@@ -13,6 +13,8 @@ from vgpud import __version__
 LIBRARY_VERSION = __version__
 
 # the supervised components, in the order they start
+#: the writer of the Kubernetes Events (first: what the parts record while starting goes out at once)
+EVENTS = "events"
 DRA_PLUGIN = "dra-plugin"
 RESOURCE_SLICES = "resource-slices"
 DRA_CLEANUP = "dra-cleanup"

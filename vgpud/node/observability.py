@@ -76,6 +76,7 @@ def build_observability(node: Node) -> Observability:
         drift=drift,
         usage=usage,
         gpus=startup.gpus,
+        events=node.events,
     )
     state = DebugState(
         identity,

@@ -19,6 +19,8 @@ from vgpud.gpu.health import HealthBoard
 from vgpud.gpu.healthwatch import HealthWatcher
 from vgpud.heap import freeze_when_listed
 from vgpud.hotplug.node import HotPlug
+from vgpud.kube.eventcorrelate import EventType
+from vgpud.kube.events import EventRecorder, Reason
 from vgpud.node.build import (
     Caches,
     build_assigner,
@@ -46,6 +48,8 @@ class Node:
 
     startup: Startup
     recorder: Recorder
+    #: the Kubernetes Events the parts record, and their writer
+    events: EventRecorder
     #: every component's health, and the entries of the parts that cannot run
     health: HealthRegistry
     driver: DraDriver
@@ -89,12 +93,13 @@ async def build_node(startup: Startup) -> Node:
     """Every part, built in order and not yet running (the driver's checkpoint is loaded)."""
     settings = startup.settings
     recorder = Recorder()
+    events = EventRecorder(startup.kube, settings.node_name)
     assigner = build_assigner(startup)
-    driver = build_driver(startup, assigner, recorder)
+    driver = build_driver(startup, assigner, recorder, events)
     await driver.load()
     nri = None
     if isinstance(assigner, LazyAssigner):
-        nri = NriHooks(assigner=assigner, admission=driver.index, recorder=recorder)
+        nri = NriHooks(assigner=assigner, admission=driver.index, recorder=recorder, events=events)
     caches = build_caches(startup, driver.index)
     # the collector's one setting: start-up's objects frozen once the caches have listed
     freeze_when_listed([cache for cache in (caches.claims, caches.pods) if cache is not None])
@@ -105,12 +110,19 @@ async def build_node(startup: Startup) -> Node:
     if startup.nri_fallback:
         health.register(NRI_PLUGIN, counts_for_health=False)
         health.set(NRI_PLUGIN, HealthState.STOPPED, f"eager-mode fallback: {startup.nri_fallback}")
+        events.record_node(
+            EventType.WARNING,
+            Reason.NRI_FALLBACK_TO_EAGER,
+            f"NRISupport is on but {startup.nri_fallback}: eager mode (no per-container injection) "
+            "until vgpud restarts with the NRI socket answering",
+        )
     watch_claim_modes(health, driver)
     device_health = HealthBoard(gpu.uuid for gpu in startup.gpus)
-    health_watch = build_health_watch(settings, startup.inventory, startup.gpus, device_health)
+    health_watch = build_health_watch(settings, startup.inventory, startup.gpus, device_health, events)
     return Node(
         startup=startup,
         recorder=recorder,
+        events=events,
         health=health,
         driver=driver,
         registration=RegistrationService(

@@ -9,20 +9,22 @@ survives reconnects, while the split-Synchronize buffer is per session (`begin_s
   prepared, reserved for the container's pod, gets its own directory (created, pids.config reset) and
   the mounts and identity env of the lazy assigner. No claim UID: not ours, no change. A claim UID
   this node did not prepare, or one not reserved for the pod: nothing injected, recorded as rejected
-  (a pod may set that env itself; seed §12.12.1). A claim prepared in eager mode: left to its CDI
-  spec, recorded as skipped and counted. Admission and directory creation run under the claim's
-  guard, so an Unprepare cannot fall between them. A directory that cannot be made: an error, so the
-  container is not created (fail-closed). A container with several vGPU claims carries one claim UID
-  (containerd applies CDI env replace-by-name: the last claim's): only that claim's admission is
-  checked (the kubelet prepared and reserved every claim of the pod before creating a container),
-  and the directory lies under that claim's UID. Prepare refuses such claims when their devices are
-  on the same GPU, whose limits would replace each other (docs/decisions.md).
+  and told to the pod (a VGPUContainerRefused Event; a pod may set that env itself; seed §12.12.1).
+  A claim prepared in eager mode: left to its CDI spec, recorded as skipped and counted. Admission
+  and directory creation run under the claim's guard, so an Unprepare cannot fall between them. A
+  directory that cannot be made: an error, so the container is not created (fail-closed). A
+  container with several vGPU claims carries one claim UID (containerd applies CDI env
+  replace-by-name: the last claim's): only that claim's admission is checked (the kubelet prepared
+  and reserved every claim of the pod before creating a container), and the directory lies under
+  that claim's UID. Prepare refuses such claims when their devices are on the same GPU, whose limits
+  would replace each other (docs/decisions.md).
 - Synchronize: the store is rebuilt from the containers' env with the same validation; a container
   that does not validate is skipped and counted, and the sync itself still succeeds. A valid live
   one whose mounts and env lack the injection (created while vgpud was down, or after the runtime
   dropped the plugin for a missed deadline) is not cached but kept as not injected: one WARNING line
-  each, the metrics and the debug state show it. Eviction would let the kubelet recreate it, but the
-  NRI runtime adaptation drops a plugin's eviction requests (v0.6.1 through v0.12.5; docs/decisions.md).
+  and one VGPUNotInjected Event on its pod each, the metrics and the debug state show it. Eviction
+  would let the kubelet recreate it, but the NRI runtime adaptation drops a plugin's eviction requests
+  (v0.6.1 through v0.12.5; docs/decisions.md).
 - RemoveContainer / StopPodSandbox / RemovePodSandbox, as dedicated RPCs (NRI v0.12) or as
   StateChange events (older runtimes): the instance's record goes, and its directory once no
   other injected instance of the container uses it (seed §12.10; a stale instance can be removed
@@ -76,6 +78,8 @@ from vgpud.containers.linux import ContainerLinux
 from vgpud.containers.record import Injection, NodeContainer
 from vgpud.containers.store import ContainerStore
 from vgpud.fsutil import remove_tree
+from vgpud.kube.eventcorrelate import EventType
+from vgpud.kube.events import EventSink, Reason, pod_ref
 from vgpud.logs import pod_fields
 from vgpud.nri.adjust import adjustment, make_directories_soon
 from vgpud.nri.envs import env_value
@@ -114,6 +118,7 @@ class NriHooks:
         admission: ClaimAdmission,
         recorder: Recorder,
         containers: ContainerStore | None = None,
+        events: EventSink | None = None,
     ) -> None:
         self.assigner = assigner
         #: every container the runtime reported, vGPU or not: written here, read by the other parts
@@ -128,6 +133,8 @@ class NriHooks:
         self._last_sync_time: float | None = None
         self._admission = admission
         self._recorder = recorder
+        #: the pods' Events: a container refused, or found without its injection
+        self._events = events
         self._session = SessionState()
 
     def begin_session(self) -> trio.Event:
@@ -198,7 +205,7 @@ class NriHooks:
             )
             gone = self._replace_containers(pods, session.targets, session.unresolved, facts)
             self._warned_not_injected = warn_not_injected(
-                self.containers.select(Injection.MISSING), self._warned_not_injected
+                self.containers.select(Injection.MISSING), self._warned_not_injected, self._events
             )
             self._last_sync_time = time.time()
             injected = sum(1 for f in facts.values() if f.injection is Injection.INJECTED)
@@ -319,6 +326,13 @@ class NriHooks:
                 self.stats.rejected_not_reserved += 1
             else:
                 self.stats.rejected_unprepared += 1
+            if self._events is not None:
+                self._events.record(
+                    pod_ref(pod.namespace, pod.name, pod.uid),
+                    EventType.WARNING,
+                    Reason.VGPU_CONTAINER_REFUSED,
+                    f"container {container} gets no vGPU: {verdict.reason}",
+                )
         log.warning(
             "NRI: %s/%s container %s: %s",
             pod.namespace,

@@ -17,6 +17,8 @@ from pathlib import PurePosixPath
 from typing import NamedTuple
 
 from vgpud.containers.record import Injection, NodeContainer
+from vgpud.kube.eventcorrelate import EventType
+from vgpud.kube.events import EventSink, Reason, pod_ref
 from vgpud.logs import pod_fields
 from vgpud.nri.sync import SyncContainer, SyncPod
 from vgpud.nri.verify import missing_injection
@@ -110,12 +112,25 @@ def _valid_facts(
     return ClaimFacts(container.claim_uid, state, paths.base, missing)
 
 
-def warn_not_injected(found_now: Sequence[NodeContainer], warned: set[str]) -> set[str]:
+def warn_not_injected(
+    found_now: Sequence[NodeContainer], warned: set[str], events: EventSink | None = None
+) -> set[str]:
     """One WARNING line per container found without its injection (once, not per Synchronize: `warned`
     are the IDs already told, the result those to remember), for the first SYNC_WARNINGS_SHOWN new
     ones, then one line with how many more: a node may have thousands, and every one is in the debug
-    state and the metric."""
+    state and the metric. Each new one is also a VGPUNotInjected Event on its pod (what the pod's
+    owner sees; the recorder's spam filter bounds them per pod)."""
     new = [found for found in found_now if found.container_id not in warned]
+    if events is not None:
+        for found in new:
+            events.record(
+                pod_ref(found.pod_namespace, found.pod_name, found.pod_uid),
+                EventType.WARNING,
+                Reason.VGPU_NOT_INJECTED,
+                f"container {found.name} runs without its vGPU injection (missing "
+                f"{', '.join(found.missing)}): it was created while vgpud was away, and the runtime "
+                "cannot evict it: recreate the pod",
+            )
     for found in new[:SYNC_WARNINGS_SHOWN]:
         log.warning(
             "NRI: container %s (%s) of pod %s/%s runs without its vGPU injection (missing %s): it "

@@ -30,6 +30,7 @@ from vgpud import metrics_names as names
 from vgpud.containers.record import Injection
 from vgpud.gpu.model import GpuInfo
 from vgpud.hotplug.rules import AttachState
+from vgpud.kube.events import EventRecorder, EventResult
 from vgpud.observe.drift import DriftKind
 from vgpud.observe.state import NodeIdentity, StreamStats, WatchedDevices, build_info, current_gpu_views
 from vgpud.partition.nrionly import RefusalReason
@@ -91,6 +92,7 @@ class NodeMetrics:
         drift: DriftChecker | None = None,
         usage: UsageReader | None = None,
         gpus: Sequence[GpuInfo] = (),
+        events: EventRecorder | None = None,
     ) -> None:
         """The parts it reads at scrape time (None: not on this node), and the recorder it listens to."""
         self.identity = identity
@@ -103,6 +105,7 @@ class NodeMetrics:
         self.drift = drift
         self.usage = usage
         self.gpus = tuple(gpus)
+        self.events = events
         self.registry = CollectorRegistry()
         ProcessCollector(registry=self.registry)
         self.calls = Counter(
@@ -209,6 +212,15 @@ class StateCollector(Collector):
         for reason, count in sorted(node.stream.closed.items()):
             closed.add_metric([reason], count)
         yield closed
+        yield self._events()
+
+    def _events(self) -> Metric:
+        """Every recorded Event by result, each result 0 until its first (none where no writer runs)."""
+        events = _counter(names.EVENTS)
+        if self._node.events is not None:
+            for result in EventResult:
+                events.add_metric([result.value], self._node.events.stats.get(result, 0))
+        return events
 
     def _device_health(self) -> Iterator[Metric]:
         """Each GPU's health and XID counts, while the watcher runs."""

@@ -11,11 +11,13 @@ import trio.testing
 
 from tests import objects as o
 from tests.draharness import REF, Harness, single_container_claim
+from tests.events import recording
 from tests.unit.nri.fakeruntime import injected
 from tests.unit.registry.world import run_cache
 from vgpud._pb.nri.pkg.api.v1alpha1 import Container, CreateContainerRequest, PodSandbox, SynchronizeRequest
 from vgpud.dra.checkpoint import CheckpointStore
 from vgpud.dra.claimwatch import ClaimWatch
+from vgpud.kube.events import EventSink
 from vgpud.kube.informer import claim_informer
 from vgpud.nri import hooks as hooks_module
 from vgpud.nri.hooks import NriHooks
@@ -30,9 +32,12 @@ def h(tmp_path: Path) -> Harness:
     return Harness(tmp_path, lazy=True)
 
 
-def nri(h: Harness) -> NriHooks:
+def nri(h: Harness, events: EventSink | None = None) -> NriHooks:
     return NriHooks(
-        assigner=LazyAssigner(h.layout, driver=o.DRIVER), admission=h.driver.index, recorder=h.recorder
+        assigner=LazyAssigner(h.layout, driver=o.DRIVER),
+        admission=h.driver.index,
+        recorder=h.recorder,
+        events=events,
     )
 
 
@@ -68,19 +73,28 @@ async def prepared(h: Harness) -> dict:
 
 async def test_a_pod_the_claim_is_not_reserved_for_gets_nothing(h: Harness) -> None:
     await prepared(h)
-    hooks = nri(h)
-    for namespace in (o.NAMESPACE, "other"):
-        reply = await hooks.create_container(request(o.POD2_UID, namespace))
-        assert reply.adjust is None, namespace
-        assert not (h.claim_dir() / f"{o.POD2_UID}_main").exists()
-    assert list(h.claim_dir().iterdir()) == []
-    assert hooks.stats.rejected_not_reserved == 1 and hooks.stats.rejected_unprepared == 1
-    same, other = [c for c in h.recorder.recent(10) if c.call == "CreateContainer"]
-    assert same.outcome is Outcome.REJECTED and "is not reserved for pod" in same.detail
-    assert other.outcome is Outcome.REJECTED and "namespace other" in other.detail
-    # the pod it is reserved for is injected
-    reply = await hooks.create_container(request(o.POD1_UID))
-    assert reply.adjust is not None and (h.claim_dir() / f"{o.POD1_UID}_main").is_dir()
+    async with recording() as record:
+        hooks = nri(h, record.recorder)
+        for namespace in (o.NAMESPACE, "other"):
+            reply = await hooks.create_container(request(o.POD2_UID, namespace))
+            assert reply.adjust is None, namespace
+            assert not (h.claim_dir() / f"{o.POD2_UID}_main").exists()
+        assert list(h.claim_dir().iterdir()) == []
+        assert hooks.stats.rejected_not_reserved == 1 and hooks.stats.rejected_unprepared == 1
+        same, other = [c for c in h.recorder.recent(10) if c.call == "CreateContainer"]
+        assert same.outcome is Outcome.REJECTED and "is not reserved for pod" in same.detail
+        assert other.outcome is Outcome.REJECTED and "namespace other" in other.detail
+        # each pod is told, with the same reason
+        for namespace, why in ((o.NAMESPACE, same.detail), ("other", other.detail)):
+            [event] = await record.events(namespace)
+            assert (event["type"], event["reason"]) == ("Warning", "VGPUContainerRefused")
+            assert event["involvedObject"]["uid"] == o.POD2_UID
+            reason = why.removesuffix(": nothing injected")
+            assert event["message"] == f"container main gets no vGPU: {reason}"
+        # the pod it is reserved for is injected, and told nothing
+        reply = await hooks.create_container(request(o.POD1_UID))
+        assert reply.adjust is not None and (h.claim_dir() / f"{o.POD1_UID}_main").is_dir()
+        assert len(await record.events()) == 2
 
 
 async def test_a_pod_that_joins_after_prepare_is_injected_once_the_watch_sees_it(h: Harness) -> None:
@@ -192,8 +206,10 @@ async def test_the_mode_is_recorded_and_an_eager_claim_is_not_injected_lazily(tm
     partition = sorted(eager.claim_dir().iterdir())
     lazy = Harness(tmp_path, lazy=True)  # restarted with NRI: same dirs
     await lazy.driver.load()
-    hooks = nri(lazy)
-    reply = await hooks.create_container(request(o.POD1_UID))
+    async with recording() as record:
+        hooks = nri(lazy, record.recorder)
+        reply = await hooks.create_container(request(o.POD1_UID))
+        assert await record.events() == [], "served by its CDI spec: nothing to tell the pod"
     assert reply.adjust is None, "the CDI spec already carries the eager mounts"
     assert sorted(eager.claim_dir().iterdir()) == partition, "no lazy directory"
     (call,) = [c for c in lazy.recorder.recent(5) if c.call == "CreateContainer"]

@@ -12,6 +12,7 @@ import pytest
 
 from tests import objects as o
 from tests.draharness import REF, Harness
+from tests.events import recording
 from vgpud.dra.claimindex import ClaimRef
 from vgpud.dra.prepare import REPLAYED
 from vgpud.kube import JsonObject, KubeError
@@ -124,6 +125,29 @@ async def test_a_claim_reserved_for_two_pods_is_refused_and_counted(h: Harness) 
     )
     assert dict(h.driver.refusals) == {ACROSS: 1}
     assert nothing_prepared(h, o.CLAIM_UID)
+
+
+async def test_each_reserved_pod_is_told_why_its_claim_was_refused(tmp_path: Path) -> None:
+    """The kubelet's own Event says only that Prepare failed; vgpud's says why, on every pod the
+    claim is reserved for, and a retried Prepare counts on the same Event."""
+    pods = [
+        o.pod(f"p{i}", uid, containers=[o.container("main", o.ref("gpu"))])
+        for i, uid in enumerate((o.POD1_UID, o.POD2_UID))
+    ]
+    async with recording() as record:
+        h = Harness(tmp_path, events=record.recorder)
+        for pod in pods:
+            h.kube.add_pod(pod)
+        h.kube.add_claim(first_claim(*pods))
+        for _ in range(2):  # the kubelet retries
+            out = await h.driver.prepare([REF])
+        events = await record.events(o.NAMESPACE)
+    told = {(e["involvedObject"]["name"], e["involvedObject"]["uid"]): e for e in events}
+    assert sorted(told) == [("p0", o.POD1_UID), ("p1", o.POD2_UID)]
+    for event in told.values():
+        assert (event["type"], event["reason"], event["count"]) == ("Warning", "VGPUClaimRefused", 2)
+        assert event["message"] == out[o.CLAIM_UID].error
+    assert dict(h.driver.refusals) == {ACROSS: 2}
 
 
 async def test_another_drivers_claim_in_the_container_is_accepted(h: Harness) -> None:

@@ -14,12 +14,14 @@ import trio
 import trio.testing
 
 from tests.draharness import GPUS
+from tests.events import NODE, recording
 from tests.unit.gpu.healthshim import ScriptedNvml
 from vgpud.componenthealth import HealthRegistry, HealthState
 from vgpud.gpu.health import HealthBoard
 from vgpud.gpu.healthrules import APPLICATION_XIDS
 from vgpud.gpu.healthwatch import HealthRules, HealthWatcher
 from vgpud.gpu.model import GpuInventoryError
+from vgpud.kube.events import EventSink
 from vgpud.supervisor import Backoff, HealthAfter, Restart, Supervisor
 
 U0, U1 = GPUS[0].uuid, GPUS[1].uuid
@@ -45,10 +47,14 @@ class Run:
         return trio.current_time()
 
 
-def make(shim: ScriptedNvml | None = None, rules: HealthRules = RULES) -> Run:
+def make(
+    shim: ScriptedNvml | None = None, rules: HealthRules = RULES, events: EventSink | None = None
+) -> Run:
     shim = shim or ScriptedNvml(len(GPUS))
     board = HealthBoard((g.uuid for g in GPUS), clock=lambda: WALL0)
-    watcher = HealthWatcher(board, GPUS, lambda: shim, rules, wall=lambda: WALL0 + trio.current_time())
+    watcher = HealthWatcher(
+        board, GPUS, lambda: shim, rules, wall=lambda: WALL0 + trio.current_time(), events=events
+    )
     return Run(shim, watcher)
 
 
@@ -90,6 +96,32 @@ async def test_a_fatal_xid_marks_the_gpu_unhealthy_until_the_recovery_wait_is_ov
         f"marked healthy {marked}",
     ]
     assert [r.__dict__.get("gpu") for r in caplog.records if "healthy" in r.getMessage()] == [U0, U0]
+
+
+async def test_a_change_of_health_is_an_event_on_the_node(clock: trio.testing.MockClock) -> None:
+    async with recording() as record, trio.open_nursery() as nursery:
+        r = make(events=record.recorder)
+        await nursery.start(_run, r.watcher)
+        r.shim.xid(0, 79)
+        await r.change()
+        [sick] = await record.events("default")
+        await r.change()
+        healthy = await record.events("default", "GPUHealthy")
+        nursery.cancel_scope.cancel()
+    assert sick["involvedObject"] == {"apiVersion": "v1", "kind": "Node", "name": NODE, "uid": NODE}
+    marked = "for the scheduler and the kubelet"
+    assert (sick["type"], sick["reason"], sick["message"]) == (
+        "Warning",
+        "GPUUnhealthy",
+        f"GPU 0 ({U0}) unhealthy: XID 79 (GPU has fallen off the bus): marked unhealthy {marked}",
+    )
+    assert [(e["type"], e["message"]) for e in healthy] == [
+        (
+            "Normal",
+            f"GPU 0 ({U0}) healthy again: it answers NVML and had no fatal XID or failed check for 60s: "
+            f"marked healthy {marked}",
+        )
+    ]
 
 
 async def test_another_fatal_xid_restarts_the_wait_and_keeps_the_first_cause(

@@ -22,6 +22,9 @@ class Seeder(Protocol):
     async def claim(self, body: JsonObject) -> JsonObject: ...
     async def pod(self, body: JsonObject) -> JsonObject: ...
     async def node(self, body: JsonObject) -> JsonObject: ...
+    async def events(self, namespace: str) -> list[JsonObject]:
+        """The Events of a namespace, as `kubectl get events` reads them."""
+        ...
 
 
 @dataclass
@@ -60,6 +63,9 @@ class FakeSeeder:
     async def node(self, body: JsonObject) -> JsonObject:
         return self._fake.add_node(body)
 
+    async def events(self, namespace: str) -> list[JsonObject]:
+        return self._fake.events(namespace)
+
 
 class ApiSeeder:
     """Creates objects with plain admin requests, independent of the client under test."""
@@ -79,6 +85,10 @@ class ApiSeeder:
 
     async def node(self, body: JsonObject) -> JsonObject:
         return await self._post("/api/v1/nodes", body)
+
+    async def events(self, namespace: str) -> list[JsonObject]:
+        path = f"/api/v1/namespaces/{namespace}/events"
+        return (await trio.to_thread.run_sync(api_request, self._server, "GET", path))["items"]
 
     async def namespace(self, name: str) -> None:
         await self._post("/api/v1/namespaces", {"metadata": {"name": name}})

@@ -14,6 +14,8 @@ import trio
 
 from tests.unit.kube.conftest import Names, World
 from vgpud.kube.api import RESOURCE_API, Conflict, JsonObject, KubeError, NotFound, WatchEvent, WatchEventType
+from vgpud.kube.eventcorrelate import EventType
+from vgpud.kube.events import EventRecorder, EventResult, Reason, pod_ref
 
 MANAGER = "vgpud-test"
 #: bound on every wait for the API server (generous: a loaded CI machine)
@@ -372,3 +374,81 @@ async def test_the_nodes_pods_are_listed_and_watched_from_the_lists_version(worl
             )
             assert event.object["spec"]["nodeName"] == world.node_name
     assert watch_threads() == []
+
+
+def event_body(world: World, name: str) -> JsonObject:
+    return {
+        "metadata": {"name": name, "namespace": world.namespace},
+        "involvedObject": {"apiVersion": "v1", "kind": "Pod", "namespace": world.namespace, "name": "pod"},
+        "type": "Warning",
+        "reason": "Test",
+        "message": "one",
+        "source": {"component": "vgpud", "host": world.node_name},
+        "count": 1,
+    }
+
+
+async def test_an_event_is_created_then_patched(world: World) -> None:
+    created = await world.kube.create_event(world.namespace, event_body(world, "pod.1"))
+    assert (created["count"], created["metadata"]["namespace"]) == (1, world.namespace)
+    with pytest.raises(Conflict):
+        await world.kube.create_event(world.namespace, event_body(world, "pod.1"))
+    patched = await world.kube.patch_event(
+        world.namespace, "pod.1", {"count": 2, "lastTimestamp": "2026-01-02T03:04:05Z", "message": "two"}
+    )
+    assert (patched["count"], patched["message"], patched["reason"]) == (2, "two", "Test")
+    assert patched["lastTimestamp"] == "2026-01-02T03:04:05Z"
+    [read] = await world.seed.events(world.namespace)
+    assert (read["metadata"]["name"], read["count"], read["message"]) == ("pod.1", 2, "two")
+    with pytest.raises(NotFound):
+        await world.kube.patch_event(world.namespace, "absent.1", {"count": 2})
+
+
+async def written(recorder: EventRecorder, count: int) -> None:
+    """Until the recorder has written (or given up on) `count` Events."""
+    with trio.fail_after(DEADLINE_S):
+        while sum(recorder.stats.values()) < count:  # noqa: ASYNC110 (a counter: no event to wait on)
+            await trio.sleep(0.01)
+
+
+async def test_the_recorder_writes_a_repeat_as_one_event_with_its_count(world: World) -> None:
+    """What `kubectl describe pod` and `kubectl describe node` then find: one Event per fact, its
+    count the repeats, the node's in `default` with the node's name as uid."""
+    pod = await world.seed.pod(pod_body(world, "pod"))
+    now = [1_800_000_000.0]
+    recorder = EventRecorder(world.kube, world.node_name, clock=lambda: now[0])
+    ref = pod_ref(world.namespace, "pod", pod["metadata"]["uid"])
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(recorder.run, lambda: None)
+        recorder.record(ref, EventType.WARNING, Reason.VGPU_NOT_INJECTED, "container main runs without it")
+        recorder.record_node(EventType.WARNING, Reason.GPU_UNHEALTHY, "GPU 0 unhealthy")
+        await written(recorder, 2)
+        now[0] += 61
+        recorder.record(ref, EventType.WARNING, Reason.VGPU_NOT_INJECTED, "container main runs without it")
+        await written(recorder, 3)
+        nursery.cancel_scope.cancel()
+    assert recorder.stats == {EventResult.SENT: 2, EventResult.PATCHED: 1}
+    [event] = await world.seed.events(world.namespace)
+    assert event["involvedObject"] == {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "namespace": world.namespace,
+        "name": "pod",
+        "uid": pod["metadata"]["uid"],
+    }
+    assert event["metadata"]["name"].startswith("pod.")
+    assert (event["type"], event["reason"], event["count"]) == ("Warning", "VGPUNotInjected", 2)
+    assert event["source"] == {"component": "vgpud", "host": world.node_name}
+    assert (event["reportingComponent"], event["reportingInstance"]) == ("vgpud", world.node_name)
+    assert (event["firstTimestamp"], event["lastTimestamp"]) == (
+        "2027-01-15T08:00:00Z",
+        "2027-01-15T08:01:01Z",
+    )
+    [on_node] = [e for e in await world.seed.events("default") if e["source"]["host"] == world.node_name]
+    assert on_node["involvedObject"] == {
+        "apiVersion": "v1",
+        "kind": "Node",
+        "name": world.node_name,
+        "uid": world.node_name,
+    }
+    assert (on_node["reason"], on_node["message"], on_node["count"]) == ("GPUUnhealthy", "GPU 0 unhealthy", 1)

@@ -12,6 +12,7 @@ import trio
 import trio.testing
 
 from tests.admission import StaticAdmission
+from tests.events import recording
 from tests.unit.nri.fakeruntime import injected
 from vgpud._pb.nri.pkg.api.v1alpha1 import (
     ConfigureRequest,
@@ -25,6 +26,7 @@ from vgpud._pb.nri.pkg.api.v1alpha1 import (
     SynchronizeRequest,
 )
 from vgpud.containers.record import Injection, NodeContainer
+from vgpud.kube.events import EventSink
 from vgpud.logs import JsonFormatter
 from vgpud.nri.envs import env_value
 from vgpud.nri.events import event_mask, known_events_mask
@@ -42,11 +44,16 @@ DRIVER = "manager.nvidia.com"
 
 @pytest.fixture
 def hooks(tmp_path: Path) -> NriHooks:
+    return make_hooks(tmp_path)
+
+
+def make_hooks(root: Path, events: EventSink | None = None) -> NriHooks:
     prepared = {CLAIM}
     return NriHooks(
-        assigner=LazyAssigner(Layout(tmp_path), driver=DRIVER),
+        assigner=LazyAssigner(Layout(root), driver=DRIVER),
         admission=StaticAdmission(lambda uid, namespace: uid in prepared and namespace == "ml"),
         recorder=Recorder(),
+        events=events,
     )
 
 
@@ -424,6 +431,43 @@ async def test_thousands_without_their_injection_log_a_few_lines_and_report_ever
     lines = [r.getMessage() for r in caplog.records if "vGPU injection" in r.getMessage()]
     assert len(lines) == SYNC_WARNINGS_SHOWN + 1, lines
     assert lines[-1].startswith("NRI: 3 more containers run without their vGPU injection"), lines[-1]
+
+
+async def test_a_container_without_its_injection_is_told_to_its_pod_once(tmp_path: Path) -> None:
+    async with recording() as record:
+        hooks = make_hooks(tmp_path, record.recorder)
+        for _ in range(2):  # two reconnects: one Event, not one per Synchronize
+            hooks.begin_session()
+            containers = [instance("late"), made(hooks, instance("ok", "side"))]
+            await hooks.synchronize(sync(pods=[pod()], containers=containers))
+        [event] = await record.events()
+    assert (event["type"], event["reason"], event["count"]) == ("Warning", "VGPUNotInjected", 1)
+    assert event["involvedObject"] == {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "namespace": "ml",
+        "name": "train",
+        "uid": POD_UID,
+    }
+    message = event["message"]
+    assert message.startswith("container main runs without its vGPU injection (missing mount "), message
+    assert "env VGPU_POD_UID" in message and message.endswith("cannot evict it: recreate the pod")
+
+
+async def test_a_refused_container_is_told_to_its_pod(tmp_path: Path) -> None:
+    async with recording() as record:
+        hooks = make_hooks(tmp_path, record.recorder)
+        forged = "00000000-0000-4000-8000-000000000bad"
+        await hooks.create_container(CreateContainerRequest(pod=pod(), container=container(claim=forged)))
+        await hooks.create_container(CreateContainerRequest(pod=pod(), container=container(name="ok")))
+        await hooks.create_container(CreateContainerRequest(pod=pod(), container=container(claim=None)))
+        [event] = await record.events("ml")
+    assert (event["type"], event["reason"]) == ("Warning", "VGPUContainerRefused")
+    assert (event["involvedObject"]["name"], event["involvedObject"]["uid"]) == ("train", POD_UID)
+    assert event["message"] == (
+        f"container main gets no vGPU: claim {forged} is not a vGPU claim of namespace ml prepared on "
+        "this node"
+    )
 
 
 async def test_a_partial_injection_is_not_an_injection(hooks: NriHooks) -> None:

@@ -12,6 +12,7 @@ from prometheus_client.samples import Sample
 
 from tests import objects as o
 from tests.draharness import REF
+from tests.events import Recording, recording
 from tests.unit.hotplug.world import CLAIMS, RUNNING, SLAVE, TARGET, Access, Targets
 from tests.unit.observe.node import Node, make_node
 from vgpud import metrics_names as names
@@ -28,6 +29,8 @@ from vgpud.hotplug.node import HotPlug
 from vgpud.hotplug.service import HotPlugService
 from vgpud.hotplug.store import HOTPLUG_FILE, AttachmentStore
 from vgpud.hotplug.table import AttachmentTable
+from vgpud.kube.eventcorrelate import EventType
+from vgpud.kube.events import Reason, pod_ref
 from vgpud.nri.sync import decode_sync
 from vgpud.observe.metrics import HOOK_BUCKETS, registry_result
 from vgpud.recorder import HookCall, Outcome, Recorder
@@ -299,3 +302,22 @@ async def test_hotplug_calls_are_counted_like_every_hook(short_tmp: Path) -> Non
     attachments = families(node)[family(names.HOTPLUG_ATTACHMENTS)]
     by_state = {s.labels["state"]: s.value for s in attachments}
     assert by_state == {"attaching": 0, "attached": 1, "detaching": 0}
+
+
+async def test_events_are_counted_by_result(short_tmp: Path) -> None:
+    node = make_node(short_tmp)
+    assert family(names.EVENTS) in families(node)  # declared even where no writer runs
+    record = Recording(queue_size=1)
+    pod = pod_ref("ml", "train", "uid-1")
+    for message in ("a", "b"):  # the second finds the queue full
+        record.recorder.record(pod, EventType.WARNING, Reason.VGPU_CONTAINER_REFUSED, message)
+    async with recording(record):
+        await record.events()
+        record.recorder.record(pod, EventType.WARNING, Reason.VGPU_CONTAINER_REFUSED, "a")
+        await record.events()
+    node.metrics = node.make_metrics(events=record.recorder)
+    samples = families(node)[family(names.EVENTS)]
+    total = "vgpud_events_total"
+    counted = {result: value(samples, total, result=result) for result in ("sent", "patched", "dropped")}
+    assert counted == {"sent": 1, "patched": 1, "dropped": 1}
+    assert value(samples, total, result="failed") == value(samples, total, result="rate_limited") == 0
