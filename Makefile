@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 export PIP_CACHE_DIR := $(CURDIR)/.cache/pip
 
-.PHONY: setup build image kube chart-crds chart-docs node-deps node test unit lint protos check-protos demo bench fuzz soak clean
+.PHONY: setup build image kube chart-crds chart-docs prometheus node-deps node test unit lint protos check-protos demo bench fuzz soak clean
 
 setup:  ## venv with vgpud and its dev dependencies (idempotent, cached)
 	@./hack/setup-venv.sh
@@ -18,11 +18,14 @@ image: build  ## vgpud's OCI image (a tarball for `ctr images import`) into buil
 kube:  ## etcd, kube-apiserver, kube-controller-manager, kube-scheduler, kubelet, crictl, helm into ~/.cache/vgpud (idempotent, cached)
 	@./hack/install-kube.sh
 
-chart-crds:  ## cert-manager and ServiceMonitor CRDs (from their Go modules) for the chart's server-side dry run
+chart-crds:  ## cert-manager, ServiceMonitor and PrometheusRule CRDs (from their Go modules) for the chart's server-side dry run
 	@./hack/fetch-chart-crds.sh
 
 chart-docs: setup  ## write the values table of helm/vgpud/README.md from values.yaml's `# --` comments (hack/chart-values-table.py; a test fails while it is stale)
 	@$(PY) hack/chart-values-table.py
+
+prometheus:  ## Prometheus and promtool built from their Go module into ~/.cache/vgpud
+	@./hack/install-prometheus.sh
 
 node-deps: build  ## containerd 1.7, runc, CNI loopback, busybox + pause + cudaprobe images, containerd 2.x and NVIDIA's nvidia-ctk + nvidia-cdi-hook (built from their Go modules) into ~/.cache/vgpud (the probe links against build/fakecuda)
 	@./hack/install-node.sh
@@ -32,7 +35,7 @@ node-deps: build  ## containerd 1.7, runc, CNI loopback, busybox + pause + cudap
 node: build kube node-deps  ## a local node (etcd, apiserver, controller manager, scheduler, containerd, kubelet, vgpud) until Ctrl-C; NRI=off for eager, CONTAINERD=2 for containerd 2.x
 	@$(PY) -m tests.e2e.node --nri $(or $(NRI),on) --containerd $(or $(CONTAINERD),1.7)
 
-test: build image kube chart-crds node-deps  ## every test tier that runs on this machine (as root: the e2e runs a node)
+test: build image kube chart-crds prometheus node-deps  ## every test tier that runs on this machine (as root: the e2e runs a node)
 	@$(VENV)/bin/ruff check
 	@$(VENV)/bin/ruff format --check --quiet
 	@$(PY) -m pytest -q --durations=20 tests --ignore=tests/launcher

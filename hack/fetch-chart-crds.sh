@@ -1,14 +1,15 @@
 #!/usr/bin/env bash
 # Fetches the CRDs of the chart's optional objects, so the chart tests can dry-run them on a real API
 # server: cert-manager's Issuer and Certificate (webhook.certManager) and the Prometheus Operator's
-# ServiceMonitor (metrics.serviceMonitor). Both projects ship their CRDs as plain YAML inside their Go
-# module zips (deploy/crds/, example/prometheus-operator-crd/), which the Go module proxy serves.
-# Idempotent: prints nothing and does nothing when the cache holds these versions.
+# ServiceMonitor (metrics.serviceMonitor) and PrometheusRule (prometheusRule). Both projects ship their
+# CRDs as plain YAML inside their Go module zips (deploy/crds/, example/prometheus-operator-crd/), which
+# the Go module proxy serves. Idempotent: prints nothing and does nothing when the cache holds these
+# versions and files.
 #
 #   hack/fetch-chart-crds.sh    fetch what is missing, then write <cache>/chart-crds.env (CHART_CRDS_DIR=...)
 #
 # Cache: ${VGPUD_CACHE:-$HOME/.cache/vgpud}. The module zips (about 45 MB) go to a temporary module cache
-# that is removed afterwards; only the three CRD files (about 0.5 MB) are kept.
+# that is removed afterwards; only the four CRD files (about 0.6 MB) are kept.
 set -euo pipefail
 
 CERT_MANAGER_VERSION=${CERT_MANAGER_VERSION:-v1.21.2}
@@ -21,7 +22,8 @@ say() { echo "fetch-chart-crds: $*" >&2; }
 write_env() { printf 'CHART_CRDS_DIR=%s\n' "$DEST" >"$CACHE/chart-crds.env"; }
 
 mkdir -p "$CACHE"
-if [ -f "$DEST/.complete" ]; then
+# a cache made before a file was added to the list is fetched again
+if [ -f "$DEST/.complete" ] && [ -f "$DEST/monitoring.coreos.com_prometheusrules.yaml" ]; then
   write_env
   exit 0
 fi
@@ -44,6 +46,7 @@ mkdir -p "$DEST.tmp"
 cp "$cert_manager/deploy/crds/cert-manager.io_issuers.yaml" \
   "$cert_manager/deploy/crds/cert-manager.io_certificates.yaml" \
   "$prometheus_operator/example/prometheus-operator-crd/monitoring.coreos.com_servicemonitors.yaml" \
+  "$prometheus_operator/example/prometheus-operator-crd/monitoring.coreos.com_prometheusrules.yaml" \
   "$DEST.tmp/"
 touch "$DEST.tmp/.complete"
 rm -rf "$DEST"

@@ -204,6 +204,8 @@ VARIANTS: tuple[Variant, ...] = (
     Variant("no-cdi-hook", {"node": {"cdiHookPath": "off", "affinity": None}}),
     Variant("cert-manager", {"webhook": {"certManager": {"enabled": True}}}, crds=("cert-manager.io",)),
     Variant(
-        "service-monitor", {"metrics": {"serviceMonitor": {"enabled": True}}}, crds=("monitoring.coreos.com",)
+        "prometheus",
+        {"metrics": {"serviceMonitor": {"enabled": True}}, "prometheusRule": {"enabled": True}},
+        crds=("monitoring.coreos.com",),
     ),
 )

@@ -353,14 +353,62 @@ def test_metrics_service_and_service_monitor() -> None:
     assert service["spec"]["selector"].items() <= pod_labels.items()
     assert service["spec"]["ports"][0]["targetPort"] == "metrics"
     assert {"name": "metrics", "containerPort": 9464, "protocol": "TCP"} in container(daemon)["ports"]
-    monitor = one(manifests, "ServiceMonitor")
+    monitor = one(manifests, "ServiceMonitor", "-metrics")
     assert monitor["metadata"]["labels"]["release"] == "prom"
     assert monitor["spec"]["selector"]["matchLabels"].items() <= service["metadata"]["labels"].items()
-    assert monitor["spec"]["endpoints"][0]["port"] == "metrics"
+    (endpoint,) = monitor["spec"]["endpoints"]
+    assert endpoint["port"] == "metrics"
+    assert endpoint["relabelings"] == [NODE_RELABELING]
 
     off = render({"metrics": {"enabled": False}})
     assert not find(off, "Service", "-metrics")
     assert all(p["name"] != "metrics" for p in container(one(off, "DaemonSet"))["ports"])
+
+
+#: what the ServiceMonitors add to every series: the scraped pod's node as `node`
+NODE_RELABELING = {
+    "action": "replace",
+    "sourceLabels": ["__meta_kubernetes_pod_node_name"],
+    "targetLabel": "node",
+}
+
+
+def test_webhook_service_monitor_scrapes_https_verified_by_the_webhooks_ca(tmp_path: Path) -> None:
+    """The webhook's /metrics is on its HTTPS port: the ServiceMonitor names the Service's port, and
+    its tlsConfig verifies the serving certificate with the Secret's ca.crt under the Service's name
+    (checked with openssl against the certificate the chart made)."""
+    manifests = render({"metrics": {"serviceMonitor": {"enabled": True, "labels": {"release": "prom"}}}})
+    service = one(manifests, "Service", "-webhook")
+    monitor = one(manifests, "ServiceMonitor", "-webhook")
+    assert monitor["metadata"]["labels"]["release"] == "prom"
+    assert monitor["spec"]["selector"]["matchLabels"].items() <= service["metadata"]["labels"].items()
+    assert monitor["spec"]["selector"]["matchLabels"]["app.kubernetes.io/component"] == "webhook"
+    (endpoint,) = monitor["spec"]["endpoints"]
+    assert endpoint["port"] in {port["name"] for port in service["spec"]["ports"]}
+    assert (endpoint["scheme"], endpoint["path"]) == ("https", "/metrics")
+    assert endpoint["relabelings"] == [NODE_RELABELING]
+    tls = endpoint["tlsConfig"]
+    secret = one(manifests, "Secret", "-webhook-tls")
+    assert tls["ca"]["secret"]["name"] == secret["metadata"]["name"]
+    assert tls["serverName"] == f"{service['metadata']['name']}.{NAMESPACE}.svc"
+    files = {key: tmp_path / key for key in ("ca.crt", "tls.crt")}
+    for key, path in files.items():
+        path.write_bytes(base64.b64decode(secret["data"][key]))
+    ca = files[tls["ca"]["secret"]["key"]]
+    out = openssl("verify", "-CAfile", str(ca), "-verify_hostname", tls["serverName"], str(files["tls.crt"]))
+    assert out.strip().endswith(": OK")
+
+    # cert-manager writes the same Secret, with ca.crt, for a certificate of the same names
+    managed = render(
+        {"metrics": {"serviceMonitor": {"enabled": True}}, "webhook": {"certManager": {"enabled": True}}}
+    )
+    certificate = one(managed, "Certificate")
+    tls = one(managed, "ServiceMonitor", "-webhook")["spec"]["endpoints"][0]["tlsConfig"]
+    assert tls["ca"]["secret"]["name"] == certificate["spec"]["secretName"]
+    assert tls["serverName"] in certificate["spec"]["dnsNames"]
+
+    off = render({"metrics": {"serviceMonitor": {"enabled": True}}, "webhook": {"enabled": False}})
+    assert [m["metadata"]["name"] for m in find(off, "ServiceMonitor")] == [f"{RELEASE}-metrics"]
 
 
 def test_api_server_override_reaches_both_workloads() -> None:

@@ -115,6 +115,38 @@ REFUSED: list[tuple[str, dict[str, Any], str]] = [
         {"metrics": {"enabled": False, "serviceMonitor": {"enabled": True}}},
         "metrics.serviceMonitor.enabled needs metrics.enabled",
     ),
+    (
+        "alert rules without metrics",
+        {"prometheusRule": {"enabled": True}, "metrics": {"enabled": False}, "webhook": {"enabled": False}},
+        "prometheusRule.enabled needs metrics.enabled or webhook.enabled",
+    ),
+    (
+        "for of no alert",
+        {"prometheusRule": {"for": {"VgpudDwon": "5m"}}},
+        "additional properties 'VgpudDwon' not allowed",
+    ),
+    (
+        "for not a duration",
+        {"prometheusRule": {"for": {"VgpudDown": "5 min"}}},
+        "/prometheusRule/for/VgpudDown'",
+    ),
+    (
+        "for units out of order",
+        {"prometheusRule": {"for": {"VgpudDown": "5m1h"}}},
+        "/prometheusRule/for/VgpudDown'",
+    ),
+    ("empty for", {"prometheusRule": {"for": {"VgpudDown": ""}}}, "/prometheusRule/for/VgpudDown'"),
+    ("job with a quote", {"prometheusRule": {"nodeJob": 'a"b'}}, "/prometheusRule/nodeJob'"),
+    (
+        "runbook URL with a fragment",
+        {"prometheusRule": {"runbookBaseUrl": "https://example.com/alerts.md#top"}},
+        "/prometheusRule/runbookBaseUrl'",
+    ),
+    (
+        "latency threshold zero",
+        {"prometheusRule": {"hookLatencySeconds": 0}},
+        "/prometheusRule/hookLatencySeconds'",
+    ),
 ]
 
 

@@ -132,6 +132,9 @@ message that names them, as vgpud refuses them at start, so a bad release never 
 {{- if and $v.metrics.serviceMonitor.enabled (not $v.metrics.enabled) }}
 {{- fail "metrics.serviceMonitor.enabled needs metrics.enabled" }}
 {{- end }}
+{{- if and $v.prometheusRule.enabled (not (or $v.metrics.enabled $v.webhook.enabled)) }}
+{{- fail "prometheusRule.enabled needs metrics.enabled or webhook.enabled: its alerts are on their metrics" }}
+{{- end }}
 {{- if and $v.webhook.enabled (eq (int $v.webhook.port) (int $v.node.healthcheckPort)) $v.webhook.hostNetwork $v.node.hostNetwork }}
 {{- fail "webhook.port and node.healthcheckPort are the same port on the node's network" }}
 {{- end }}
@@ -161,4 +164,31 @@ message that names them, as vgpud refuses them at start, so a bad release never 
 {{- end }}
 {{- end }}
 {{- join "," $names }}
+{{- end }}
+
+{{/* One alerting rule of the PrometheusRule: (dict "ctx" $ "name" "VgpudDown" "severity" "critical"
+"expr" "..." "summary" "..." "description" "..."). Its `for` is prometheusRule.for.<name>; its
+runbook is the section of docs/alerts.md whose anchor is the name in lower case. */}}
+{{- define "vgpud.alert" -}}
+{{- $p := .ctx.Values.prometheusRule -}}
+- alert: {{ .name }}
+  expr: |-
+    {{- .expr | nindent 4 }}
+  for: {{ required (printf "prometheusRule.for.%s is not set" .name) (index $p.for .name) }}
+  labels:
+    severity: {{ .severity }}
+  annotations:
+    summary: {{ .summary | quote }}
+    description: {{ .description | quote }}
+    {{- with $p.runbookBaseUrl }}
+    runbook_url: {{ printf "%s#%s" . (lower $.name) | quote }}
+    {{- end }}
+{{- end }}
+
+{{/* A ServiceMonitor endpoint's relabeling: the scraped pod's node as the `node` label, which the
+alerts and dashboards group by. */}}
+{{- define "vgpud.nodeRelabeling" -}}
+- action: replace
+  sourceLabels: [__meta_kubernetes_pod_node_name]
+  targetLabel: node
 {{- end }}
