@@ -28,6 +28,16 @@ WEBHOOK_REVIEWS = MetricName(
     ("kind", "operation", "result"),
 )
 
+#: the reviews exported from the start at 0 (kind, operation) as the chart registers the webhook, with
+#: every result of a decided review: the first denial or error is then a rise `increase` sees
+WEBHOOK_PRESET_REVIEWS = (
+    ("pods", "CREATE"),
+    ("resourceclaims", "CREATE"),
+    ("resourceclaims", "UPDATE"),
+    ("resourceclaims/status", "UPDATE"),
+)
+WEBHOOK_PRESET_RESULTS = ("allowed", "denied", "error")
+
 #: time from a complete request body to the answer being ready, lookups through the API included
 WEBHOOK_REVIEW_DURATION = MetricName(
     "vgpud_webhook_review_duration_seconds",
@@ -60,6 +70,16 @@ HOOK_CALLS = MetricName(
     "Hook and RPC calls vgpud handled, by component, call and outcome.",
     ("component", "call", "outcome"),
 )
+
+#: the node's (component, call) pairs whose calls and latency are exported from the start at 0 with
+#: the outcomes an alert or a rate reads (ok, error), so the first call after a scrape is a rise of the
+#: counter and not a series born at 1 that `rate` and `increase` cannot see
+NODE_CALLS = {
+    "dra": ("Prepare", "Unprepare", "Cleanup"),
+    "nri": ("CreateContainer", "Synchronize", "RemoveContainer", "StopPodSandbox"),
+    "registry": ("RegisterContainerDevice",),
+}
+PRESET_OUTCOMES = ("ok", "error")
 
 #: how long each hook or RPC call took inside vgpud (the runtime's and the kubelet's deadlines are 2 s
 #: and more; buckets resolve 100 us to 2.5 s)

@@ -77,6 +77,7 @@ def build_observability(node: Node) -> Observability:
         usage=usage,
         gpus=startup.gpus,
         events=node.events,
+        preset_components=preset_components(node),
     )
     state = DebugState(
         identity,
@@ -94,6 +95,16 @@ def build_observability(node: Node) -> Observability:
         gpus=startup.gpus,
     )
     return Observability(metrics, StreamHub(node.recorder, stream), state, drift, usage)
+
+
+def preset_components(node: Node) -> list[str]:
+    """The components whose calls this node makes (vgpud.metrics_names.NODE_CALLS)."""
+    components = ["dra"]
+    if node.nri is not None:
+        components.append("nri")
+    if registry_enabled(node.settings):
+        components.append("registry")
+    return components
 
 
 def metrics_server(settings: Settings, observe: Observability) -> ComponentRun | None:

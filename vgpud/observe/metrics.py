@@ -93,8 +93,10 @@ class NodeMetrics:
         usage: UsageReader | None = None,
         gpus: Sequence[GpuInfo] = (),
         events: EventRecorder | None = None,
+        preset_components: Sequence[str] = (),
     ) -> None:
-        """The parts it reads at scrape time (None: not on this node), and the recorder it listens to."""
+        """The parts it reads at scrape time (None: not on this node), the recorder it listens to, and
+        the components of names.NODE_CALLS that run here (their calls are exported at 0 from the start)."""
         self.identity = identity
         self.health = health
         self.driver = driver
@@ -126,22 +128,26 @@ class NodeMetrics:
         )
         self.registry.register(StateCollector(self))
         self._children: dict[tuple[str, str, str], tuple[Counter, Histogram]] = {}
+        for component in preset_components:
+            for call in names.NODE_CALLS[component]:
+                for outcome in names.PRESET_OUTCOMES:
+                    self._child((component, call, outcome))
         recorder.add_listener(self.observe)
 
     def observe(self, call: HookCall) -> None:
         """The recorder listener: count the call and its latency (label children cached: O(1))."""
         key = (call.component, call.call, call.outcome.value)
-        children = self._children.get(key)
-        if children is None:
-            children = (
-                self.calls.labels(*key),
-                self.duration.labels(call.component, call.call),
-            )
-            self._children[key] = children
+        children = self._children.get(key) or self._child(key)
         children[0].inc()
         children[1].observe(call.latency_seconds)
         if call.component == "registry":
             self.registry_requests.labels(registry_result(call)).inc()
+
+    def _child(self, key: tuple[str, str, str]) -> tuple[Counter, Histogram]:
+        """The call counter and latency histogram of (component, call, outcome), made once."""
+        children = (self.calls.labels(*key), self.duration.labels(key[0], key[1]))
+        self._children[key] = children
+        return children
 
     def exposition(self) -> tuple[bytes, str]:
         """The text exposition format and its content type."""

@@ -17,6 +17,8 @@ from prometheus_client import (
 )
 
 from vgpud.metrics_names import (
+    WEBHOOK_PRESET_RESULTS,
+    WEBHOOK_PRESET_REVIEWS,
     WEBHOOK_REVIEW_DURATION,
     WEBHOOK_REVIEWS,
     WEBHOOK_TLS_LOADED,
@@ -45,6 +47,10 @@ class WebhookMetrics:
         self.tls_reload_failures = Counter(
             WEBHOOK_TLS_RELOAD_FAILURES.name, WEBHOOK_TLS_RELOAD_FAILURES.help, registry=self.registry
         )
+        for kind, operation in WEBHOOK_PRESET_REVIEWS:  # at 0 until the first review: rate() sees it
+            self.duration.labels(kind=kind)
+            for result in WEBHOOK_PRESET_RESULTS:
+                self.reviews.labels(kind=kind, operation=operation, result=result)
 
     def review(self, kind: str, operation: str, result: str, seconds: float | None = None) -> None:
         self.reviews.labels(kind=kind, operation=operation, result=result).inc()

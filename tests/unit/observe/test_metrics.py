@@ -321,3 +321,32 @@ async def test_events_are_counted_by_result(short_tmp: Path) -> None:
     counted = {result: value(samples, total, result=result) for result in ("sent", "patched", "dropped")}
     assert counted == {"sent": 1, "patched": 1, "dropped": 1}
     assert value(samples, total, result="failed") == value(samples, total, result="rate_limited") == 0
+
+
+async def test_the_nodes_calls_are_exported_at_zero_before_the_first(short_tmp: Path) -> None:
+    """A series born at 1 is invisible to rate() and increase(): the calls of the components that run
+    here start at 0, and the first call raises them to 1."""
+    node = make_node(short_tmp)
+    metrics = node.make_metrics(preset_components=("dra", "nri"))
+    body, _ = metrics.exposition()
+    found = {f.name: f.samples for f in text_string_to_metric_families(body.decode())}
+    calls = found[family(names.HOOK_CALLS)]
+    for call in names.NODE_CALLS["dra"] + names.NODE_CALLS["nri"]:
+        component = "dra" if call in names.NODE_CALLS["dra"] else "nri"
+        for outcome in names.PRESET_OUTCOMES:
+            labels = {"component": component, "call": call, "outcome": outcome}
+            assert value(calls, "vgpud_hook_calls_total", **labels) == 0
+    assert not [s for s in calls if s.labels.get("component") == "registry"]  # not on this node
+    durations = found[family(names.HOOK_DURATION)]
+    assert value(durations, "vgpud_hook_duration_seconds_count", component="nri", call="CreateContainer") == 0
+    node.recorder.record(HookCall(component="dra", call="Prepare", outcome=Outcome.OK, latency_seconds=0.01))
+    body, _ = metrics.exposition()
+    found = {f.name: f.samples for f in text_string_to_metric_families(body.decode())}
+    prepared = value(
+        found[family(names.HOOK_CALLS)],
+        "vgpud_hook_calls_total",
+        component="dra",
+        call="Prepare",
+        outcome="ok",
+    )
+    assert prepared == 1

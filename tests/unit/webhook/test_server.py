@@ -23,9 +23,11 @@ from typing import Any
 
 import pytest
 import trio
+from prometheus_client.parser import text_string_to_metric_families
 
 from tests import objects as o
 from tests.unit.webhook.builders import POLICY, FakeLookup, review, spec_claim
+from vgpud.metrics_names import WEBHOOK_PRESET_RESULTS, WEBHOOK_PRESET_REVIEWS
 from vgpud.webhook.admit import Admitter
 from vgpud.webhook.metrics import WebhookMetrics
 from vgpud.webhook.server import Limits, WebhookServer
@@ -695,3 +697,23 @@ async def test_a_small_review_is_answered_while_a_large_one_is_decided(live_cert
     assert running.admitter.cpu.offloaded == 3  # the large body decoded, its claims read, its rules
     assert answered["small"] - sent < 1.0, f"the small review took {answered['small'] - sent:.3f}s"
     assert answered["large"] > answered["small"]
+
+
+def test_the_registered_reviews_are_exported_at_zero_before_the_first() -> None:
+    """The first denial or error must be a rise that increase() sees, not a series born at 1."""
+    metrics = WebhookMetrics()
+    text = metrics.exposition()[0].decode()
+    samples = {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for f in text_string_to_metric_families(text)
+        for s in f.samples
+    }
+    for kind, operation in WEBHOOK_PRESET_REVIEWS:
+        for result in WEBHOOK_PRESET_RESULTS:
+            labels = (("kind", kind), ("operation", operation), ("result", result))
+            assert samples[("vgpud_webhook_reviews_total", labels)] == 0
+        assert samples[("vgpud_webhook_review_duration_seconds_count", (("kind", kind),))] == 0
+    metrics.review("pods", "CREATE", "denied", 0.002)
+    assert 'vgpud_webhook_reviews_total{kind="pods",operation="CREATE",result="denied"} 1.0' in (
+        metrics.exposition()[0].decode()
+    )
