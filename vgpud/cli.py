@@ -1,4 +1,5 @@
-"""The `vgpud` command line: `run`, `gpus`, `driver`, `health`, `webhook`, `debug tail|state`, `version`.
+"""The `vgpud` command line: `run`, `gpus`, `driver`, `health`, `webhook`, `debug tail|state`, `top`,
+`version`.
 
 Exit codes: 0 success (also after SIGTERM), 1 a runtime failure (GPU discovery, a component that
 cannot start), 2 a usage or configuration error, printed as one line before anything starts.
@@ -10,10 +11,11 @@ import argparse
 import json
 import platform
 import sys
+import textwrap
 from collections.abc import Sequence
 from functools import partial
 from pathlib import Path
-from typing import NoReturn
+from typing import TYPE_CHECKING, NoReturn
 
 from vgpud import __version__
 from vgpud.config import (
@@ -30,6 +32,9 @@ from vgpud.logs import configure_logging
 from vgpud.options import ConfigError
 from vgpud.parsers import parse_host_port
 from vgpud.webhook.config import add_webhook_arguments
+
+if TYPE_CHECKING:
+    from vgpud.observe.client import Endpoint
 
 EXIT_OK, EXIT_FAILURE, EXIT_USAGE = 0, 1, 2
 #: where `vgpud run` puts its debug socket with the default plugins dir and driver name
@@ -107,6 +112,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
 
     _add_debug_parser(commands)
+    _add_top_parser(commands)
 
     commands.add_parser("version", help="print the version", description="Print vgpud's version.")
     return parser
@@ -147,14 +153,85 @@ def _add_debug_parser(commands: argparse._SubParsersAction[argparse.ArgumentPars
     )
     state.add_argument("--calls", type=int, default=20, metavar="N", help="recent calls to include")
     for sub in (tail, state):
-        where = sub.add_mutually_exclusive_group()
-        where.add_argument(
-            "--socket",
-            default=None,
-            metavar="PATH",
-            help=f"the debug unix socket (default: $DEBUG_SOCKET or {DEFAULT_DEBUG_SOCKET})",
-        )
-        where.add_argument("--address", default=None, metavar="HOST:PORT", help="the debug TCP address")
+        _add_endpoint_arguments(sub)
+
+
+def _add_endpoint_arguments(parser: argparse.ArgumentParser) -> None:
+    """--socket or --address: where a client of the debug endpoint reads (`_endpoint`)."""
+    where = parser.add_mutually_exclusive_group()
+    where.add_argument(
+        "--socket",
+        default=None,
+        metavar="PATH",
+        help=f"the debug unix socket (default: $DEBUG_SOCKET or {DEFAULT_DEBUG_SOCKET})",
+    )
+    where.add_argument("--address", default=None, metavar="HOST:PORT", help="the debug TCP address")
+
+
+def _positive_seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
+    if not 0 < value < float("inf"):
+        raise argparse.ArgumentTypeError(f"{text} must be > 0 seconds")
+    return value
+
+
+TOP_EPILOG = f"""\
+what it shows:
+  a header: node, vgpud version, mode, healthy or not (the failing components), the NRI
+  connection (lazy mode), the time of the reading; then each GPU: index, health (ok, UNHEALTHY
+  with the watcher's reason, - without the device-health watcher), memory, allocated (the sum of
+  its containers' memory limits, % of the memory), used (% of the memory), cores allocated (% of
+  the GPU, may exceed 100) and SM utilization, product; under each GPU its vGPU containers
+  (eager mode: partitions): namespace/pod/container, memory limit, used memory, core limit, SM
+  share, PIDs. A line names the containers running without their vGPU injection, and one says
+  when the usage reader is off (allocated and used unknown, not zero).
+
+--json prints, once:
+  {{"node", "mode", "time", "healthy",
+   "gpus": the state's gpus section as it is (see vgpud debug state),
+   "not_injected": [{{"container_id", "namespace", "pod", "pod_uid", "container", "missing"}}]}}
+
+example:
+  vgpud top                                  # every 2 s on this node's debug socket, q quits
+  vgpud top --once | less -S                 # one reading, 120 columns when not a terminal
+  vgpud top --interval 0.5 --socket {DEFAULT_DEBUG_SOCKET}
+  vgpud top --json --address 127.0.0.1:9465  # a vgpud run with --debug-address 127.0.0.1:9465
+"""
+
+
+def _add_top_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    top = commands.add_parser(
+        "top",
+        help="a live view of this node's GPUs and the vGPU containers on each",
+        description=textwrap.fill(
+            "Show a running vgpud's GPUs and vGPU containers, like nvidia-smi for vGPUs: read "
+            "/debug/state from its debug endpoint (the same one as `vgpud debug state`) every "
+            "--interval seconds and redraw, until q or Ctrl-C (exit 0). A failed read shows its error "
+            "and the next interval reads again. Exit 1 when --once or --json cannot read the "
+            "endpoint, 2 on a usage error.",
+            width=95,
+        ),
+        epilog=TOP_EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    top.add_argument(
+        "--interval",
+        type=_positive_seconds,
+        default=2.0,
+        metavar="SECONDS",
+        help="seconds between readings (default: 2; any number > 0)",
+    )
+    once = top.add_mutually_exclusive_group()
+    once.add_argument(
+        "--once",
+        action="store_true",
+        help="print one reading and exit (the terminal's width, or 120 columns when not a terminal)",
+    )
+    once.add_argument("--json", action="store_true", help="print one reading as JSON (below) and exit")
+    _add_endpoint_arguments(top)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -175,6 +252,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _health(args)
         if args.command == "debug":
             return _debug(args)
+        if args.command == "top":
+            return _top(args)
         if args.command == "version":
             print(f"vgpud {__version__} (Python {platform.python_version()})")
             return EXIT_OK
@@ -308,23 +387,27 @@ def _health(args: argparse.Namespace) -> int:
     return EXIT_OK if status == "SERVING" else EXIT_FAILURE
 
 
-def _debug(args: argparse.Namespace) -> int:
+def _endpoint(args: argparse.Namespace) -> Endpoint:
+    """The debug endpoint that --socket / --address (`_add_endpoint_arguments`) name."""
     import os
 
-    import trio
-
-    from vgpud.observe.client import Endpoint, state, tail
-    from vgpud.observe.filters import CallFilter
+    from vgpud.observe.client import Endpoint
 
     if args.address is not None:
         try:
-            endpoint = Endpoint(address=parse_host_port(args.address))
+            return Endpoint(address=parse_host_port(args.address))
         except ValueError as err:
             raise ConfigError(f"--address: {err}") from None
-    else:
-        endpoint = Endpoint(
-            unix_path=Path(args.socket or os.environ.get("DEBUG_SOCKET") or DEFAULT_DEBUG_SOCKET)
-        )
+    return Endpoint(unix_path=Path(args.socket or os.environ.get("DEBUG_SOCKET") or DEFAULT_DEBUG_SOCKET))
+
+
+def _debug(args: argparse.Namespace) -> int:
+    import trio
+
+    from vgpud.observe.client import state, tail
+    from vgpud.observe.filters import CallFilter
+
+    endpoint = _endpoint(args)
     if args.debug_command == "state":
         return state(endpoint, calls=args.calls)
     try:
@@ -337,3 +420,14 @@ def _debug(args: argparse.Namespace) -> int:
         return trio.run(partial(tail, endpoint, where, as_json=args.json, last=args.last, count=args.count))
     except KeyboardInterrupt:
         return EXIT_OK
+
+
+def _top(args: argparse.Namespace) -> int:
+    from vgpud.observe.topterm import live, once
+
+    endpoint = _endpoint(args)
+    if args.once or args.json:
+        return once(endpoint, as_json=args.json)
+    if not sys.stdout.isatty():
+        raise ConfigError("the live view needs a terminal: --once or --json print one reading")
+    return live(endpoint, args.interval)

@@ -36,6 +36,7 @@ def vgpud(*argv: str, env: dict[str, str] | None = None) -> subprocess.Completed
         ["health", "--help"],
         ["debug", "tail", "--help"],
         ["debug", "state", "--help"],
+        ["top", "--help"],
     ],
 )
 def test_help_exits_zero_and_documents_options(argv: list[str]) -> None:
@@ -133,6 +134,12 @@ def test_run_help_lists_only_gates_that_work() -> None:
         (["debug", "tail", "--address", "nowhere"], {}, "--address: 'nowhere' is not HOST:PORT"),
         (["debug", "tail", "--outcome", "fine"], {}, "is not one of ok, error"),
         (["debug", "state", "--socket", "/a", "--address", "127.0.0.1:1"], {}, "not allowed with argument"),
+        (["top", "--interval", "0"], {}, "argument --interval: 0 must be > 0 seconds"),
+        (["top", "--interval", "-1"], {}, "argument --interval: -1 must be > 0 seconds"),
+        (["top", "--interval", "soon"], {}, "argument --interval: 'soon' is not a number of seconds"),
+        (["top", "--once", "--json"], {}, "argument --json: not allowed with argument --once"),
+        (["top", "--address", "nowhere", "--once"], {}, "--address: 'nowhere' is not HOST:PORT"),
+        (["top"], {}, "the live view needs a terminal: --once or --json print one reading"),
     ],
 )
 def test_bad_configuration_is_one_line_and_exit_2(
@@ -146,7 +153,7 @@ def test_bad_configuration_is_one_line_and_exit_2(
 
 
 def test_debug_without_a_running_vgpud_is_one_line_and_exit_1(short_tmp) -> None:
-    for argv in (["debug", "state"], ["debug", "tail", "--json"]):
+    for argv in (["debug", "state"], ["debug", "tail", "--json"], ["top", "--once"], ["top", "--json"]):
         result = vgpud(*argv, env={"DEBUG_SOCKET": str(short_tmp / "debug.sock")})
         assert result.returncode == 1, result
         (line,) = result.stderr.strip().splitlines()

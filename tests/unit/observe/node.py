@@ -1,5 +1,7 @@
 """A node's observable parts for the observe tests: a real DraDriver over the fake API (tests.draharness),
-real NriHooks in lazy mode, one recorder, and the debug server on a unix socket in a temp dir."""
+real NriHooks in lazy mode, one recorder, and the debug server on a unix socket in a temp dir; and a
+prepared claim whose containers' directories hold the library's files (`prepared_node`,
+`container_dir`, `write_limits`)."""
 
 from __future__ import annotations
 
@@ -12,8 +14,10 @@ from typing import Any
 
 import trio
 
-from tests.draharness import GPUS, Harness
+from tests import objects as o
+from tests.draharness import GPUS, REF, Harness, single_container_claim
 from tests.unit.gpu.healthshim import ScriptedNvml
+from vgpud._pb.nri.pkg.api.v1alpha1 import Container, CreateContainerRequest, PodSandbox
 from vgpud.componenthealth import HealthRegistry, HealthState
 from vgpud.containers.store import ContainerStore
 from vgpud.gpu.health import HealthBoard
@@ -29,6 +33,7 @@ from vgpud.observe.metrics import NodeMetrics
 from vgpud.observe.serve import run_debug_server
 from vgpud.observe.state import DebugState, NodeIdentity, StreamStats, WatchedDevices
 from vgpud.observe.usage import UsageReader
+from vgpud.partition import libfiles as F
 from vgpud.partition.lazy import LazyAssigner
 from vgpud.recorder import Recorder
 from vgpud.registry.server import RegistryServer
@@ -167,3 +172,40 @@ async def serving(
             await ready.wait()
         yield nursery
         nursery.cancel_scope.cancel()
+
+
+#: the pod of `container_dir`'s containers
+POD = PodSandbox(id="sb", name="train", namespace=o.NAMESPACE, uid=o.POD1_UID)
+
+
+async def prepared_node(root: Path, *, lazy: bool) -> Node:
+    """A node with one prepared single-container claim (o.CLAIM_UID) and its pod."""
+    node = make_node(root, lazy=lazy)
+    claim, pod = single_container_claim()
+    node.harness.kube.add_claim(claim)
+    node.harness.kube.add_pod(pod)
+    assert (await node.harness.driver.prepare([REF]))[o.CLAIM_UID].error == ""
+    return node
+
+
+async def container_dir(node: Node, name: str) -> Path:
+    """Container `name` of POD created through the NRI hooks on the prepared claim: its directory."""
+    assert node.nri is not None
+    env = [f"MANAGER_VGPU_CLAIM_UID={o.CLAIM_UID}"]
+    await node.nri.create_container(
+        CreateContainerRequest(
+            pod=POD, container=Container(id=f"id-{name}", pod_sandbox_id="sb", name=name, env=env)
+        )
+    )
+    return Path(node.harness.layout.container_partition(o.CLAIM_UID, POD.uid, name).base)
+
+
+def write_limits(directory: Path, index: int, uuid: str, memory: int, cores: int) -> None:
+    """The vgpu.config the library writes: `memory` bytes and `cores`% on GPU `index` (`uuid`)."""
+    devices = [F.DeviceLimits()] * 16
+    devices[index] = F.DeviceLimits(
+        uuid=uuid, total_memory=memory, hard_core=cores, memory_limit=True, core_limit=True, activate=True
+    )
+    (directory / "config" / F.VGPU_CONFIG_FILE).write_bytes(
+        F.build_vgpu_config(F.VgpuConfig(devices=tuple(devices)))
+    )

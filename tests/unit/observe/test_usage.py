@@ -15,55 +15,28 @@ import trio
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests import objects as o
-from tests.draharness import GPUS, REF, single_container_claim
+from tests.draharness import GPUS
 from tests.support import built
 from tests.unit.fakes import gpu as fakegpu
-from tests.unit.observe.node import Node, make_node
+from tests.unit.observe.node import container_dir, make_node, prepared_node, write_limits
 from tests.unit.observe.test_metrics import families, family, value
 from vgpud import metrics_names as names
-from vgpud._pb.nri.pkg.api.v1alpha1 import Container, CreateContainerRequest, PodSandbox
 from vgpud.gpu.nvml import NvmlInventory
 from vgpud.observe.usage import UsageReader
 from vgpud.partition import libfiles as F
 from vgpud.partition.pidsfile import write_pids_file
 
 GIB = 1 << 30
-POD = PodSandbox(id="sb", name="train", namespace=o.NAMESPACE, uid=o.POD1_UID)
 UUID = "GPU-8d2f0d3a-5c41-4b0e-9d2a-0123456789ab"
 
 
-async def _prepared(root: Path, *, lazy: bool) -> Node:
-    node = make_node(root, lazy=lazy)
-    claim, pod = single_container_claim()
-    node.harness.kube.add_claim(claim)
-    node.harness.kube.add_pod(pod)
-    assert (await node.harness.driver.prepare([REF]))[o.CLAIM_UID].error == ""
-    return node
-
-
-async def _container_dir(node: Node, name: str) -> Path:
-    env = [f"MANAGER_VGPU_CLAIM_UID={o.CLAIM_UID}"]
-    await node.nri.create_container(
-        CreateContainerRequest(
-            pod=POD, container=Container(id=f"id-{name}", pod_sandbox_id="sb", name=name, env=env)
-        )
-    )
-    return Path(node.harness.layout.container_partition(o.CLAIM_UID, o.POD1_UID, name).base)
-
-
 def _write_limits(directory: Path, index: int, memory: int, cores: int) -> None:
-    devices = [F.DeviceLimits()] * 16
-    devices[index] = F.DeviceLimits(
-        uuid=UUID, total_memory=memory, hard_core=cores, memory_limit=True, core_limit=True, activate=True
-    )
-    (directory / "config" / F.VGPU_CONFIG_FILE).write_bytes(
-        F.build_vgpu_config(F.VgpuConfig(devices=tuple(devices)))
-    )
+    write_limits(directory, index, UUID, memory, cores)
 
 
 async def test_lazy_containers_show_their_limits_and_ledger(short_tmp: Path) -> None:
-    node = await _prepared(short_tmp, lazy=True)
-    main, side = await _container_dir(node, "main"), await _container_dir(node, "side")
+    node = await prepared_node(short_tmp, lazy=True)
+    main, side = await container_dir(node, "main"), await container_dir(node, "side")
     _write_limits(main, 0, 4 * GIB, 30)
     ledger = {0: [F.LedgerEntry(100, GIB), F.LedgerEntry(101, 2 * GIB)]}
     (main / "vmem_node" / F.VMEM_NODE_FILE).write_bytes(F.build_vmem_node(ledger))
@@ -116,20 +89,20 @@ async def test_lazy_containers_show_their_limits_and_ledger(short_tmp: Path) -> 
 
 async def test_a_restart_of_the_container_resets_what_it_shows(short_tmp: Path) -> None:
     """The ledger of an earlier instance is deleted at CreateContainer, so the usage drops with it."""
-    node = await _prepared(short_tmp, lazy=True)
-    main = await _container_dir(node, "main")
+    node = await prepared_node(short_tmp, lazy=True)
+    main = await container_dir(node, "main")
     _write_limits(main, 0, 4 * GIB, 30)
     (main / "vmem_node" / F.VMEM_NODE_FILE).write_bytes(F.build_vmem_node({0: [F.LedgerEntry(7, GIB)]}))
     (container,) = (await node.usage.read()).containers
     assert container.usage.devices[0].ledger_bytes == GIB
-    await _container_dir(node, "main")  # the restarted instance
+    await container_dir(node, "main")  # the restarted instance
     (container,) = (await node.usage.read()).containers
     assert not container.usage.has_ledger and container.usage.devices[0].ledger_bytes == 0
 
 
 @pytest.mark.needs_build
 async def test_eager_partitions_show_what_the_c_structs_wrote(short_tmp: Path) -> None:
-    node = await _prepared(short_tmp, lazy=False)
+    node = await prepared_node(short_tmp, lazy=False)
     ((claim_uid, (_, record)),) = node.harness.driver.index.records().items()
     (key,) = set(record.request_partitions.values())
     directory = Path(node.harness.layout.partition(claim_uid, key).base)
@@ -200,9 +173,9 @@ def test_the_registered_pids_nvml_memory_plus_the_ledger_is_the_usage(
         assert inventory.process_memory()[index] == {pid: 3 * GIB}
 
         async def scenario() -> None:
-            node = await _prepared(short_tmp, lazy=True)
-            main = await _container_dir(node, "main")
-            await _container_dir(node, "other")
+            node = await prepared_node(short_tmp, lazy=True)
+            main = await container_dir(node, "main")
+            await container_dir(node, "other")
             write_pids_file(main / "config", [pid, 4_000_000])
             ledger = {index: [F.LedgerEntry(pid, GIB)]}
             (main / "vmem_node" / F.VMEM_NODE_FILE).write_bytes(F.build_vmem_node(ledger))
@@ -260,9 +233,9 @@ def test_cgroup_mode_counts_the_pids_of_the_containers_cgroup(
             return frozenset({pid}) if container_id == "id-main" else frozenset()
 
         async def scenario() -> None:
-            node = await _prepared(short_tmp, lazy=True)
-            await _container_dir(node, "main")
-            other = await _container_dir(node, "other")
+            node = await prepared_node(short_tmp, lazy=True)
+            await container_dir(node, "main")
+            other = await container_dir(node, "other")
             write_pids_file(other / "config", [pid])  # not read in cgroup mode
             reader = UsageReader(
                 node.harness.layout,
@@ -286,22 +259,11 @@ def test_cgroup_mode_counts_the_pids_of_the_containers_cgroup(
 async def test_each_gpu_shows_capacity_allocated_and_used_by_its_vgpus(short_tmp: Path) -> None:
     """Two containers on GPU 0 (4 GiB/30% and 2 GiB/20%): the GPU's allocated memory and cores are their
     limits' sums; GPU 1 has none; the metrics, the debug state and their containers agree."""
-    node = await _prepared(short_tmp, lazy=True)
+    node = await prepared_node(short_tmp, lazy=True)
     gpu0, gpu1 = GPUS[0], GPUS[1]
-    main, side = await _container_dir(node, "main"), await _container_dir(node, "side")
+    main, side = await container_dir(node, "main"), await container_dir(node, "side")
     for directory, memory, cores in ((main, 4 * GIB, 30), (side, 2 * GIB, 20)):
-        devices = [F.DeviceLimits()] * 16
-        devices[gpu0.index] = F.DeviceLimits(
-            uuid=gpu0.uuid,
-            total_memory=memory,
-            hard_core=cores,
-            memory_limit=True,
-            core_limit=True,
-            activate=True,
-        )
-        (directory / "config" / F.VGPU_CONFIG_FILE).write_bytes(
-            F.build_vgpu_config(F.VgpuConfig(devices=tuple(devices)))
-        )
+        write_limits(directory, gpu0.index, gpu0.uuid, memory, cores)
     await node.usage.read()
     found = families(node)
     labels0 = {"index": str(gpu0.index), "uuid": gpu0.uuid}
@@ -334,7 +296,7 @@ async def test_each_gpu_shows_capacity_allocated_and_used_by_its_vgpus(short_tmp
 
 
 async def test_without_the_usage_reader_a_gpu_shows_only_its_capacity(short_tmp: Path) -> None:
-    node = await _prepared(short_tmp, lazy=True)
+    node = await prepared_node(short_tmp, lazy=True)
     body, _ = node.make_metrics(usage=None).exposition()
     found = {f.name: f.samples for f in text_string_to_metric_families(body.decode())}
     assert len(found[family(names.GPU_MEMORY_TOTAL)]) == len(GPUS)
