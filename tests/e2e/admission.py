@@ -8,6 +8,9 @@ from __future__ import annotations
 import json
 import urllib.error
 import urllib.request
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -80,3 +83,19 @@ def configuration(name: str, namespace: str, url: str, ca_bundle: str) -> dict[s
             }
         ],
     }
+
+
+CONFIGURATIONS = "/apis/admissionregistration.k8s.io/v1/validatingwebhookconfigurations"
+
+
+@contextmanager
+def registered(api: ApiServer, prefix: str, namespace: str, url: str, ca_bundle: str) -> Iterator[str]:
+    """A ValidatingWebhookConfiguration `<prefix>-<random>` sending `namespace`'s reviews to `url`,
+    deleted at the end; its name."""
+    name = f"{prefix}-{uuid.uuid4().hex[:8]}"
+    try:
+        created = call(api, "POST", CONFIGURATIONS, configuration(name, namespace, url, ca_bundle))
+        assert created.status == 201, created.body
+        yield name
+    finally:
+        call(api, "DELETE", f"{CONFIGURATIONS}/{name}")

@@ -19,6 +19,7 @@ import re
 import signal
 import subprocess
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -119,6 +120,38 @@ def removals(node: LocalNode, pod_uid: str) -> list[dict[str, Any]]:
     return [c for c in calls if c["pod_uid"] == pod_uid and c["container"] == "main"]
 
 
+def start_while_vgpud_stopped(
+    node: LocalNode, ns: str, name: str, claim: str, while_stopped: Callable[[], object] = lambda: None
+) -> dict[str, Any]:
+    """Pod `name` (`main` on `claim`, after a 4 s init container) created while vgpud is stopped
+    (SIGSTOP, from the init container's start until `main` runs): containerd drops the stalled plugin
+    and creates `main` without the injection. `while_stopped` runs right after the stop. vgpud is
+    resumed and has synchronized again on return; the running pod.
+
+    vgpud stays stopped until `main` runs: containerd drops the plugin on the first hook it stalls,
+    here the init container's StopContainer, and a vgpud resumed then can reconnect before the
+    kubelet creates `main`, which is then adjusted as usual (a CI run saw that race)."""
+    vgpu_pod(node, ns, name, claim, init_sleep=4)
+    w.wait_for(lambda: init_running(node, ns, name), timeout=90, what="the init container to run")
+    before, dropped = syncs(node), log_text(node, "containerd").count("closing plugin")
+    vgpud = node.procs["vgpud"]
+    vgpud.send_signal(signal.SIGSTOP)
+    try:
+        while_stopped()
+        w.wait_for(
+            lambda: log_text(node, "containerd").count("closing plugin") > dropped,
+            timeout=60,
+            what="containerd to drop the stalled plugin",
+        )
+        pod = w.wait_running(node, ns, name)
+    finally:
+        vgpud.send_signal(signal.SIGCONT)
+    cid = w.container_id(pod, "main")
+    assert not injected(node, cid)  # the runtime really created it without the adjustment
+    synchronized_after(node, before)
+    return pod
+
+
 def synchronized_after(node: LocalNode, before: int) -> None:
     w.wait_for(
         lambda: len(re.findall(r"NRI: synchronized: ", log_text(node, "vgpud"))) > before,
@@ -207,31 +240,12 @@ def test_vgpud_start_leaves_no_plugin_error_in_containerd_log(node: LocalNode) -
 @NRI_TRACKS
 def test_vgpud_stopped_past_the_deadline_leaves_a_reported_container(node: LocalNode) -> None:
     """containerd drops the stalled plugin and creates the container unadjusted; vgpud finishes its
-    hook later, then the Synchronize after its reconnect shows what the runtime really did.
-
-    vgpud stays stopped until `main` runs: containerd drops the plugin on the first hook it stalls,
-    here the init container's StopContainer, and a vgpud resumed then can reconnect before the
-    kubelet creates `main`, which is then adjusted as usual (a CI run saw that race)."""
+    hook later, then the Synchronize after its reconnect shows what the runtime really did."""
     ns = w.namespace(node)
     claim = w.create_claim(node, ns, "gpu", [w.vgpu_request("gpu", "1Gi", "5")])
     uid = claim["metadata"]["uid"]
-    vgpu_pod(node, ns, "late", "gpu", init_sleep=4)
-    w.wait_for(lambda: init_running(node, ns, "late"), timeout=90, what="the init container to run")
-    before, dropped = syncs(node), log_text(node, "containerd").count("closing plugin")
-    vgpud = node.procs["vgpud"]
-    vgpud.send_signal(signal.SIGSTOP)
-    try:
-        w.wait_for(
-            lambda: log_text(node, "containerd").count("closing plugin") > dropped,
-            timeout=60,
-            what="containerd to drop the stalled plugin",
-        )
-        pod = w.wait_running(node, ns, "late")
-    finally:
-        vgpud.send_signal(signal.SIGCONT)
+    pod = start_while_vgpud_stopped(node, ns, "late", "gpu")
     cid = w.container_id(pod, "main")
-    assert not injected(node, cid)  # the runtime really created it without the adjustment
-    synchronized_after(node, before)
     w.wait_for(lambda: cid in debug_state(node)["nri"]["not_injected"], what="the container reported")
     assert check_every_vgpu_container(node, [cid]) == [cid]
     assert w.container_env(node, cid).get("VGPU_POD_UID") is None

@@ -80,11 +80,15 @@ def _two_pods(node: LocalNode, ns: str) -> None:
     else:
         w.wait_for(lambda: len(reserved_for(node, ns, "gpu")) == 2, what="the claim reserved for both pods")
         ensure_vgpud(node)
+        both = {"FailedPrepareDynamicResources", "VGPUClaimRefused"}  # the kubelet's and vgpud's own
         for pod in ("pa", "pb"):
             w.wait_for(
-                lambda pod=pod: [e for e in w.pod_events(node, ns, pod) if REFUSED in e.get("message", "")],
+                lambda pod=pod: (
+                    {e["reason"] for e in w.pod_events(node, ns, pod) if REFUSED in e.get("message", "")}
+                    >= both
+                ),
                 timeout=60,
-                what=f"pod {pod}: the refused Prepare as an event",
+                what=f"pod {pod}: the refused Prepare as events",
             )
         for pod in ("pa", "pb"):
             status = w.get_pod(node, ns, pod)["status"]
@@ -92,7 +96,7 @@ def _two_pods(node: LocalNode, ns: str) -> None:
             waiting = [s["state"].get("waiting", {}) for s in status.get("containerStatuses", [])]
             assert all(wt.get("reason") == "ContainerCreating" for wt in waiting), status
         reasons = {e["reason"] for e in w.pod_events(node, ns, "pa") if REFUSED in e.get("message", "")}
-        assert reasons == {"FailedPrepareDynamicResources"}, reasons
+        assert reasons == both, reasons
         assert not node.claim_dir(uid).exists()
         assert not node.cdi_spec(uid).exists()
         assert uid not in w.checkpoint_claims(node)

@@ -14,9 +14,7 @@ helm, each `for` shortened to FOR) while vGPU pods run on the fake GPUs.
 from __future__ import annotations
 
 import re
-import signal
 import time
-import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -28,17 +26,10 @@ import yaml
 from tests.chart.test_dashboard import dashboard, metric_names, panels
 from tests.e2e import fakegpu
 from tests.e2e import workload as w
-from tests.e2e.admission import call, configuration
+from tests.e2e.admission import registered
 from tests.e2e.node import HEALTH_RECOVERY_S, LocalNode
 from tests.e2e.promserver import PrometheusServer, Target
-from tests.e2e.test_node_containers import (
-    init_running,
-    injected,
-    log_text,
-    synchronized_after,
-    syncs,
-    vgpu_pod,
-)
+from tests.e2e.test_node_containers import start_while_vgpud_stopped
 from tests.e2e.test_node_health import XID_FALLEN_OFF_THE_BUS, faulty_gpu
 from tests.kubeapi import free_port
 from tests.prometheus import render_rules
@@ -96,34 +87,25 @@ def monitored(node: LocalNode, tmp_path_factory: pytest.TempPathFactory) -> Iter
     webhook = WebhookProcess(
         tmp_path_factory.mktemp("webhook"), port=free_port(), kubeconfig=node.api.kubeconfig
     )
-    name = f"vgpud-prom-{uuid.uuid4().hex[:8]}"
-    path = f"/apis/admissionregistration.k8s.io/v1/validatingwebhookconfigurations/{name}"
     prometheus = None
     try:
         webhook.wait_serving()
-        created = call(
-            node.api,
-            "POST",
-            "/apis/admissionregistration.k8s.io/v1/validatingwebhookconfigurations",
-            configuration(name, ns, webhook.url, webhook.ca_bundle()),
-        )
-        assert created.status == 201, created.body
-        targets = [
-            Target(NODE_JOB, f"127.0.0.1:{node.metrics_port}", {"node": node.name}),
-            Target(WEBHOOK_JOB, f"127.0.0.1:{webhook.port}", ca_file=webhook.tls_dir / "ca.crt"),
-        ]
-        prometheus = PrometheusServer(tmp, targets, [rules])
-        prometheus.wait_ready()
-        w.wait_for(
-            lambda: prometheus.targets_up() == {NODE_JOB: "up", WEBHOOK_JOB: "up"},
-            timeout=30,
-            what="Prometheus scraping vgpud and the webhook",
-        )
-        yield Monitored(node, ns, prometheus, alerting_rules(rules))
+        with registered(node.api, "vgpud-prom", ns, webhook.url, webhook.ca_bundle()):
+            targets = [
+                Target(NODE_JOB, f"127.0.0.1:{node.metrics_port}", {"node": node.name}),
+                Target(WEBHOOK_JOB, f"127.0.0.1:{webhook.port}", ca_file=webhook.tls_dir / "ca.crt"),
+            ]
+            prometheus = PrometheusServer(tmp, targets, [rules])
+            prometheus.wait_ready()
+            w.wait_for(
+                lambda: prometheus.targets_up() == {NODE_JOB: "up", WEBHOOK_JOB: "up"},
+                timeout=30,
+                what="Prometheus scraping vgpud and the webhook",
+            )
+            yield Monitored(node, ns, prometheus, alerting_rules(rules))
     finally:
         if prometheus is not None:
             prometheus.stop()
-        call(node.api, "DELETE", path)
         webhook.kill()
 
 
@@ -235,30 +217,18 @@ def test_vgpud_stopped_and_a_container_created_meanwhile_fire_their_alerts(
     vgpud is back (tests/e2e/test_node_containers.py has the runtime's side of this)."""
     prometheus, ns = monitored.prometheus, monitored.ns
     w.create_claim(node, ns, "late", [w.vgpu_request("gpu", "1Gi", "5")])
-    vgpu_pod(node, ns, "late", "late", init_sleep=4)
-    w.wait_for(lambda: init_running(node, ns, "late"), timeout=90, what="the init container to run")
-    before, dropped = syncs(node), log_text(node, "containerd").count("closing plugin")
-    vgpud = node.procs["vgpud"]
-    stopped = time.monotonic()
-    vgpud.send_signal(signal.SIGSTOP)
-    try:
-        took_down = wait_firing(prometheus, "VgpudDown", stopped, node=node.name)
-        w.wait_for(
-            lambda: log_text(node, "containerd").count("closing plugin") > dropped,
-            timeout=60,
-            what="containerd to drop the stalled plugin",
-        )
-        pod = w.wait_running(node, ns, "late")
-    finally:
-        vgpud.send_signal(signal.SIGCONT)
+    down: list[float] = []
+
+    def down_fires() -> None:
+        stopped = time.monotonic()
+        down.append(wait_firing(prometheus, "VgpudDown", stopped, node=node.name))
+
+    start_while_vgpud_stopped(node, ns, "late", "late", while_stopped=down_fires)
     back = time.monotonic()
-    cid = w.container_id(pod, "main")
-    assert not injected(node, cid)
-    synchronized_after(node, before)
     took_missing = wait_firing(prometheus, "VgpudContainersNotInjected", back, node=node.name)
     print(
-        f"\nVgpudDown fired {took_down:.1f} s after vgpud stopped; VgpudContainersNotInjected "
-        f"{took_missing:.1f} s after it resumed (for: {FOR})"
+        f"\nVgpudDown fired {down[0]:.1f} s after vgpud stopped; VgpudContainersNotInjected "
+        f"{took_missing:.1f} s after its Synchronize on resuming (for: {FOR})"
     )
     wait_resolved(prometheus, "VgpudDown")
     w.delete_pod(node, ns, "late")

@@ -22,7 +22,7 @@ from typing import Any
 import pytest
 
 from tests.e2e import workload as w
-from tests.e2e.admission import DENIED, call, configuration
+from tests.e2e.admission import DENIED, call, registered
 from tests.e2e.node import DEVICE_CLASS, DRIVER, LocalNode
 from tests.kubeapi import free_port
 from tests.unit.webhook.process import WebhookProcess
@@ -62,21 +62,12 @@ def relaxed(node: LocalNode, tmp_path_factory: pytest.TempPathFactory) -> Iterat
         ],
     )
     install_nri_class(node)
-    name = f"vgpud-relax-{uuid.uuid4().hex[:8]}"
-    path = f"/apis/admissionregistration.k8s.io/v1/validatingwebhookconfigurations/{name}"
     try:
         webhook.wait_serving()
-        created = call(
-            node.api,
-            "POST",
-            "/apis/admissionregistration.k8s.io/v1/validatingwebhookconfigurations",
-            configuration(name, ns, webhook.url, webhook.ca_bundle()),
-        )
-        assert created.status == 201, created.body
-        _wait_in_effect(node, ns, webhook)
-        yield Relaxed(node, ns, webhook)
+        with registered(node.api, "vgpud-relax", ns, webhook.url, webhook.ca_bundle()):
+            _wait_in_effect(node, ns, webhook)
+            yield Relaxed(node, ns, webhook)
     finally:
-        call(node.api, "DELETE", path)
         webhook.kill()
 
 
@@ -274,14 +265,23 @@ def test_two_claims_in_one_container(relaxed: Relaxed, gpus: tuple[int, int]) ->
 
 
 def wait_refused(relaxed: Relaxed, pod: str, reason: RefusalReason) -> list[dict[str, Any]]:
-    """The pod waits, its events say Prepare refused a claim for `reason`; those events."""
+    """The pod waits, its events say Prepare refused a claim for `reason`: the kubelet's
+    FailedPrepareDynamicResources and vgpud's own VGPUClaimRefused (the refusal without the kubelet's
+    wrapping); those events."""
     node, ns = relaxed.node, relaxed.ns
-    events = w.wait_for(
-        lambda: [e for e in w.pod_events(node, ns, pod) if f"({reason.value})" in e.get("message", "")],
-        timeout=60,
-        what=f"pod {pod}: Prepare's refusal ({reason.value}) as an event",
-    )
-    assert {e["reason"] for e in events} == {"FailedPrepareDynamicResources"}, events
+
+    def refused() -> list[dict[str, Any]]:
+        events = [e for e in w.pod_events(node, ns, pod) if f"({reason.value})" in e.get("message", "")]
+        return (
+            events
+            if {e["reason"] for e in events} >= {"FailedPrepareDynamicResources", "VGPUClaimRefused"}
+            else []
+        )
+
+    events = w.wait_for(refused, timeout=60, what=f"pod {pod}: Prepare's refusal ({reason.value}) as events")
+    assert {e["reason"] for e in events} == {"FailedPrepareDynamicResources", "VGPUClaimRefused"}, events
+    own = [e for e in events if e["reason"] == "VGPUClaimRefused"]  # one per refused claim
+    assert all(e["type"] == "Warning" and e["source"]["component"] == "vgpud" for e in own), own
     assert w.get_pod(node, ns, pod)["status"]["phase"] == "Pending"
     return events
 
