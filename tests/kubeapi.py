@@ -57,14 +57,19 @@ def cache_dir() -> Path:
     return Path(os.environ.get("VGPUD_CACHE") or Path.home() / ".cache" / "vgpud")
 
 
-def kube_env() -> dict[str, str]:
-    """`<cache>/kube.env` as a dict (KUBE_VERSION, KUBE_BIN_DIR, ETCD_BIN, ETCD_VERSION); {} if absent."""
+def cache_env(name: str) -> dict[str, str]:
+    """`<cache>/<name>`, the KEY=value file an install script writes, as a dict; {} if absent."""
     try:
-        text = (cache_dir() / "kube.env").read_text()
+        text = (cache_dir() / name).read_text()
     except OSError:
         return {}
     pairs = (line.split("=", 1) for line in text.splitlines() if "=" in line)
     return {key.strip(): value.strip() for key, value in pairs}
+
+
+def kube_env() -> dict[str, str]:
+    """`<cache>/kube.env` as a dict (KUBE_VERSION, KUBE_BIN_DIR, ETCD_BIN, ETCD_VERSION); {} if absent."""
+    return cache_env("kube.env")
 
 
 def binary(name: str) -> Path | None:

@@ -15,7 +15,7 @@ from typing import Any
 import yaml
 
 from tests.chart.chart import merge, one, render
-from tests.kubeapi import cache_dir
+from tests.kubeapi import cache_env
 from tests.support import require
 
 PROMETHEUS_HINT = "run hack/install-prometheus.sh (make test does)"
@@ -25,12 +25,7 @@ RULES_FILE = "vgpud-rules.yaml"
 
 def prometheus_env() -> dict[str, str]:
     """`<cache>/prometheus.env` as a dict (PROMETHEUS_VERSION, PROMETHEUS_BIN, PROMTOOL_BIN); {} if absent."""
-    try:
-        text = (cache_dir() / "prometheus.env").read_text()
-    except OSError:
-        return {}
-    pairs = (line.split("=", 1) for line in text.splitlines() if "=" in line)
-    return {key.strip(): value.strip() for key, value in pairs}
+    return cache_env("prometheus.env")
 
 
 def prometheus_bins() -> tuple[Path, Path]:

@@ -34,3 +34,14 @@ def built(relative: str) -> Path:
     path = BUILD / relative
     require(path.exists(), f"build/{relative}", "run `make build` (the test command does it)")
     return path
+
+
+def unreachable_kubeconfig(path: Path) -> Path:
+    """A kubeconfig at `path` whose API server is not there (https://127.0.0.1:1): for a daemon that
+    must start and answer without one."""
+    path.write_text(
+        "apiVersion: v1\nkind: Config\nclusters: [{name: c, cluster: {server: 'https://127.0.0.1:1'}}]\n"
+        "users: [{name: u, user: {token: t}}]\ncontexts: [{name: x, context: {cluster: c, user: u}}]\n"
+        "current-context: x\n"
+    )
+    return path

@@ -64,7 +64,15 @@ from tests.e2e.leftovers import (
 )
 from tests.e2e.nodeip import claim_node_ip, release_node_ip
 from tests.fakedriver import DriverRoot, FakeKernel, build_driver_root, fake_driver_available
-from tests.kubeapi import ApiServer, api_request, binary, cache_dir, free_port, log_tail, start_apiserver
+from tests.kubeapi import (
+    ApiServer,
+    api_request,
+    binary,
+    cache_env,
+    free_port,
+    log_tail,
+    start_apiserver,
+)
 from tests.support import BUILD, REPO
 
 DRIVER = "manager.nvidia.com"
@@ -97,16 +105,6 @@ CONTAINERD_2 = "2"
 CONTAINERD_VERSIONS = (CONTAINERD_1, CONTAINERD_2)
 
 
-def _env_file(name: str) -> dict[str, str]:
-    """`<cache>/<name>` (KEY=value lines) as a dict; {} if absent."""
-    try:
-        text = (cache_dir() / name).read_text()
-    except OSError:
-        return {}
-    pairs = (line.split("=", 1) for line in text.splitlines() if "=" in line)
-    return {key.strip(): value.strip() for key, value in pairs}
-
-
 def _epoch(timestamp: str) -> float:
     """An API timestamp ("2026-01-02T03:04:05Z") as epoch seconds; 0 when there is none."""
     if not timestamp:
@@ -120,10 +118,10 @@ def node_env(containerd: str = CONTAINERD_1) -> dict[str, str]:
     1.7's ({} if that is absent), the 2.x shim first on NODE_PATH (containerd finds it there)."""
     if containerd not in CONTAINERD_VERSIONS:
         raise ValueError(f"no containerd {containerd!r} track: one of {', '.join(CONTAINERD_VERSIONS)}")
-    env = _env_file("node.env")
+    env = cache_env("node.env")
     if containerd == CONTAINERD_1 or not env:
         return env
-    cd2 = _env_file("containerd2.env")
+    cd2 = cache_env("containerd2.env")
     if not cd2:
         return {}
     return {
@@ -160,7 +158,7 @@ def node_available(containerd: str = CONTAINERD_1) -> bool:
 
 def cdi_hook_binary() -> Path | None:
     """NVIDIA's nvidia-cdi-hook (hack/install-nvidia-ctk.sh), which the node's driver root carries."""
-    path = _env_file("nvidia-ctk.env").get("NVIDIA_CDI_HOOK_BIN")
+    path = cache_env("nvidia-ctk.env").get("NVIDIA_CDI_HOOK_BIN")
     return Path(path) if path else None
 
 

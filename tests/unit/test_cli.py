@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.support import built
+from tests.support import built, unreachable_kubeconfig
 
 
 def vgpud(*argv: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
@@ -250,12 +250,7 @@ def test_driver_prints_what_a_container_gets_or_why_not(short_tmp) -> None:
 def test_run_with_json_logs_writes_only_json_lines(short_tmp: Path) -> None:
     """`vgpud run --log-format json` as a node runs it (mock GPUs, every path under a temp root, an API
     server that is not there): every line on stderr is one JSON object, until SIGTERM stops it."""
-    kubeconfig = short_tmp / "kubeconfig"
-    kubeconfig.write_text(
-        "apiVersion: v1\nkind: Config\nclusters: [{name: c, cluster: {server: 'https://127.0.0.1:1'}}]\n"
-        "users: [{name: u, user: {token: t}}]\ncontexts: [{name: x, context: {cluster: c, user: u}}]\n"
-        "current-context: x\n"
-    )
+    kubeconfig = unreachable_kubeconfig(short_tmp / "kubeconfig")
     env = {
         **os.environ,
         "PYTHONUNBUFFERED": "1",

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.support import REPO, require
+from tests.support import REPO, require, unreachable_kubeconfig
 from vgpud.artifacts import DEFAULT_LIBRARY_SOURCE, DEFAULT_REGISTER_CLIENT_SOURCE
 from vgpud.config import add_settings_arguments, settings_from
 from vgpud.nodesetup import NodeSetupError, prepare_manager_root
@@ -106,12 +106,7 @@ def test_a_symlink_where_a_file_goes_is_refused(tmp_path: Path) -> None:
 
 def test_vgpud_run_without_its_library_exits_1_with_one_line(short_tmp: Path) -> None:
     """The daemon as started: no library file -> one error line naming the setting, exit 1."""
-    kubeconfig = short_tmp / "kubeconfig"
-    kubeconfig.write_text(
-        "apiVersion: v1\nkind: Config\nclusters: [{name: c, cluster: {server: 'https://127.0.0.1:1'}}]\n"
-        "users: [{name: u, user: {token: t}}]\ncontexts: [{name: x, context: {cluster: c, user: u}}]\n"
-        "current-context: x\n"
-    )
+    kubeconfig = unreachable_kubeconfig(short_tmp / "kubeconfig")
     env = {
         **os.environ,
         "VGPUD_ROOT_PREFIX": str(short_tmp / "host"),
