@@ -1,5 +1,5 @@
 """Kubernetes Events about what vgpud knows, on the Pod or the Node it concerns, so `kubectl describe
-pod|node` shows it beside the kubelet's (README "Events": each reason, where and when).
+pod|node` shows it beside the kubelet's (docs/observability.md, "Events": each reason, where and when).
 
 `EventRecorder.record` is what a hook calls: synchronous, O(1), it never waits and never raises on
 the hook's path. It decides with the correlator (`vgpud.kube.eventcorrelate`: a repeat is a count
