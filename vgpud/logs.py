@@ -95,7 +95,7 @@ def _timestamp(record: logging.LogRecord) -> str:
 
 
 def _text(value: object) -> str:
-    """str(value), or its repr when str() raises, or a placeholder: a log line must never fail."""
+    """str(value), else its repr, else a stand-in naming its type: a log line must never fail."""
     try:
         return str(value)
     except Exception:
