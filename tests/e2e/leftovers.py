@@ -138,6 +138,17 @@ def cgroup_dirs(names: tuple[str, ...] = ("kubepods",)) -> set[Path]:
     return found
 
 
+#: the top-level cgroup of each kubelet of a local cluster is `<prefix><node name>` (one kubepods tree
+#: per node, so a node's cleanup never touches another's)
+CLUSTER_CGROUP_PREFIX = "vgc-"
+
+
+def cluster_cgroup_names() -> tuple[str, ...]:
+    """The top-level cgroups of local-cluster kubelets, in any hierarchy."""
+    names = {p.name for root in cgroup_mounts() for p in root.glob(f"{CLUSTER_CGROUP_PREFIX}*") if p.is_dir()}
+    return tuple(sorted(names))
+
+
 def kill_pids(pids: list[int]) -> None:
     for pid in pids:
         with contextlib.suppress(ProcessLookupError):
@@ -195,7 +206,7 @@ def reap_dead_nodes(own: Path | None = None) -> list[str]:
         removed.append(f"removed {workdir}")
     others_alive = any(owner_alive(d) for d in node_dirs() if d != own)
     if dead and not others_alive:
-        cgroups = cgroup_dirs()
+        cgroups = cgroup_dirs(("kubepods", *cluster_cgroup_names()))
         if cgroups:
             remove_cgroups(cgroups)
             removed.append(f"removed {len(cgroups)} kubepods cgroups")

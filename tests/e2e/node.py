@@ -44,7 +44,7 @@ import time
 import urllib.error
 import urllib.parse
 import urllib.request
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
@@ -52,8 +52,10 @@ from typing import Any
 
 import yaml
 
+from tests.e2e.controlplane import ControlPlane
 from tests.e2e.leftovers import (
     cgroup_dirs,
+    cgroup_mounts,
     kill_pids,
     mark_owner,
     mounts_under,
@@ -63,6 +65,7 @@ from tests.e2e.leftovers import (
     stop_on_signals,
 )
 from tests.e2e.nodeip import claim_node_ip, release_node_ip
+from tests.e2e.procs import spawn, stop_proc
 from tests.fakedriver import DriverRoot, FakeKernel, build_driver_root, fake_driver_available
 from tests.kubeapi import (
     ApiServer,
@@ -71,7 +74,6 @@ from tests.kubeapi import (
     cache_env,
     free_port,
     log_tail,
-    start_apiserver,
 )
 from tests.support import BUILD, REPO
 
@@ -83,7 +85,6 @@ READY_TIMEOUT_S = 120.0
 #: vgpud's HEALTH_RECOVERY_SECONDS on the simulated GPUs: a sick GPU is healthy again this long after
 #: its last fatal XID (the default, 5 minutes, is too long for a test)
 HEALTH_RECOVERY_S = 15
-STOP_TIMEOUT_S = 15.0
 #: what vgpud logs when a kubelet's NotifyRegistrationStatus says its DRA plugin is registered
 PLUGIN_REGISTERED = f"kubelet registered DRA plugin {DRIVER} "
 SERVING = 1
@@ -166,31 +167,6 @@ def cdi_hook_binary() -> Path | None:
 # Processes, mounts, cgroups
 
 
-def _spawn(argv: Sequence[str], log: Path, env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
-    with log.open("ab") as out:
-        return subprocess.Popen(
-            list(argv),
-            stdin=subprocess.DEVNULL,
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            env=env,
-            start_new_session=True,  # a Ctrl-C in the terminal reaches us, not the node's daemons
-        )
-
-
-def _stop(
-    proc: subprocess.Popen[bytes] | None, sig: int = signal.SIGTERM, timeout: float = STOP_TIMEOUT_S
-) -> None:
-    if proc is None or proc.poll() is not None:
-        return
-    proc.send_signal(sig)
-    try:
-        proc.wait(timeout)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait()
-
-
 #: containerd 1.7 keeps shim sockets, runc state and client FIFOs here whatever `state` says
 SHARED_RUN_DIRS = (
     Path("/run/containerd/fifo"),
@@ -201,6 +177,31 @@ SHARED_RUN_DIRS = (
 
 def _shared_run_entries() -> set[Path]:
     return {entry for d in SHARED_RUN_DIRS if d.is_dir() for entry in d.iterdir()}
+
+
+@dataclass(frozen=True)
+class HostRunState:
+    """What containerd, its shims, runc and the CNI leave in host-wide places (SHARED_RUN_DIRS and
+    /run/netns), as it was before a node (or a cluster of nodes) started, to remove what appeared."""
+
+    shared: frozenset[Path]
+    netns: frozenset[str]
+
+    @classmethod
+    def now(cls) -> HostRunState:
+        netns = os.listdir("/run/netns") if os.path.isdir("/run/netns") else []
+        return cls(frozenset(_shared_run_entries()), frozenset(netns))
+
+    def remove_what_appeared(self) -> None:
+        """Only once every containerd that started since is stopped: their shims' entries go too."""
+        if os.path.isdir("/run/netns"):
+            for name in set(os.listdir("/run/netns")) - self.netns:
+                path = f"/run/netns/{name}"
+                subprocess.run(["umount", "-l", path], check=False, capture_output=True)
+                with contextlib.suppress(OSError):
+                    os.unlink(path)
+        for path in _shared_run_entries() - self.shared:  # what ctr/shims/runc left there
+            shutil.rmtree(path, ignore_errors=True)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -219,6 +220,12 @@ class LocalNode:
     keep: bool = False
     workdir: Path = field(default_factory=lambda: Path(tempfile.mkdtemp(prefix="vgn", dir="/tmp")))
     api: ApiServer | None = None
+    #: the cluster's control plane when the node is one of several (tests/e2e/cluster.py); None: the
+    #: node starts its own and stops it with itself
+    control: ControlPlane | None = None
+    #: the kubelet's cgroupRoot: "/" for a node alone; a node of a cluster has its own, so each
+    #: kubelet's `kubepods` tree (and its cleanup) is its own
+    cgroup_root: str = "/"
     procs: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
     vgpud_port: int = 0
     metrics_port: int = 0
@@ -238,9 +245,11 @@ class LocalNode:
     #: the node's driver root and its fake kernel; set by start()
     driver: DriverRoot | None = None
     fake_kernel: FakeKernel | None = None
+    _owns_control: bool = False
     _cgroups_before: set[Path] = field(default_factory=set)
-    _netns_before: set[str] = field(default_factory=set)
-    _shared_before: set[Path] = field(default_factory=set)
+    #: the host's run state before this node started; None in a cluster, which keeps its own (a node's
+    #: cleanup must not take another running node's shim sockets and FIFOs)
+    _run_before: HostRunState | None = None
 
     # -- paths -------------------------------------------------------------------------------------
     @property
@@ -363,16 +372,19 @@ class LocalNode:
         mark_owner(self.workdir)
         self.node_ip = claim_node_ip(self.workdir)
         deadline = time.monotonic() + timeout_s
-        self._cgroups_before = cgroup_dirs()
-        self._netns_before = set(os.listdir("/run/netns")) if os.path.isdir("/run/netns") else set()
-        self._shared_before = _shared_run_entries()
+        self._cgroups_before = cgroup_dirs(self.cgroup_names)
+        self._run_before = HostRunState.now() if self.control is None else None
         for sub in ("logs", "c", "cdi", "nri", "cni", "kubelet", "vgpu", "pod-logs", "fakegpu", "driver"):
             (self.workdir / sub).mkdir(parents=True, exist_ok=True)
         try:
             self.start_driver()
-            self.api = start_apiserver(self.workdir / "kube", timeout_s=timeout_s, controllers=True)
-            self._start_controller_manager()
-            self._start_scheduler()
+            if self.control is None:
+                self.control = ControlPlane(self.workdir, self.logs)
+                self._owns_control = True
+                self.api = self.control.start(timeout_s)
+            else:
+                self.api = self.control.api
+            self._make_cgroup_root()
             self.start_containerd()
             self._import_images()
             self._start_kubelet()
@@ -393,26 +405,24 @@ class LocalNode:
 
     def stop(self) -> None:
         """Everything down by PID in reverse order, then mounts, cgroups, the temp dir. Idempotent."""
-        _stop(self.procs.pop("vgpud", None))
-        _stop(self.procs.pop("kubelet", None))
+        stop_proc(self.procs.pop("vgpud", None))
+        stop_proc(self.procs.pop("kubelet", None))
         self._remove_all_containers()
-        _stop(self.procs.pop("containerd", None))
+        stop_proc(self.procs.pop("containerd", None))
         kill_pids(pids_naming(self.containerd_socket))  # shims whose containerd is gone
         if self.fake_kernel is not None:
             self.fake_kernel.stop()
             self.fake_kernel = None
-        remove_cgroups(cgroup_dirs() - self._cgroups_before)
-        _stop(self.procs.pop("kube-scheduler", None))
-        _stop(self.procs.pop("kube-controller-manager", None))
-        if self.api is not None:
-            self.api.stop()
-            self.api = None
+        remove_cgroups(cgroup_dirs(self.cgroup_names) - self._cgroups_before)
+        if self.control is not None and self._owns_control:
+            self.control.stop()
+            self.control, self._owns_control = None, False
+        self.api = None
         for point in mounts_under(self.workdir):
             subprocess.run(["umount", "-l", point], check=False, capture_output=True)
-        self._remove_netns()
         release_node_ip(self.workdir)
-        for path in _shared_run_entries() - self._shared_before:  # what ctr/shims/runc left there
-            shutil.rmtree(path, ignore_errors=True)
+        if self._run_before is not None:
+            self._run_before.remove_what_appeared()
         if self.keep:
             print(f"local node: kept {self.workdir}", file=sys.stderr)
         else:
@@ -433,35 +443,18 @@ class LocalNode:
         log = self.log("fakegpu-kernel")
         self.fake_kernel = FakeKernel.start(profile, self.fake_gpu_state, socket, log=log)
 
-    # -- kube-controller-manager, kube-scheduler -----------------------------------------------------
-    def _start_control_plane_component(self, name: str, *extra: str) -> None:
-        """`name` with the admin kubeconfig, no leader election, its own port on loopback, DRA's gates."""
-        assert self.api is not None
-        argv = [
-            str(binary(name)),
-            f"--kubeconfig={self.api.kubeconfig}",
-            f"--authentication-kubeconfig={self.api.kubeconfig}",
-            f"--authorization-kubeconfig={self.api.kubeconfig}",
-            "--leader-elect=false",
-            "--bind-address=127.0.0.1",
-            f"--secure-port={free_port()}",
-            "--feature-gates=DRAConsumableCapacity=true",
-            "--v=1",
-            *extra,
-        ]
-        self.procs[name] = _spawn(argv, self.log(name))
+    # -- cgroups ------------------------------------------------------------------------------------
+    @property
+    def cgroup_names(self) -> tuple[str, ...]:
+        """The top-level cgroups this node's kubelet creates (in every hierarchy)."""
+        return ("kubepods",) if self.cgroup_root == "/" else (self.cgroup_root.strip("/"),)
 
-    def _start_controller_manager(self) -> None:
-        assert self.api is not None
-        self._start_control_plane_component(
-            "kube-controller-manager",
-            # the key the API server verifies service-account tokens with, and the CA pods trust
-            f"--service-account-private-key-file={self.api.workdir / 'sa.key'}",
-            f"--root-ca-file={self.api.ca_file}",
-        )
-
-    def _start_scheduler(self) -> None:
-        self._start_control_plane_component("kube-scheduler")
+    def _make_cgroup_root(self) -> None:
+        """The kubelet refuses a cgroupRoot that does not exist: make it in every hierarchy."""
+        if self.cgroup_root == "/":
+            return
+        for mount in cgroup_mounts():
+            (mount / self.cgroup_root.strip("/")).mkdir(exist_ok=True)
 
     # -- containerd --------------------------------------------------------------------------------
     def containerd_config(self) -> str:
@@ -578,7 +571,7 @@ state = "{w}/c/state"
             json.dumps({"cniVersion": "1.0.0", "name": "lo-only", "plugins": [{"type": "loopback"}]})
         )
         env = {**os.environ, "PATH": f"{self.env['NODE_PATH']}:{os.environ.get('PATH', '/usr/bin:/bin')}"}
-        self.procs["containerd"] = _spawn(
+        self.procs["containerd"] = spawn(
             [self.env["CONTAINERD_BIN"], "--config", str(config), "--log-level", "info"],
             self.log("containerd"),
             env,
@@ -593,7 +586,7 @@ state = "{w}/c/state"
         raise RuntimeError(f"containerd not ready in 30 s:\n{log_tail(self.log('containerd'))}")
 
     def stop_containerd(self, sig: int = signal.SIGTERM) -> None:
-        _stop(self.procs.pop("containerd", None), sig)
+        stop_proc(self.procs.pop("containerd", None), sig)
 
     def ctr(self, *args: str, check: bool = True, timeout: float = 60) -> subprocess.CompletedProcess[str]:
         """`ctr -n k8s.io <args>` against this node's containerd."""
@@ -605,8 +598,16 @@ state = "{w}/c/state"
             self.ctr("images", "import", "--no-unpack=false", self.env[key])
 
     def _remove_all_containers(self) -> None:
+        """Best effort: a ctr call that hangs (a shim gone) is given up, the cgroups' removal kills
+        what is left."""
         if "containerd" not in self.procs or self.procs["containerd"].poll() is not None:
             return
+        try:
+            self._kill_and_delete_containers()
+        except subprocess.TimeoutExpired as err:
+            print(f"local node {self.name}: {err}; going on", file=sys.stderr)
+
+    def _kill_and_delete_containers(self) -> None:
         tasks = self.ctr("tasks", "ls", "-q", check=False).stdout.split()
         for task in tasks:
             self.ctr("tasks", "kill", "-a", "-s", "SIGKILL", task, check=False)
@@ -615,15 +616,6 @@ state = "{w}/c/state"
         containers = self.ctr("containers", "ls", "-q", check=False).stdout.split()
         if containers:
             self.ctr("containers", "delete", *containers, check=False)
-
-    def _remove_netns(self) -> None:
-        if not os.path.isdir("/run/netns"):
-            return
-        for name in set(os.listdir("/run/netns")) - self._netns_before:
-            path = f"/run/netns/{name}"
-            subprocess.run(["umount", "-l", path], check=False, capture_output=True)
-            with contextlib.suppress(OSError):
-                os.unlink(path)
 
     # -- kubelet -----------------------------------------------------------------------------------
     def kubelet_config(self) -> dict[str, Any]:
@@ -643,7 +635,7 @@ state = "{w}/c/state"
             "podLogsDir": str(self.workdir / "pod-logs"),
             "enforceNodeAllocatable": [],
             "cgroupsPerQOS": True,
-            "cgroupRoot": "/",
+            "cgroupRoot": self.cgroup_root,
             "evictionHard": {
                 "memory.available": "0%",
                 "nodefs.available": "0%",
@@ -679,10 +671,10 @@ state = "{w}/c/state"
             "--v=2",
         ]
         env = {**os.environ, "PATH": f"{self.env['NODE_PATH']}:{os.environ.get('PATH', '/usr/bin:/bin')}"}
-        self.procs["kubelet"] = _spawn(argv, self.log("kubelet"), env)
+        self.procs["kubelet"] = spawn(argv, self.log("kubelet"), env)
 
     def stop_kubelet(self, sig: int = signal.SIGTERM) -> None:
-        _stop(self.procs.pop("kubelet", None), sig)
+        stop_proc(self.procs.pop("kubelet", None), sig)
 
     def restart_kubelet(self, sig: int = signal.SIGTERM, timeout_s: float = 90) -> None:
         """Stop the kubelet with `sig` (SIGKILL: a crash; a stopped one is just started) and start it again
@@ -721,7 +713,8 @@ state = "{w}/c/state"
         last = "no Node object yet"
         while time.monotonic() < deadline:
             self._check_alive("kubelet")
-            self._check_alive("kube-controller-manager")
+            if self.control is not None:
+                self.control.check_alive("kube-controller-manager")
             try:
                 node = self.get(f"/api/v1/nodes/{self.name}")
             except urllib.error.HTTPError as err:
@@ -735,9 +728,8 @@ state = "{w}/c/state"
                     return
                 last = f"Ready={ready.get('status')}: {ready.get('message')}; taints {taints}"
             time.sleep(0.5)
-        logs = "\n".join(
-            f"--- {name}:\n{log_tail(self.log(name))}" for name in ("kubelet", "kube-controller-manager")
-        )
+        manager = self.control.log("kube-controller-manager") if self.control else self.log("none")
+        logs = "\n".join(f"--- {path.stem}:\n{log_tail(path)}" for path in (self.log("kubelet"), manager))
         raise RuntimeError(f"node {self.name} not Ready and untainted in time ({last}):\n{logs}")
 
     # -- vgpud -------------------------------------------------------------------------------------
@@ -795,7 +787,7 @@ state = "{w}/c/state"
     def stop_vgpud(self, sig: int = signal.SIGTERM) -> None:
         if self.chart:
             raise RuntimeError("vgpud runs as the DaemonSet's pod: the kubelet starts and stops it")
-        _stop(self.procs.pop("vgpud", None), sig)
+        stop_proc(self.procs.pop("vgpud", None), sig)
 
     def restart_vgpud(self, sig: int = signal.SIGTERM, timeout_s: float = 60) -> None:
         """Stop vgpud with `sig` (SIGKILL: a crash) and start it again with the same flags; return once
@@ -919,7 +911,8 @@ state = "{w}/c/state"
             f"  CDI specs        {self.cdi_root}",
             "  logs:",
         ]
-        logs = {**self.api.logs, **{name: self.log(name) for name in self.procs}}
+        control = self.control.all_logs() if self.control is not None else {}
+        logs = {**control, **{name: self.log(name) for name in self.procs}}
         lines += [f"    {name:16} {path}" for name, path in sorted(logs.items())]
         return "\n".join(lines)
 

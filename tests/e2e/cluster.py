@@ -1,0 +1,124 @@
+"""Several local nodes on this machine sharing one control plane: a cluster, as kubemark and kind's
+variants run one, since nested VMs do not boot here. Each node is a LocalNode (tests/e2e/node.py) with
+its own containerd (1.7 or 2.x, NRI on or off), kubelet (its root dir, its cgroupRoot `/vgc-<name>`,
+its node IP on `lo`), fake GPUs and driver root, and vgpud; the control plane (etcd, API server,
+controller manager, scheduler) lives in a work dir of its own. `stop()` tears the nodes down in reverse
+order, then the control plane, by PID; a SIGKILLed launcher's leftovers are reaped at the next start
+(tests/e2e/leftovers.py).
+
+    python -m tests.e2e.cluster [--nodes N] [--nri on,off,...]
+        bring a cluster up, print where everything is, Ctrl-C stops it
+"""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+import signal
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from tests.e2e.controlplane import ControlPlane
+from tests.e2e.leftovers import CLUSTER_CGROUP_PREFIX, mark_owner, reap_dead_nodes, stop_on_signals
+from tests.e2e.node import CONTAINERD_1, READY_TIMEOUT_S, HostRunState, LocalNode
+
+
+@dataclass(frozen=True)
+class NodeSpec:
+    """One node of the cluster: its name, NRI on or off, its containerd."""
+
+    name: str
+    nri: bool = True
+    containerd: str = CONTAINERD_1
+
+
+@dataclass
+class LocalCluster:
+    specs: list[NodeSpec]
+    keep: bool = False
+    workdir: Path = field(default_factory=lambda: Path(tempfile.mkdtemp(prefix="vgn", dir="/tmp")))
+    control: ControlPlane | None = None
+    nodes: dict[str, LocalNode] = field(default_factory=dict)
+    _run_before: HostRunState | None = None
+
+    def start(self, timeout_s: float = READY_TIMEOUT_S) -> None:
+        """The control plane, then each node in turn until it is Ready with vgpud serving."""
+        for line in reap_dead_nodes(own=self.workdir):
+            print(f"local cluster: {line}", file=sys.stderr, flush=True)
+        mark_owner(self.workdir)
+        self._run_before = HostRunState.now()
+        try:
+            self.control = ControlPlane(self.workdir, self.workdir / "logs")
+            self.control.start(timeout_s)
+            for spec in self.specs:
+                node = LocalNode(
+                    nri=spec.nri,
+                    name=spec.name,
+                    containerd=spec.containerd,
+                    fake_gpu=True,
+                    keep=self.keep,
+                    control=self.control,
+                    cgroup_root=f"/{CLUSTER_CGROUP_PREFIX}{spec.name}",
+                )
+                self.nodes[spec.name] = node
+                node.start(timeout_s)
+        except BaseException:
+            self.stop()
+            raise
+
+    def stop(self) -> None:
+        """Idempotent."""
+        for name in reversed(list(self.nodes)):
+            self.nodes.pop(name).stop()
+        if self._run_before is not None:  # every containerd is stopped: their entries go
+            self._run_before.remove_what_appeared()
+            self._run_before = None
+        if self.control is not None:
+            self.control.stop()
+            self.control = None
+        if self.keep:
+            print(f"local cluster: kept {self.workdir}", file=sys.stderr)
+        else:
+            shutil.rmtree(self.workdir, ignore_errors=True)
+
+    def describe(self) -> str:
+        assert self.control is not None and self.control.api is not None
+        lines = [f"local cluster of {len(self.nodes)} nodes in {self.workdir}"]
+        lines.append(f"  kubeconfig  {self.control.api.kubeconfig}")
+        lines += [f"  {name}: {path}" for name, path in sorted(self.control.all_logs().items())]
+        return "\n".join([*lines, *(node.describe() for node in self.nodes.values())])
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description="Bring up a local cluster of several nodes until Ctrl-C.")
+    parser.add_argument("--nodes", type=int, default=2, help="how many nodes (default 2)")
+    parser.add_argument(
+        "--nri",
+        default="",
+        help="NRI per node, by commas (on,off,...; default: on for every node); the last repeats",
+    )
+    parser.add_argument("--keep", action="store_true", help="keep the temp dirs (logs) after stopping")
+    args = parser.parse_args(argv)
+    if args.nodes < 1:
+        parser.error("--nodes must be at least 1")
+    modes = [m == "on" for m in args.nri.split(",")] if args.nri else [True]
+    specs = [NodeSpec(f"node-{i}", nri=modes[min(i, len(modes) - 1)]) for i in range(args.nodes)]
+    started = time.monotonic()
+    cluster = LocalCluster(specs, keep=args.keep)
+    with stop_on_signals():
+        try:
+            cluster.start()
+            print(f"ready in {time.monotonic() - started:.1f} s\n{cluster.describe()}", flush=True)
+            signal.pause()
+        except KeyboardInterrupt:
+            print()
+        finally:
+            cluster.stop()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
