@@ -1,0 +1,78 @@
+"""A mixed cluster on this machine (tests/e2e/cluster.py): node-0 in NRI mode beside node-1 in eager
+mode, one control plane, vgpud on each node (issue 35, item 2).
+
+- A claim that selects NRI nodes (the `nriMode` selector) is allocated on the NRI node only, and its pod
+  runs there with its limits.
+- A plain vGPU claim works on either node: a pod placed on each runs with its limits.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+
+from tests.e2e import workload as w
+from tests.e2e.cluster import LocalCluster, NodeSpec
+from tests.e2e.node import LocalNode, node_available
+from tests.support import require
+
+NRI_NODE, EAGER_NODE = "node-0", "node-1"
+
+
+@pytest.fixture(scope="module")
+def cluster() -> Iterator[LocalCluster]:
+    require(node_available(), "the local node's runtime", "run make node-deps (the test command does)")
+    local = LocalCluster([NodeSpec(NRI_NODE, nri=True), NodeSpec(EAGER_NODE, nri=False)])
+    local.start()
+    try:
+        yield local
+    finally:
+        local.stop()
+
+
+def api(cluster: LocalCluster) -> LocalNode:
+    """Any node: every node talks to the one API server."""
+    return cluster.nodes[NRI_NODE]
+
+
+def pod_on(node: LocalNode, ns: str, name: str, claim: str, host: str | None = None) -> None:
+    """Pod `name` whose container `main` uses claim `claim`; on `host` when given."""
+    spec: dict[str, object] = {
+        "hostNetwork": True,
+        "terminationGracePeriodSeconds": 1,
+        "containers": [w.container("main", [("gpu", None)])],
+        "resourceClaims": [{"name": "gpu", "resourceClaimName": claim}],
+    }
+    if host is not None:
+        spec["nodeSelector"] = {"kubernetes.io/hostname": host}
+    node.request("POST", f"/api/v1/namespaces/{ns}/pods", {"metadata": {"name": name}, "spec": spec})
+
+
+def test_a_claim_selecting_nri_nodes_runs_on_the_nri_node(cluster: LocalCluster) -> None:
+    node = api(cluster)
+    ns = w.namespace(node)
+    for i in range(2):  # twice: the scheduler is not merely lucky
+        claim = f"nri-{i}"
+        w.create_claim(node, ns, claim, [w.nri_only(w.vgpu_request("gpu", "1Gi", "10"))])
+        pod_on(node, ns, claim, claim)
+        pod = w.wait_running(node, ns, claim)
+        assert pod["spec"]["nodeName"] == NRI_NODE, pod["spec"]
+        allocation = w.get_claim(node, ns, claim)["status"]["allocation"]
+        assert {r["pool"] for r in allocation["devices"]["results"]} == {NRI_NODE}, allocation
+        cid = w.container_id(pod, "main")
+        env = w.container_env(cluster.nodes[NRI_NODE], cid)
+        assert "1024m" in w.vgpu_limits(env).values(), env
+
+
+def test_a_plain_claim_works_on_either_node(cluster: LocalCluster) -> None:
+    node = api(cluster)
+    ns = w.namespace(node)
+    for host in (NRI_NODE, EAGER_NODE):
+        w.create_claim(node, ns, host, [w.vgpu_request("gpu", "2Gi", "20")])
+        pod_on(node, ns, host, host, host=host)
+    for host in (NRI_NODE, EAGER_NODE):
+        pod = w.wait_running(node, ns, host)
+        assert pod["spec"]["nodeName"] == host
+        env = w.container_env(cluster.nodes[host], w.container_id(pod, "main"))
+        assert "2048m" in w.vgpu_limits(env).values(), (host, env)
