@@ -4,6 +4,9 @@ mode, one control plane, vgpud on each node (issue 35, item 2).
 - A claim that selects NRI nodes (the `nriMode` selector) is allocated on the NRI node only, and its pod
   runs there with its limits.
 - A plain vGPU claim works on either node: a pod placed on each runs with its limits.
+- XID 79 on both GPUs of the NRI node: its devices are tainted, new claims are allocated on the other
+  node and their pods run there; the NRI node's running pod keeps running and its status says
+  Unhealthy; once the XIDs stop both GPUs are untainted.
 """
 
 from __future__ import annotations
@@ -14,7 +17,14 @@ import pytest
 
 from tests.e2e import workload as w
 from tests.e2e.cluster import LocalCluster, NodeSpec
-from tests.e2e.node import LocalNode, node_available
+from tests.e2e.node import HEALTH_RECOVERY_S, LocalNode, node_available
+from tests.e2e.test_node_health import (
+    TAINT_WITHIN_S,
+    XID_FALLEN_OFF_THE_BUS,
+    container_health,
+    faulty_gpu,
+    taints,
+)
 from tests.support import require
 
 NRI_NODE, EAGER_NODE = "node-0", "node-1"
@@ -76,3 +86,33 @@ def test_a_plain_claim_works_on_either_node(cluster: LocalCluster) -> None:
         assert pod["spec"]["nodeName"] == host
         env = w.container_env(cluster.nodes[host], w.container_id(pod, "main"))
         assert "2048m" in w.vgpu_limits(env).values(), (host, env)
+
+
+def test_an_xid_79_on_a_nodes_gpus_sends_new_claims_to_the_other_node(cluster: LocalCluster) -> None:
+    sick = cluster.nodes[NRI_NODE]
+    ns = w.namespace(sick)
+    w.create_claim(sick, ns, "running", [w.vgpu_request("gpu", "1Gi", "10")])
+    pod_on(sick, ns, "running", "running", host=NRI_NODE)
+    w.wait_running(sick, ns, "running")
+    with faulty_gpu(sick, 0, XID_FALLEN_OFF_THE_BUS), faulty_gpu(sick, 1, XID_FALLEN_OFF_THE_BUS):
+        w.wait_for(
+            lambda: taints(sick, "vgpu-0") and taints(sick, "vgpu-1"),
+            timeout=TAINT_WITHIN_S,
+            what=f"both GPUs of {NRI_NODE} tainted",
+        )
+        w.wait_for(
+            lambda: container_health(sick, ns, "running") == ["Unhealthy"],
+            what="the running pod's device Unhealthy in its status",
+        )
+        for i in range(2):
+            claim = f"new-{i}"
+            w.create_claim(sick, ns, claim, [w.vgpu_request("gpu", "1Gi", "10")])
+            pod_on(sick, ns, claim, claim)
+            pod = w.wait_running(sick, ns, claim)
+            assert pod["spec"]["nodeName"] == EAGER_NODE, pod["spec"]
+        assert w.get_pod(sick, ns, "running")["status"]["phase"] == "Running"
+    w.wait_for(
+        lambda: not taints(sick, "vgpu-0") and not taints(sick, "vgpu-1"),
+        timeout=HEALTH_RECOVERY_S + 30,
+        what=f"{NRI_NODE}'s GPUs untainted once the XIDs stop",
+    )
