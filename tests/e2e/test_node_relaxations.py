@@ -16,7 +16,9 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -48,10 +50,18 @@ class Relaxed:
 
 @pytest.fixture(scope="module")
 def relaxed(node: LocalNode, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Relaxed]:
-    assert node.api is not None
     ns = w.namespace(node, "relax")
+    with relaxing_webhook(node, tmp_path_factory.mktemp("webhook"), ns) as webhook:
+        yield Relaxed(node, ns, webhook)
+
+
+@contextmanager
+def relaxing_webhook(node: LocalNode, workdir: Path, ns: str) -> Iterator[WebhookProcess]:
+    """`vgpud webhook` with both relaxations on, registered for namespace `ns` of the node's API
+    server (a cluster's nodes share one) and in effect; the NRI DeviceClass installed."""
+    assert node.api is not None
     webhook = WebhookProcess(
-        tmp_path_factory.mktemp("webhook"),
+        workdir,
         port=free_port(),
         kubeconfig=node.api.kubeconfig,
         extra=[
@@ -66,7 +76,7 @@ def relaxed(node: LocalNode, tmp_path_factory: pytest.TempPathFactory) -> Iterat
         webhook.wait_serving()
         with registered(node.api, "vgpud-relax", ns, webhook.url, webhook.ca_bundle()):
             _wait_in_effect(node, ns, webhook)
-            yield Relaxed(node, ns, webhook)
+            yield webhook
     finally:
         webhook.kill()
 
@@ -198,7 +208,7 @@ def cleanup(relaxed: Relaxed, pods: list[str], claims: dict[str, str]) -> None:
         w.release_claim(node, relaxed.ns, name)
 
 
-def _two_claims(relaxed: Relaxed, prefix: str, gpus: tuple[int, int], *, selected: bool) -> dict[str, str]:
+def two_claims(relaxed: Relaxed, prefix: str, gpus: tuple[int, int], *, selected: bool) -> dict[str, str]:
     """Claims `<prefix>-a` (1Gi, 10 cores) and `<prefix>-b` (2Gi, 20 cores) on GPUs `gpus`; their UIDs.
     `selected`: a selects NRI nodes by its own selector, b by the NRI DeviceClass."""
     uids = {}
@@ -231,7 +241,7 @@ def test_two_claims_in_one_container(relaxed: Relaxed, gpus: tuple[int, int]) ->
     selector leaves the scheduler no device."""
     node, ns = relaxed.node, relaxed.ns
     prefix = w.unique("two")
-    claims = _two_claims(relaxed, prefix, gpus, selected=True)
+    claims = two_claims(relaxed, prefix, gpus, selected=True)
     names = {"a": f"{prefix}-a", "b": f"{prefix}-b"}
     shared_before = refusals(node, RefusalReason.CLAIMS_SHARE_A_GPU)
     try:
@@ -290,7 +300,7 @@ def test_without_the_selector_the_pod_is_denied(relaxed: Relaxed) -> None:
     node, ns = relaxed.node, relaxed.ns
     assert node.api is not None
     prefix = w.unique("plain")
-    claims = _two_claims(relaxed, prefix, (0, 1), selected=False)
+    claims = two_claims(relaxed, prefix, (0, 1), selected=False)
     try:
         body = pod_body(prefix, {"a": f"{prefix}-a", "b": f"{prefix}-b"}, [("main", ["a", "b"])])
         answer = call(node.api, "POST", f"/api/v1/namespaces/{ns}/pods", body)
@@ -313,7 +323,7 @@ def test_forced_onto_a_node_the_eager_prepare_refuses(relaxed: Relaxed, shape: R
     node, ns = relaxed.node, relaxed.ns
     prefix = w.unique("forced")
     if shape is Relaxation.MULTIPLE_CLAIMS_PER_CONTAINER:
-        claims = _two_claims(relaxed, prefix, (0, 1), selected=True)
+        claims = two_claims(relaxed, prefix, (0, 1), selected=True)
         pod = create_pod(
             relaxed,
             pod_body(
