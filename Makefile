@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 export PIP_CACHE_DIR := $(CURDIR)/.cache/pip
 
-.PHONY: setup build image kube chart-crds chart-docs prometheus node-deps node cluster test unit lint protos check-protos demo bench fuzz soak clean
+.PHONY: setup build image kube chart-crds chart-docs prometheus node-deps node cluster cluster-test test unit lint protos check-protos demo bench fuzz soak clean
 
 setup:  ## venv with vgpud and its dev dependencies (idempotent, cached)
 	@./hack/setup-venv.sh
@@ -35,13 +35,17 @@ node-deps: build  ## containerd 1.7, runc, CNI loopback, busybox + pause + cudap
 cluster: build kube node-deps  ## a local cluster until Ctrl-C: one control plane and NODES nodes (default 2) on this host, each with its containerd, kubelet, fake GPUs and vgpud; NRI per node by commas (default on,off: one NRI node, then eager ones)
 	@$(PY) -m tests.e2e.cluster --nodes $(or $(NODES),2) --nri $(or $(NRI),on,off)
 
+cluster-test: build kube node-deps  ## the cluster scenarios too long for make test (tests/clustertest: 100 pods on 3 nodes, a node lost, an upgrade from a vgpud without nriMode), each one's time and the total printed
+	@start=$$(date +%s); $(PY) -m pytest -q -s --durations=0 -p no:randomly tests/clustertest; rc=$$?; \
+	echo "make cluster-test: $$(( $$(date +%s) - start )) s (rc $$rc)"; exit $$rc
+
 node: build kube node-deps  ## a local node (etcd, apiserver, controller manager, scheduler, containerd, kubelet, vgpud) until Ctrl-C; NRI=off for eager, CONTAINERD=2 for containerd 2.x
 	@$(PY) -m tests.e2e.node --nri $(or $(NRI),on) --containerd $(or $(CONTAINERD),1.7)
 
 test: build image kube chart-crds prometheus node-deps  ## every test tier that runs on this machine (as root: the e2e runs a node)
 	@$(VENV)/bin/ruff check
 	@$(VENV)/bin/ruff format --check --quiet
-	@$(PY) -m pytest -q --durations=20 tests --ignore=tests/launcher --ignore=tests/cluster
+	@$(PY) -m pytest -q --durations=20 tests --ignore=tests/launcher --ignore=tests/cluster --ignore=tests/clustertest
 	@# the launcher tests and the cluster start nodes of their own: never beside the e2e suite's node
 	@$(PY) -m pytest -q tests/launcher
 	@$(PY) -m pytest -q tests/cluster

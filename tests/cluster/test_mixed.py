@@ -57,15 +57,7 @@ def api(cluster: LocalCluster) -> LocalNode:
 
 def pod_on(node: LocalNode, ns: str, name: str, claim: str, host: str | None = None) -> None:
     """Pod `name` whose container `main` uses claim `claim`; on `host` when given."""
-    spec: dict[str, object] = {
-        "hostNetwork": True,
-        "terminationGracePeriodSeconds": 1,
-        "containers": [w.container("main", [("gpu", None)])],
-        "resourceClaims": [{"name": "gpu", "resourceClaimName": claim}],
-    }
-    if host is not None:
-        spec["nodeSelector"] = {"kubernetes.io/hostname": host}
-    node.request("POST", f"/api/v1/namespaces/{ns}/pods", {"metadata": {"name": name}, "spec": spec})
+    w.create_pod(node, ns, name, [w.container("main", [("gpu", None)])], {"gpu": claim}, host=host)
 
 
 def test_a_claim_selecting_nri_nodes_runs_on_the_nri_node(cluster: LocalCluster) -> None:

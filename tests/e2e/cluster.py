@@ -28,11 +28,13 @@ from tests.e2e.node import CONTAINERD_1, READY_TIMEOUT_S, HostRunState, LocalNod
 
 @dataclass(frozen=True)
 class NodeSpec:
-    """One node of the cluster: its name, NRI on or off, its containerd."""
+    """One node of the cluster: its name, NRI on or off, its containerd, the module vgpud runs as
+    (tests/e2e/previous_vgpud.py plays an older release)."""
 
     name: str
     nri: bool = True
     containerd: str = CONTAINERD_1
+    vgpud_module: str = "vgpud"
 
 
 @dataclass
@@ -62,6 +64,7 @@ class LocalCluster:
                     keep=self.keep,
                     control=self.control,
                     cgroup_root=f"/{CLUSTER_CGROUP_PREFIX}{spec.name}",
+                    vgpud_module=spec.vgpud_module,
                 )
                 self.nodes[spec.name] = node
                 node.start(timeout_s)

@@ -242,6 +242,9 @@ class LocalNode:
     #: vgpud installed with the Helm chart (tests/e2e/chart.py): the DaemonSet and the webhook as pods
     #: of the node, instead of vgpud as a host process
     chart: bool = False
+    #: the module vgpud runs as (`python -m <it> run`): tests/e2e/previous_vgpud.py plays an older
+    #: release in an upgrade
+    vgpud_module: str = "vgpud"
     #: the node's driver root and its fake kernel; set by start()
     driver: DriverRoot | None = None
     fake_kernel: FakeKernel | None = None
@@ -772,7 +775,7 @@ state = "{w}/c/state"
         # no test setting of the fakes: vgpud's NVML finds its GPUs through the driver root's kernel
         own = {k: v for k, v in os.environ.items() if not k.startswith("FAKE_")}
         env = {**own, **self.vgpud_env(), "PYTHONUNBUFFERED": "1"}
-        argv = [sys.executable, "-m", "vgpud", "run"]
+        argv = [sys.executable, "-m", self.vgpud_module, "run"]
         with self.log("vgpud").open("ab") as out:
             self.procs["vgpud"] = subprocess.Popen(
                 argv,

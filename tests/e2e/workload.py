@@ -112,13 +112,17 @@ def create_pod(
     claims: dict[str, str] | None = None,
     *,
     labels: dict[str, str] | None = None,
+    host: str | None = None,
 ) -> dict[str, Any]:
-    """A host-network pod (no CNI here); `claims`: pod claim name -> ResourceClaim name."""
+    """A host-network pod (no CNI here); `claims`: pod claim name -> ResourceClaim name; `host`: the
+    node it must go to (a node selector: the scheduler still allocates its claims)."""
     spec: dict[str, Any] = {
         "hostNetwork": True,
         "terminationGracePeriodSeconds": 1,
         "containers": list(containers),
     }
+    if host is not None:
+        spec["nodeSelector"] = {"kubernetes.io/hostname": host}
     if claims:
         spec["resourceClaims"] = [{"name": k, "resourceClaimName": v} for k, v in claims.items()]
     body = {"metadata": _metadata(name, labels), "spec": spec}
@@ -152,9 +156,11 @@ def events(node: LocalNode, ns: str) -> str:
     return "\n".join(f"  {e['involvedObject']['name']}: {e['reason']}: {e.get('message', '')}" for e in items)
 
 
-def delete_pod(node: LocalNode, ns: str, name: str, timeout: float = 60) -> None:
-    """Delete and wait until the kubelet has removed it (containers stopped, claims unprepared next)."""
-    node.request("DELETE", f"/api/v1/namespaces/{ns}/pods/{name}")
+def delete_pod(node: LocalNode, ns: str, name: str, timeout: float = 60, *, force: bool = False) -> None:
+    """Delete and wait until the kubelet has removed it (containers stopped, claims unprepared next);
+    `force`: at once, without the kubelet's word (a lost node's pod)."""
+    body = {"gracePeriodSeconds": 0} if force else None
+    node.request("DELETE", f"/api/v1/namespaces/{ns}/pods/{name}", body)
     end = time.monotonic() + timeout
     while time.monotonic() < end:
         try:
