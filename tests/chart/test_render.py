@@ -513,3 +513,52 @@ def test_by_default_vgpud_runs_on_gpu_nodes_only() -> None:
     # null removes a default map in helm (an empty map would merge into it and change nothing)
     pod = one(render({"node": {"affinity": None}}), "DaemonSet")["spec"]["template"]["spec"]
     assert "affinity" not in pod
+
+
+#: several kubelets on one host: every node's paths under one directory, named by $(NODE_NAME)
+NODE_ROOT = "/srv/nodes"
+PER_NODE = {
+    "hostPaths": {
+        "nodeRoot": NODE_ROOT,
+        "managerDir": f"{NODE_ROOT}/$(NODE_NAME)/vgpu",
+        "cdiRoot": f"{NODE_ROOT}/$(NODE_NAME)/cdi",
+        "nriRoot": f"{NODE_ROOT}/$(NODE_NAME)/nri",
+        "kubeletRegistrarDir": f"{NODE_ROOT}/$(NODE_NAME)/kubelet/plugins_registry",
+        "kubeletPluginsDir": f"{NODE_ROOT}/$(NODE_NAME)/kubelet/plugins",
+    },
+    "node": {"driverRoot": f"{NODE_ROOT}/$(NODE_NAME)/driver"},
+    "featureGates": {"NRISupport": True},
+}
+
+
+def test_node_root_mounts_one_directory_and_each_pod_resolves_its_own_nodes_paths() -> None:
+    manifests = render(PER_NODE)
+    daemon = one(manifests, "DaemonSet")
+    volumes = {v["name"]: v["hostPath"] for v in daemon["spec"]["template"]["spec"]["volumes"]}
+    mounts = {m["name"]: m for m in container(daemon)["volumeMounts"]}
+    assert volumes == {"node-root": {"path": NODE_ROOT, "type": "Directory"}, "cgroup": volumes["cgroup"]}
+    assert set(mounts) == set(volumes)
+    assert mounts["node-root"]["mountPath"] == NODE_ROOT
+    assert mounts["node-root"]["mountPropagation"] == "Bidirectional"
+    settings = daemon_settings(manifests)
+    mine = f"{NODE_ROOT}/{NODE}"
+    assert str(settings.manager_dir) == f"{mine}/vgpu"
+    assert str(settings.cdi_root) == f"{mine}/cdi"
+    assert str(settings.kubelet_plugins_dir) == f"{mine}/kubelet/plugins"
+    # the driver root is seen at its host path, inside the one mount
+    assert (
+        str(settings.driver_roots.driver_host) == str(settings.driver_roots.driver_seen) == f"{mine}/driver"
+    )
+    env = resolved_env(daemon)
+    assert (
+        env["NRI_ROOT"] == f"{mine}/nri"
+        and env["KUBELET_REGISTRAR_DIR"] == f"{mine}/kubelet/plugins_registry"
+    )
+
+
+def test_node_root_mounts_only_the_paths_under_it() -> None:
+    values = {"hostPaths": {"nodeRoot": NODE_ROOT, "cdiRoot": f"{NODE_ROOT}/$(NODE_NAME)/cdi"}}
+    daemon = one(render(values), "DaemonSet")
+    volumes = {v["name"]: v["hostPath"]["path"] for v in daemon["spec"]["template"]["spec"]["volumes"]}
+    assert volumes["node-root"] == NODE_ROOT and "cdi-root" not in volumes
+    assert volumes["manager-dir"] == "/etc/vgpu-manager" and volumes["driver-root"] == "/"

@@ -39,6 +39,22 @@ REFUSED: list[tuple[str, dict[str, Any], str]] = [
     ("port zero", {"webhook": {"port": 0}}, "/webhook/port': minimum"),
     ("port not a number", {"metrics": {"port": "http"}}, "/metrics/port'"),
     ("relative host path", {"hostPaths": {"cdiRoot": "var/run/cdi"}}, "/hostPaths/cdiRoot'"),
+    (
+        "a variable outside the node root",
+        {"hostPaths": {"cdiRoot": "/srv/$(NODE_NAME)/cdi"}},
+        "hostPaths.cdiRoot (/srv/$(NODE_NAME)/cdi) names a variable: only a path under hostPaths.nodeRoot",
+    ),
+    (
+        "a node root nothing lies under",
+        {"hostPaths": {"nodeRoot": "/srv/nodes"}},
+        "hostPaths.nodeRoot (/srv/nodes) is set but no host path lies under it",
+    ),
+    (
+        "the whole host as node root",
+        {"hostPaths": {"nodeRoot": "/", "cdiRoot": "/srv/$(NODE_NAME)/cdi"}},
+        "hostPaths.nodeRoot (/) must be an absolute directory other than /",
+    ),
+    ("relative node root", {"hostPaths": {"nodeRoot": "srv"}}, "/hostPaths/nodeRoot'"),
     ("bad log level", {"node": {"logLevel": "trace"}}, "/node/logLevel'"),
     ("bad log format", {"node": {"logFormat": "logfmt"}}, "/node/logFormat'"),
     ("bad webhook log format", {"webhook": {"logFormat": "JSON"}}, "/webhook/logFormat'"),

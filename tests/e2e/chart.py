@@ -17,6 +17,7 @@ import subprocess
 import tempfile
 import time
 import urllib.parse
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -136,31 +137,66 @@ def import_image(node: LocalNode, tag: str | None = None) -> str:
 
 def install(node: LocalNode, deadline: float) -> None:
     """`helm install` vgpud on the node and wait until its workloads are ready."""
+    _install([node], values, deadline)
+
+
+def install_on_cluster(nodes: list[LocalNode], root: Path, deadline: float) -> None:
+    """`helm install` vgpud once for every node of a local cluster (tests/e2e/cluster.py), whose node
+    work dirs are `<root>/<node name>`: one DaemonSet, its paths per node through `hostPaths.nodeRoot`."""
+    _install(nodes, lambda node, tag: cluster_values(nodes, root, tag), deadline)
+
+
+def _install(
+    nodes: list[LocalNode], values_for: Callable[[LocalNode, str], dict[str, Any]], deadline: float
+) -> None:
     from tests.kubeapi import free_port
 
     if not chart_available():
         raise FileNotFoundError(f"no vgpud image or helm: {INSTALL_HINT}")
-    node.vgpud_port = node.vgpud_port or free_port()
-    node.metrics_port = node.metrics_port or free_port()
-    node.webhook_port = node.webhook_port or free_port()
-    tag = image_tag(import_image(node))
+    first = nodes[0]
+    # one port of each kind for every node: each pod binds its own node IP
+    ports = {
+        "vgpud_port": first.vgpud_port or free_port(),
+        "metrics_port": first.metrics_port or free_port(),
+        "webhook_port": first.webhook_port or free_port(),
+    }
+    tags = set()
+    for node in nodes:
+        for name, port in ports.items():
+            setattr(node, name, port)
+        tags.add(image_tag(import_image(node)))
+    (tag,) = tags
     timeout = max(30, int(deadline - time.monotonic()))
     args = ("install", RELEASE, str(CHART), "--create-namespace", "--wait", f"--timeout={timeout}s")
-    helm(node, *args, values_=values(node, tag))
-    node.install_command = f"helm {' '.join(args)} --namespace {NAMESPACE} --values <this node's values>"
+    helm(first, *args, values_=values_for(first, tag))
+    for node in nodes:
+        node.install_command = f"helm {' '.join(args)} --namespace {NAMESPACE} --values <this node's values>"
 
 
-def upgrade(node: LocalNode, tag: str) -> None:
-    """`helm upgrade` to image tag `tag` (the node's other values unchanged) and wait for the rollout."""
-    helm(
-        node,
-        "upgrade",
-        RELEASE,
-        str(CHART),
-        "--wait",
-        f"--timeout={HELM_TIMEOUT_S}s",
-        values_=values(node, tag),
-    )
+def cluster_values(nodes: list[LocalNode], root: Path, tag: str) -> dict[str, Any]:
+    """The chart's values for a local cluster: a node's values (`values`), its paths `<root>/<name>/...`
+    given as `<root>/$(NODE_NAME)/...` under `hostPaths.nodeRoot` (the one host directory mounted, each
+    pod's environment names its own node's paths), NRI on where any node has it (a node whose runtime
+    has NRI off runs eager)."""
+    first = nodes[0]
+    out = values(first, tag)
+
+    def per_node(path: str) -> str:
+        return f"{root}/$(NODE_NAME)/{Path(path).relative_to(first.workdir)}"
+
+    out["hostPaths"] = {key: per_node(path) for key, path in out["hostPaths"].items()} | {
+        "nodeRoot": str(root)
+    }
+    out["node"]["driverRoot"] = per_node(out["node"]["driverRoot"])
+    out["featureGates"]["NRISupport"] = any(node.nri for node in nodes)
+    return out
+
+
+def upgrade(node: LocalNode, tag: str, values_: dict[str, Any] | None = None) -> None:
+    """`helm upgrade` to image tag `tag` (the node's other values unchanged, or `values_` with the tag
+    set) and wait for the rollout."""
+    chosen = values(node, tag) if values_ is None else values_ | {"image": values_["image"] | {"tag": tag}}
+    helm(node, "upgrade", RELEASE, str(CHART), "--wait", f"--timeout={HELM_TIMEOUT_S}s", values_=chosen)
 
 
 def uninstall(node: LocalNode) -> None:

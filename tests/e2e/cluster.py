@@ -39,15 +39,22 @@ class NodeSpec:
 
 @dataclass
 class LocalCluster:
+    """The cluster; each node's work dir is `<workdir>/<node name>`, so that a path of one node is
+    another's with the name changed (the chart's `hostPaths.nodeRoot` relies on it)."""
+
     specs: list[NodeSpec]
     keep: bool = False
+    #: vgpud installed by the chart, one DaemonSet across the nodes (tests/e2e/chart.py), instead of
+    #: a host process on each
+    chart: bool = False
     workdir: Path = field(default_factory=lambda: Path(tempfile.mkdtemp(prefix="vgn", dir="/tmp")))
     control: ControlPlane | None = None
     nodes: dict[str, LocalNode] = field(default_factory=dict)
     _run_before: HostRunState | None = None
 
     def start(self, timeout_s: float = READY_TIMEOUT_S) -> None:
-        """The control plane, then each node in turn until it is Ready with vgpud serving."""
+        """The control plane, then each node in turn until it is Ready with vgpud serving (with
+        `chart`: every node Ready, then the chart installed, then vgpud serving on each)."""
         for line in reap_dead_nodes(own=self.workdir):
             print(f"local cluster: {line}", file=sys.stderr, flush=True)
         mark_owner(self.workdir)
@@ -62,12 +69,21 @@ class LocalCluster:
                     containerd=spec.containerd,
                     fake_gpu=True,
                     keep=self.keep,
+                    workdir=self.workdir / spec.name,
                     control=self.control,
                     cgroup_root=f"/{CLUSTER_CGROUP_PREFIX}{spec.name}",
                     vgpud_module=spec.vgpud_module,
+                    chart=self.chart,
                 )
                 self.nodes[spec.name] = node
-                node.start(timeout_s)
+                node.start(timeout_s, with_vgpud=not self.chart)
+            if self.chart:
+                from tests.e2e import chart
+
+                deadline = time.monotonic() + timeout_s
+                chart.install_on_cluster(list(self.nodes.values()), self.workdir, deadline)
+                for node in self.nodes.values():
+                    node.wait_serving(deadline)
         except BaseException:
             self.stop()
             raise

@@ -9,8 +9,8 @@ SIGKILL leaves nothing to run, so each node marks its work dir with its launcher
 process start time, so a reused PID is not mistaken for it), and the next start reaps every marked
 dir whose launcher is gone: the processes whose command line or environment names that dir (etcd,
 the API server, the controller manager, the scheduler, containerd and its shims, the kubelet,
-vgpud), the mounts under it, runc state that points into it, its node IP on `lo` (nodeip.py) and the
-dir itself. The kubelet's `kubepods` cgroups are shared by
+vgpud), the mounts under it, runc state that points into it, its node IP on `lo` (nodeip.py; a
+cluster's, one per node dir inside it) and the dir itself. The kubelet's `kubepods` cgroups are shared by
 every node on the host, so they are cleared (their processes killed first) only when no other node's
 launcher is alive.
 """
@@ -28,7 +28,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from types import FrameType
 
-from tests.e2e.nodeip import release_node_ip
+from tests.e2e.nodeip import NODE_IP_FILE, release_node_ip
 
 #: the marker file in a node's work dir: "<launcher pid> <its start time in clock ticks>"
 OWNER_FILE = ".local-node-owner"
@@ -199,9 +199,10 @@ def reap_dead_nodes(own: Path | None = None) -> list[str]:
         for state in _runc_states_naming(workdir):
             shutil.rmtree(state, ignore_errors=True)
             removed.append(f"removed runc state {state}")
-        address = release_node_ip(workdir)
-        if address:
-            removed.append(f"removed the node IP {address} from lo")
+        for node_dir in (workdir, *(f.parent for f in workdir.glob(f"*/{NODE_IP_FILE}"))):  # a cluster's
+            address = release_node_ip(node_dir)
+            if address:
+                removed.append(f"removed the node IP {address} from lo")
         shutil.rmtree(workdir, ignore_errors=True)
         removed.append(f"removed {workdir}")
     others_alive = any(owner_alive(d) for d in node_dirs() if d != own)

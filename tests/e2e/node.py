@@ -363,7 +363,9 @@ class LocalNode:
     def __exit__(self, *exc: object) -> None:
         self.stop()
 
-    def start(self, timeout_s: float = READY_TIMEOUT_S) -> None:
+    def start(self, timeout_s: float = READY_TIMEOUT_S, *, with_vgpud: bool = True) -> None:
+        """The node until it is Ready, then vgpud until it serves; `with_vgpud=False` (a cluster that
+        installs the chart on all its nodes at once): the node only, then `wait_serving()`."""
         env = node_env(self.containerd)
         if not node_available(self.containerd):
             raise FileNotFoundError(
@@ -372,6 +374,7 @@ class LocalNode:
         self.env = env
         for line in reap_dead_nodes(own=self.workdir):
             print(f"local node: {line}", file=sys.stderr, flush=True)
+        self.workdir.mkdir(parents=True, exist_ok=True)  # a cluster's node: under the cluster's dir
         mark_owner(self.workdir)
         self.node_ip = claim_node_ip(self.workdir)
         deadline = time.monotonic() + timeout_s
@@ -392,6 +395,8 @@ class LocalNode:
             self._import_images()
             self._start_kubelet()
             self._wait_node_ready(deadline)
+            if not with_vgpud:
+                return
             if self.chart:
                 from tests.e2e import chart
 
@@ -399,12 +404,16 @@ class LocalNode:
             else:
                 self.install_device_class()
                 self.start_vgpud()
-            self.wait_vgpud(deadline)
-            self.wait_slices(deadline)
-            self.wait_plugin_registered(deadline)
+            self.wait_serving(deadline)
         except BaseException:
             self.stop()
             raise
+
+    def wait_serving(self, deadline: float) -> None:
+        """Until vgpud serves, publishes its devices and the kubelet has registered its plugin."""
+        self.wait_vgpud(deadline)
+        self.wait_slices(deadline)
+        self.wait_plugin_registered(deadline)
 
     def stop(self) -> None:
         """Everything down by PID in reverse order, then mounts, cgroups, the temp dir. Idempotent."""

@@ -100,8 +100,39 @@ app.kubernetes.io/component: {{ .component }}
 
 {{/* Settings that are valid one by one (the schema checks those) but not together: refused with a
 message that names them, as vgpud refuses them at start, so a bad release never rolls out. */}}
+{{/* "true" when host path .path lies under hostPaths.nodeRoot .root, which mounts it; "" otherwise. */}}
+{{- define "vgpud.underNodeRoot" -}}
+{{- if and .root (hasPrefix (printf "%s/" (trimSuffix "/" .root)) .path) }}true{{ end }}
+{{- end }}
+
+{{- define "vgpud.validateNodeRoot" -}}
+{{- $v := .Values }}
+{{- $root := $v.hostPaths.nodeRoot }}
+{{- $paths := dict "node.driverRoot" $v.node.driverRoot }}
+{{- range $key := list "managerDir" "cdiRoot" "nriRoot" "kubeletRegistrarDir" "kubeletPluginsDir" }}
+{{- $_ := set $paths (printf "hostPaths.%s" $key) (index $v.hostPaths $key) }}
+{{- end }}
+{{- $under := list }}
+{{- range $name, $path := $paths }}
+{{- if include "vgpud.underNodeRoot" (dict "root" $root "path" $path) }}
+{{- $under = append $under $name }}
+{{- else if contains "$(" $path }}
+{{- fail (printf "%s (%s) names a variable: only a path under hostPaths.nodeRoot may (each pod resolves $(NODE_NAME) in its environment; a hostPath volume cannot)" $name $path) }}
+{{- end }}
+{{- end }}
+{{- if $root }}
+{{- if or (not (hasPrefix "/" $root)) (eq (trimSuffix "/" $root) "") (contains "$(" $root) }}
+{{- fail (printf "hostPaths.nodeRoot (%s) must be an absolute directory other than / and name no variable" $root) }}
+{{- end }}
+{{- if not $under }}
+{{- fail (printf "hostPaths.nodeRoot (%s) is set but no host path lies under it: it would mount a directory vgpud does not use" $root) }}
+{{- end }}
+{{- end }}
+{{- end }}
+
 {{- define "vgpud.validate" -}}
 {{- $v := .Values }}
+{{- include "vgpud.validateNodeRoot" . }}
 {{- if and $v.kubernetesServiceHost (not $v.kubernetesServicePort) }}
 {{- fail "kubernetesServiceHost is set without kubernetesServicePort: give both" }}
 {{- end }}
