@@ -34,7 +34,7 @@ from tests.chart.chart import (
 )
 from tests.support import REPO
 from vgpud.config import OPTIONS, Settings, settings_from
-from vgpud.relaxations import Relaxation, nri_selector
+from vgpud.relaxations import Relaxation, nri_selector_optional
 from vgpud.webhook.config import WEBHOOK_OPTIONS, WebhookSettings, webhook_settings_from
 
 #: the driver's roots, mounted elsewhere in the container: vgpud maps what it sees there to host paths
@@ -275,12 +275,14 @@ def selectors(device_class: Manifest) -> list[str]:
 
 
 def test_default_device_classes_and_relaxations() -> None:
-    """Two classes by default, the second only for devices of NRI nodes; both relaxations off, so the
-    webhook is not told of NRI classes (it refuses them without a relaxation)."""
+    """Two classes by default, the second only for devices of NRI nodes (by CEL's optional form, false
+    rather than an error on a node whose vgpud does not publish nriMode yet, during a rolling upgrade);
+    both relaxations off, so the webhook is not told of NRI classes (it refuses them without a
+    relaxation)."""
     manifests = render()
     vgpu = f"device.driver == '{DRIVER}' && device.attributes['{DRIVER}'].type == 'vgpu'"
     classes = {m["metadata"]["name"]: selectors(m) for m in find(manifests, "DeviceClass")}
-    assert classes == {"vgpu-manager": [vgpu], "vgpu-manager-nri": [vgpu, nri_selector(DRIVER)]}
+    assert classes == {"vgpu-manager": [vgpu], "vgpu-manager-nri": [vgpu, nri_selector_optional(DRIVER)]}
     env = env_of(one(manifests, "Deployment", "-webhook"))
     assert (env["ALLOW_MULTIPLE_VGPU_CLAIMS_PER_CONTAINER"], env["ALLOW_VGPU_CLAIMS_ACROSS_PODS"]) == (
         "false",
@@ -317,8 +319,11 @@ def test_relaxations_on_reach_the_webhook_with_the_nri_classes(
     assert policy.relaxations == relaxations
     assert policy.nri_classes == {"vgpu-a100-nri", "vgpu-manager-nri"}
     by_name = {m["metadata"]["name"]: selectors(m) for m in find(manifests, "DeviceClass")}
-    assert by_name["vgpu-a100-nri"][1:] == [nri_selector(DRIVER), "device.attributes['x'].model == 'A100'"]
-    assert nri_selector(DRIVER) not in by_name["vgpu-manager"]
+    assert by_name["vgpu-a100-nri"][1:] == [
+        nri_selector_optional(DRIVER),
+        "device.attributes['x'].model == 'A100'",
+    ]
+    assert nri_selector_optional(DRIVER) not in by_name["vgpu-manager"]
     # without an nriOnly class the webhook still runs: claims select NRI nodes by the selector
     plain = render({"deviceClasses": classes[:1], "webhook": {"relaxations": switches}})
     env = resolved_env(one(plain, "Deployment", "-webhook"))

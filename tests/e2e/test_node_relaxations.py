@@ -29,7 +29,7 @@ from tests.e2e.node import DEVICE_CLASS, DRIVER, LocalNode
 from tests.kubeapi import free_port
 from tests.unit.webhook.process import WebhookProcess
 from vgpud.partition.nrionly import RefusalReason
-from vgpud.relaxations import NRI_MODE_ATTRIBUTE, Relaxation, nri_selector
+from vgpud.relaxations import NRI_MODE_ATTRIBUTE, Relaxation, nri_selector, nri_selector_optional
 
 RESOURCE = "/apis/resource.k8s.io/v1"
 REFUSALS = "vgpud_prepare_refusals_total"
@@ -82,10 +82,11 @@ def relaxing_webhook(node: LocalNode, workdir: Path, ns: str) -> Iterator[Webhoo
 
 
 def install_nri_class(node: LocalNode) -> None:
-    """The chart's `vgpu-manager-nri` class: the node's vGPU class plus the NRI selector."""
+    """The chart's `vgpu-manager-nri` class: the node's vGPU class plus the NRI selector (its optional
+    form, as the chart renders it)."""
     expressions = [
         f"device.driver == '{DRIVER}' && device.attributes['{DRIVER}'].type == 'vgpu'",
-        nri_selector(DRIVER),
+        nri_selector_optional(DRIVER),
     ]
     body = {
         "metadata": {"name": NRI_CLASS},

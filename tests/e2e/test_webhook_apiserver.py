@@ -22,7 +22,7 @@ from tests.e2e.admission import DENIED, Answer, call, configuration
 from tests.kubeapi import ApiServer, free_port
 from tests.unit.webhook.builders import review
 from tests.unit.webhook.process import WebhookProcess
-from vgpud.relaxations import nri_selector
+from vgpud.relaxations import nri_selector, nri_selector_optional
 from vgpud.webhook.tls import ensure_self_signed
 
 DRIVER = "manager.nvidia.com"
@@ -97,7 +97,7 @@ def webhook_cluster(
     suffix = uuid.uuid4().hex[:8]
     namespace = f"vgpud-webhook-{suffix}"
     _ensure(api, "/api/v1/namespaces", {"metadata": {"name": namespace}})
-    for name, selectors in (("vgpu-manager", []), (NRI_CLASS, [nri_selector(DRIVER)])):
+    for name, selectors in (("vgpu-manager", []), (NRI_CLASS, [nri_selector_optional(DRIVER)])):
         expressions = [f"device.driver == '{DRIVER}'", *selectors]
         spec = {"selectors": [{"cel": {"expression": e}} for e in expressions]}
         _ensure(api, f"{RESOURCE}/deviceclasses", {"metadata": {"name": name}, "spec": spec})
@@ -324,6 +324,11 @@ RELAXED_FLAGS = (
     NRI_CLASS,
 )
 SELECTOR = nri_selector(DRIVER)
+#: the fix a denial names: both selector forms
+ADD = (
+    f'add the selector "{SELECTOR}" (or, while some nodes run a vgpud that does not publish nriMode, '
+    f'"{nri_selector_optional(DRIVER)}")'
+)
 
 
 @pytest.fixture(scope="module")
@@ -380,8 +385,8 @@ def test_relaxed_two_claims_in_a_container_need_the_selector(relaxed: Cluster) -
     assert denied.message == (
         f'{DENIED}pod {relaxed.namespace}/mixed: app container "main" uses 2 vGPU claims (claim "nri-c" '
         '(request "r0"), claim "plain-a" (request "r0")); a container may use several vGPU claims only when '
-        f'each selects NRI nodes, and claim "plain-a" does not: add the selector "{SELECTOR}" to each of '
-        f'its vGPU requests, or request the NRI DeviceClass "{NRI_CLASS}"'
+        f'each selects NRI nodes, and claim "plain-a" does not: {ADD} to each of its vGPU requests, or '
+        f'request the NRI DeviceClass "{NRI_CLASS}"'
     )
     assert call(relaxed.api, "GET", relaxed.path("pods", "mixed")).status == 404
 
@@ -405,8 +410,8 @@ def test_relaxed_a_claim_across_pods_needs_the_selector_and_each_request_stays_o
     assert denied.message == (
         f'{DENIED}pod {relaxed.namespace}/plain-2: app container "main" uses request "r1" of vGPU claim '
         f'"plain", whose request "r0" app container "main" of pod {relaxed.namespace}/plain-1 uses; several '
-        f'pods may use one vGPU claim only when it selects NRI nodes, and claim "plain" does not: add the '
-        f'selector "{SELECTOR}" to each of its vGPU requests, or request the NRI DeviceClass "{NRI_CLASS}"'
+        f'pods may use one vGPU claim only when it selects NRI nodes, and claim "plain" does not: {ADD} to '
+        f'each of its vGPU requests, or request the NRI DeviceClass "{NRI_CLASS}"'
     )
 
 

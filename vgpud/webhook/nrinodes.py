@@ -4,13 +4,21 @@ A relaxed shape is safe only where NRI gives each container its own directory (v
 The scheduler keeps a request on such nodes when every device it may get has the node's
 `NRI_MODE_ATTRIBUTE` set, which a request says in one of two ways:
 
-- its device class is one of the NRI DeviceClasses (`Policy.nri_classes`: classes whose own
-  selectors include the test, as the chart's `nriOnly` classes do);
-- one of its own CEL selectors is exactly the attribute test, `nri_selector(driver)` or the bare
-  attribute, whitespace-insensitive, with either quote. Selectors are ANDed, so one such selector is
-  enough; any other expression (another driver, `!= false`, `||`, the test inside a larger expression)
-  does not count: deciding what a CEL expression implies is not this webhook's job, and a false "no"
-  only costs a denial that says how to write the selector.
+- its device class is one of the NRI DeviceClasses (`Policy.nri_classes`: NRI by name, whatever their
+  own selectors say; the chart's `nriOnly` classes select the attribute, in the optional form below);
+- one of its own CEL selectors is exactly the attribute test, in one of these forms (`<driver>` the
+  driver's name, quoted with ' or "), each optionally followed by `== true`:
+
+  - `device.attributes['<driver>'].nriMode` (`nri_selector(driver)`);
+  - `device.attributes['<driver>'].?nriMode.orValue(false)` (`nri_selector_optional(driver)`): CEL's
+    optional syntax, false on a device without the attribute, for a rolling upgrade from a vgpud that
+    did not publish it (there the plain form is a CEL runtime error, "no such key", which aborts the
+    allocation). Only `orValue(false)`: `orValue(true)` would also select the nodes without it.
+
+  CEL's whitespace may separate any two tokens (`.` and `?` are two). Selectors are ANDed, so one such
+  selector is enough; any other expression (another driver, `!= false`, `||`, `!`, the test inside a
+  larger expression) does not count: deciding what a CEL expression implies is not this webhook's
+  job, and a false "no" only costs a denial that says how to write the selector.
 
 A `firstAvailable` request selects NRI nodes when every alternative does (the scheduler may pick any).
 """
@@ -30,16 +38,22 @@ _WS = "[ \t\n\r\f]*"
 
 @cache
 def _attribute_test(driver: str) -> re.Pattern[str]:
-    """`device.attributes['<driver>'].nriMode`, optionally `== true`, tokens apart as CEL allows."""
+    """`device.attributes['<driver>'].nriMode` or `device.attributes['<driver>'].?nriMode.orValue(false)`,
+    optionally `== true`, tokens apart as CEL allows (its grammar has no `.?` token: `.` then `?`)."""
     dot = rf"{_WS}\.{_WS}"
+    plain = rf"{dot}{NRI_MODE_ATTRIBUTE}"
+    optional = rf"{dot}\?{_WS}{NRI_MODE_ATTRIBUTE}{dot}orValue{_WS}\({_WS}false{_WS}\)"
     return re.compile(
         rf"{_WS}device{dot}attributes{_WS}\[{_WS}(['\"]){re.escape(driver)}\1{_WS}\]"
-        rf"{dot}{NRI_MODE_ATTRIBUTE}{_WS}(=={_WS}true{_WS})?"
+        rf"(?:{plain}|{optional}){_WS}(?:=={_WS}true{_WS})?"
     )
 
 
 def is_nri_selector(expression: Any, driver: str) -> bool:
-    """Whether a CEL expression is exactly the test for `driver`'s NRI-mode attribute."""
+    """Whether a CEL expression is exactly the test for `driver`'s NRI-mode attribute: the plain
+    `nri_selector` or the optional `nri_selector_optional`, each optionally `== true`. The optional
+    form counts only with `orValue(false)`; `orValue(true)` selects devices without the attribute too
+    (the nodes of a vgpud that does not publish it, eager or not), so it does not."""
     return isinstance(expression, str) and _attribute_test(driver).fullmatch(expression) is not None
 
 

@@ -14,7 +14,7 @@ from enum import StrEnum
 from functools import cached_property
 
 from vgpud.partition.model import ContainerRef
-from vgpud.relaxations import Relaxation, nri_selector
+from vgpud.relaxations import Relaxation, nri_selector, nri_selector_optional
 from vgpud.webhook.claims import ClaimId, Policy, Use
 
 
@@ -103,8 +103,10 @@ def _outside_text(policy: Policy, outside: Sequence[ClaimId]) -> str:
     else:
         by_class = "a DeviceClass for NRI nodes (the webhook has none: --nri-device-classes)"
     return (
-        f'{claims} {"do" if many else "does"} not: add the selector "{nri_selector(policy.driver)}" '
-        f"to each of {'their' if many else 'its'} vGPU requests, or request {by_class}"
+        f'{claims} {"do" if many else "does"} not: add the selector "{nri_selector(policy.driver)}" (or, '
+        "while some nodes run a vgpud that does not publish nriMode, "
+        f'"{nri_selector_optional(policy.driver)}") to each of {"their" if many else "its"} vGPU requests, '
+        f"or request {by_class}"
     )
 
 

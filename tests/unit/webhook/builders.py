@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import copy
 import uuid
-from collections.abc import AsyncIterator, Collection, Mapping
+from collections.abc import AsyncIterator, Callable, Collection, Mapping
 from contextlib import asynccontextmanager
 from typing import Any
 
@@ -41,10 +41,13 @@ def spec_claim(name: str, *requests: dict[str, Any], uid: str | None = None) -> 
     }
 
 
-def nri_request(name: str, device_class: str = "vgpu-manager") -> dict[str, Any]:
-    """An `exactly` request that selects NRI nodes by its own selector (`nri_selector`)."""
+def nri_request(
+    name: str, device_class: str = "vgpu-manager", *, selector: Callable[[str], str] = nri_selector
+) -> dict[str, Any]:
+    """An `exactly` request that selects NRI nodes by its own selector (`nri_selector`, or
+    `nri_selector_optional`)."""
     out = o.exactly(name, device_class)
-    out["exactly"]["selectors"] = [{"cel": {"expression": nri_selector(o.DRIVER)}}]
+    out["exactly"]["selectors"] = [{"cel": {"expression": selector(o.DRIVER)}}]
     return out
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -26,6 +27,7 @@ from tests.unit.webhook.builders import (
 )
 from vgpud.kube.api import KubeError
 from vgpud.recorder import Outcome
+from vgpud.relaxations import nri_selector, nri_selector_optional
 from vgpud.webhook.admit import Admitter
 from vgpud.webhook.review import AdmissionRequest, parse_review
 
@@ -71,12 +73,15 @@ async def test_a_valid_pod_is_allowed_and_recorded_as_checked() -> None:
     assert admitter.recorder.recent()[0].outcome == Outcome.OK
 
 
-async def test_another_pod_of_the_namespace_holding_the_request_or_the_claim_denies() -> None:
+@pytest.mark.parametrize("form", [nri_selector, nri_selector_optional], ids=["plain", "optional"])
+async def test_another_pod_of_the_namespace_holding_the_request_or_the_claim_denies(
+    form: Callable[[str], str],
+) -> None:
     """Rule 4 (the request) always; rule 5 (the claim) unless relaxed for a claim that selects NRI
-    nodes; a pod of another namespace holds nothing here."""
+    nodes, by either selector form; a pod of another namespace holds nothing here."""
     holder = o.pod("holder", o.POD2_UID, containers=[c("x", ref("gpu", "r0"))])
     elsewhere = o.pod("far", o.POD1_UID, containers=[c("x", ref("gpu", "r1"))], namespace="team-b")
-    nri = spec_claim("gpu-claim", nri_request("r0"), nri_request("r1"))
+    nri = spec_claim("gpu-claim", nri_request("r0", selector=form), nri_request("r1", selector=form))
     for claim, policy, r1_allowed in ((GPU, POLICY, False), (GPU, RELAXED, False), (nri, RELAXED, True)):
         admitter = Admitter(FakeLookup({"gpu-claim": claim}, pods=[holder, elsewhere]), policy)
         same = await admitter.decide(request_of(review(new_pod(c("a", ref("gpu", "r0"))))))

@@ -1,5 +1,6 @@
-"""Which requests and claim specs select NRI nodes: the selector forms that count, those that do not,
-the NRI DeviceClasses, and each request shape (exactly, firstAvailable, v1beta1)."""
+"""Which requests and claim specs select NRI nodes: the selector forms that count (plain, and CEL's
+optional one for a roll from a vgpud without nriMode), those that do not, the NRI DeviceClasses, and
+each request shape (exactly, firstAvailable, v1beta1)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ from typing import Any
 import pytest
 
 from tests import objects as o
-from vgpud.relaxations import nri_selector
+from vgpud.relaxations import nri_selector, nri_selector_optional
 from vgpud.webhook.nrinodes import is_nri_selector, request_selects_nri_nodes, spec_selects_nri_nodes
 
 DRIVER = o.DRIVER
@@ -26,6 +27,15 @@ NRI_CLASSES = frozenset({"vgpu-manager-nri"})
         'device.attributes["manager.nvidia.com"].nriMode',
         "  device . attributes [ 'manager.nvidia.com' ] . nriMode  ==  true  ",
         "device.attributes['manager.nvidia.com'].nriMode\n\t== true\n",
+        # CEL's optional syntax: false on a device without the attribute
+        nri_selector_optional(DRIVER),
+        "device.attributes['manager.nvidia.com'].?nriMode.orValue(false)",
+        'device.attributes["manager.nvidia.com"].?nriMode.orValue(false)',
+        "device.attributes['manager.nvidia.com'].?nriMode.orValue(false) == true",
+        'device.attributes["manager.nvidia.com"].?nriMode.orValue(false)==true',
+        "  device . attributes [ 'manager.nvidia.com' ] .? nriMode . orValue ( false )  ==  true  ",
+        "device.attributes['manager.nvidia.com']\n\t.?nriMode\n\t.orValue(\tfalse\n)\n",
+        "device.attributes['manager.nvidia.com']. ? nriMode.orValue(false)",  # `.` and `?`: two tokens
     ],
 )
 def test_the_attribute_test_counts(expression: str) -> None:
@@ -51,6 +61,28 @@ def test_the_attribute_test_counts(expression: str) -> None:
         "device.attributes['manager.nvidia.com'].nriModeX",
         "device.capacity['manager.nvidia.com'].nriMode == true",
         "device.attributes['manager.nvidia.com'].nriMode == true // comment",
+        # the optional form: only `orValue(false)` (true would select nodes without the attribute)
+        "device.attributes['manager.nvidia.com'].?nriMode.orValue(true)",
+        "device.attributes['manager.nvidia.com'].?nriMode.orValue(true) == true",
+        "device.attributes['other.example.com'].?nriMode.orValue(false)",
+        "device.attributes['manager.nvidia.com'].?nriMode",
+        "device.attributes['manager.nvidia.com'].?nriMode == true",
+        "device.attributes['manager.nvidia.com'].?nriMode.hasValue()",
+        "device.attributes['manager.nvidia.com'].?nriMode.orValue(false) || x",
+        "device.attributes['manager.nvidia.com'].?nriMode.orValue(false) || true",
+        "device.attributes['manager.nvidia.com'].?nriMode.orValue(false) == false",
+        "device.attributes['manager.nvidia.com'].?nriMode.orValue(false) != false",
+        "!device.attributes['manager.nvidia.com'].?nriMode.orValue(false)",
+        "!!device.attributes['manager.nvidia.com'].?nriMode.orValue(false)",
+        "!device.attributes['manager.nvidia.com'].?nriMode.orValue(true)",
+        "device.attributes['manager.nvidia.com'].?nriMode.orValue(False)",
+        "device.attributes['manager.nvidia.com'].?nriMode.orValue()",
+        "device.attributes['manager.nvidia.com'].?nriMode.orValue(0)",
+        "device.attributes['manager.nvidia.com'].?nriMode.value()",
+        "device.attributes['manager.nvidia.com'].?nriMode.orValue(false).orValue(false)",
+        "device.attributes['manager.nvidia.com'].nriMode.orValue(false)",  # no `?`
+        "device.attributes['manager.nvidia.com']?.nriMode.orValue(false)",  # `?.` is not CEL's
+        "device.attributes[?'manager.nvidia.com'].?nriMode.orValue(false)",
         "",
         None,
         42,
@@ -64,9 +96,12 @@ def test_the_driver_is_matched_literally() -> None:
     """A driver name's dots are dots, not any character."""
     assert not is_nri_selector("device.attributes['managerXnvidiaXcom'].nriMode", DRIVER)
     assert is_nri_selector(nri_selector("vgpu.example.com"), "vgpu.example.com")
+    assert not is_nri_selector("device.attributes['managerXnvidiaXcom'].?nriMode.orValue(false)", DRIVER)
+    assert is_nri_selector(nri_selector_optional("vgpu.example.com"), "vgpu.example.com")
 
 
 SELECTOR = [{"cel": {"expression": nri_selector(DRIVER)}}]
+OPTIONAL = [{"cel": {"expression": nri_selector_optional(DRIVER)}}]
 OTHER = [{"cel": {"expression": "device.attributes['manager.nvidia.com'].model == 'A100'"}}]
 
 
@@ -94,12 +129,15 @@ def first_available(*alternatives: tuple[str, list[Any] | None]) -> dict[str, An
         (exactly(selectors=OTHER), False),
         (exactly(selectors=SELECTOR), True),
         (exactly(selectors=OTHER + SELECTOR), True),  # selectors are ANDed: one is enough
+        (exactly(selectors=OPTIONAL), True),
+        (exactly(selectors=OTHER + OPTIONAL), True),
         (exactly("vgpu-manager-nri"), True),
         (exactly("vgpu-manager-nri", OTHER), True),
         (exactly(selectors=[{"cel": None}, {"x": 1}, "junk"]), False),
         (exactly(selectors=[{"cel": {"expression": ["device..."]}}]), False),
         (first_available(("vgpu-manager", SELECTOR), ("vgpu-manager-nri", None)), True),
         (first_available(("vgpu-manager", SELECTOR), ("vgpu-manager", None)), False),
+        (first_available(("vgpu-manager", SELECTOR), ("vgpu-manager", OPTIONAL)), True),
         (first_available(("vgpu-manager", None), ("vgpu-manager-nri", OTHER)), False),
         ({"name": "r", "deviceClassName": "vgpu-manager", "selectors": SELECTOR}, True),  # v1beta1
         ({"name": "r", "deviceClassName": "vgpu-manager-nri"}, True),  # v1beta1
@@ -112,12 +150,15 @@ def first_available(*alternatives: tuple[str, list[Any] | None]) -> dict[str, An
         "exactly, another selector",
         "exactly, the selector",
         "exactly, another selector and the selector",
+        "exactly, the optional selector",
+        "exactly, another selector and the optional selector",
         "exactly, the NRI class",
         "exactly, the NRI class and another selector",
         "exactly, selectors without CEL",
         "exactly, an expression that is not a string",
         "firstAvailable, every alternative",
         "firstAvailable, one alternative not",
+        "firstAvailable, the selector and the optional selector",
         "firstAvailable, the NRI class alternative's own selector does not matter, the other's does",
         "v1beta1, the selector",
         "v1beta1, the NRI class",

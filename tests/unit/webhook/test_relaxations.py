@@ -1,9 +1,11 @@
 """The two relaxations, allowed and denied: switch off / on x the claims select NRI nodes or not x
 named claim / template / firstAvailable / NRI DeviceClass, at pod CREATE and at reservation; and the
-denials' messages (the switch that lifts the rule, or the claims that do not select and the fix)."""
+denials' messages (the switch that lifts the rule, or the claims that do not select and the fix); both
+selector forms (plain, and CEL's optional one for a roll from a vgpud without nriMode)."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -20,7 +22,7 @@ from tests.unit.webhook.builders import (
     spec_claim,
     template,
 )
-from vgpud.relaxations import Relaxation
+from vgpud.relaxations import Relaxation, nri_selector, nri_selector_optional
 from vgpud.webhook.claims import Policy, claim_selects_nri_nodes, template_selects_nri_nodes
 from vgpud.webhook.rules import check_claim_status, check_pod
 from vgpud.webhook.violations import Rule, summary
@@ -284,6 +286,12 @@ def message(pod: dict[str, Any], policy: Policy, others: tuple[dict[str, Any], .
 
 
 SELECTOR = "device.attributes['manager.nvidia.com'].nriMode == true"
+OPTIONAL = "device.attributes['manager.nvidia.com'].?nriMode.orValue(false)"
+#: the fix a denial names: both selector forms
+ADD = (
+    f'add the selector "{SELECTOR}" (or, while some nodes run a vgpud that does not publish nriMode, '
+    f'"{OPTIONAL}")'
+)
 
 
 def test_rule_1_switch_off_names_the_switch() -> None:
@@ -298,14 +306,14 @@ def test_rule_1_switch_on_names_the_claims_that_do_not_select_and_the_fix() -> N
     assert message(two_claims("plain", "sel"), RELAXED) == (
         'pod default/new: app container "a" uses 2 vGPU claims (claim "plain" (request "r0"), claim "sel" '
         '(request "r0")); a container may use several vGPU claims only when each selects NRI nodes, and '
-        f'claim "plain" does not: add the selector "{SELECTOR}" to each of its vGPU requests, or request '
+        f'claim "plain" does not: {ADD} to each of its vGPU requests, or request '
         'the NRI DeviceClass "vgpu-manager-nri"'
     )
     assert message(two_claims("half", "plain-template"), RELAXED) == (
         'pod default/new: app container "a" uses 2 vGPU claims (claim "half" (request "r0"), claim "two" '
         '(generated from template "plain-template") (request "r0")); a container may use several vGPU '
         'claims only when each selects NRI nodes, and claims "half", "two" (generated from template '
-        f'"plain-template") do not: add the selector "{SELECTOR}" to each of their vGPU requests, or '
+        f'"plain-template") do not: {ADD} to each of their vGPU requests, or '
         'request the NRI DeviceClass "vgpu-manager-nri"'
     )
 
@@ -322,7 +330,7 @@ def test_rule_5_switch_on_names_the_claim_and_the_fix() -> None:
     assert message(uses("plain", "r1"), RELAXED, (holder("plain"),)) == (
         'pod default/new: app container "a" uses request "r1" of vGPU claim "plain", whose request "r0" app '
         'container "x" of pod default/other uses; several pods may use one vGPU claim only when it selects '
-        f'NRI nodes, and claim "plain" does not: add the selector "{SELECTOR}" to each of its vGPU '
+        f'NRI nodes, and claim "plain" does not: {ADD} to each of its vGPU '
         'requests, or request the NRI DeviceClass "vgpu-manager-nri"'
     )
 
@@ -330,7 +338,7 @@ def test_rule_5_switch_on_names_the_claim_and_the_fix() -> None:
 def test_without_nri_classes_the_fix_says_none_is_configured() -> None:
     policy = replace(RELAXED, nri_classes=frozenset())
     assert message(uses("plain", "r1"), policy, (holder("plain"),)).endswith(
-        f'add the selector "{SELECTOR}" to each of its vGPU requests, or request a DeviceClass for NRI '
+        f"{ADD} to each of its vGPU requests, or request a DeviceClass for NRI "
         "nodes (the webhook has none: --nri-device-classes)"
     )
     two = replace(
@@ -339,3 +347,44 @@ def test_without_nri_classes_the_fix_says_none_is_configured() -> None:
     assert message(uses("plain", "r1"), two, (holder("plain"),)).endswith(
         'or request the NRI DeviceClasses "b-nri", "vgpu-manager-nri"'
     )
+
+
+# --------------------------------------------------------------------------------------------------
+# Both selector forms: the plain one and CEL's optional one (for a roll from a vgpud without nriMode)
+
+FORMS = pytest.mark.parametrize("form", [nri_selector, nri_selector_optional], ids=["plain", "optional"])
+
+
+def by_form(form: Callable[[str], str]) -> dict[str, dict[str, Any]]:
+    """Claims "one" and "two", each of two requests that select NRI nodes by `form`."""
+    return {
+        name: spec_claim(name, nri_request("r0", selector=form), nri_request("r1", selector=form))
+        for name in ("one", "two")
+    }
+
+
+@FORMS
+def test_either_selector_form_admits_the_relaxed_shapes(form: Callable[[str], str]) -> None:
+    claims = by_form(form)
+    both = o.pod(
+        "new",
+        POD3_UID,
+        containers=[c("a", ref("gpu", "r0"), ref("more", "r0"))],
+        claims={"gpu": "one", "more": "two"},
+    )
+    assert check_pod(both, claims, {}, [], RELAXED) == []
+    assert [v.rule for v in check_pod(both, claims, {}, [], OFF)] == [Rule.ONE_CLAIM_PER_CONTAINER]
+    across = o.pod("new", POD3_UID, containers=[c("a", ref("gpu", "r1"))], claims={"gpu": "one"})
+    held = o.pod("other", o.POD2_UID, containers=[c("x", ref("gpu", "r0"))], claims={"gpu": "one"})
+    assert check_pod(across, claims, {}, [held], RELAXED) == []
+    assert [v.rule for v in check_pod(across, claims, {}, [held], OFF)] == [Rule.ONE_POD_PER_CLAIM]
+
+
+def test_or_value_true_does_not_select_nri_nodes() -> None:
+    """`orValue(true)` also selects the devices of nodes without the attribute: denied, with the fix."""
+    claims = by_form(lambda driver: f"device.attributes['{driver}'].?nriMode.orValue(true)")
+    across = o.pod("new", POD3_UID, containers=[c("a", ref("gpu", "r1"))], claims={"gpu": "one"})
+    held = o.pod("other", o.POD2_UID, containers=[c("x", ref("gpu", "r0"))], claims={"gpu": "one"})
+    (violation,) = check_pod(across, claims, {}, [held], RELAXED)
+    assert violation.rule is Rule.ONE_POD_PER_CLAIM
+    assert f'claim "one" does not: {ADD} to each of its vGPU requests' in summary([violation])
