@@ -9,7 +9,8 @@ relaxations accept) and `strict` (the plain form, `.nriMode == true`).
 - Before the roll no device has the attribute: `plain` runs; `optional` and `strict` wait with a
   FailedScheduling event (for `strict`, the scheduler's CEL error names the missing key).
 - node-0 rolled: `optional` is allocated there and runs; `strict` still waits while node-1's devices
-  lack the attribute (the CEL error aborts the whole allocation, see docs/relaxations-upgrade.md).
+  lack the attribute (the CEL error aborts the whole allocation; README, "Upgrading from a vgpud
+  without `nriMode`").
 - Both rolled: every claim is allocated and every pod runs; none failed at any point, and the pods
   that ran before the roll keep their containers.
 """

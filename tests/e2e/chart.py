@@ -177,7 +177,7 @@ def cluster_values(nodes: list[LocalNode], root: Path, tag: str) -> dict[str, An
     """The chart's values for a local cluster: a node's values (`values`), its paths `<root>/<name>/...`
     given as `<root>/$(NODE_NAME)/...` under `hostPaths.nodeRoot` (the one host directory mounted, each
     pod's environment names its own node's paths), NRI on where any node has it (a node whose runtime
-    has NRI off runs eager)."""
+    has NRI off runs eager), webhook replicas as below."""
     first = nodes[0]
     out = values(first, tag)
 
@@ -189,14 +189,24 @@ def cluster_values(nodes: list[LocalNode], root: Path, tag: str) -> dict[str, An
     }
     out["node"]["driverRoot"] = per_node(out["node"]["driverRoot"])
     out["featureGates"]["NRISupport"] = any(node.nri for node in nodes)
+    # the chart's default of 2 where two nodes can hold them (one per node on the host network): an
+    # update then replaces one at a time, the other answering; a lone replica leaves a gap
+    out["webhook"]["replicas"] = min(2, len(nodes))
     return out
 
 
-def upgrade(node: LocalNode, tag: str, values_: dict[str, Any] | None = None) -> None:
-    """`helm upgrade` to image tag `tag` (the node's other values unchanged, or `values_` with the tag
-    set) and wait for the rollout."""
-    chosen = values(node, tag) if values_ is None else values_ | {"image": values_["image"] | {"tag": tag}}
-    helm(node, "upgrade", RELEASE, str(CHART), "--wait", f"--timeout={HELM_TIMEOUT_S}s", values_=chosen)
+def upgrade(node: LocalNode, tag: str) -> None:
+    """`helm upgrade` to image tag `tag` (the node's other values unchanged) and wait for the rollout."""
+    _upgrade(node, values(node, tag))
+
+
+def upgrade_cluster(nodes: list[LocalNode], root: Path, tag: str) -> None:
+    """`helm upgrade` a local cluster's release (`install_on_cluster`) to image tag `tag`."""
+    _upgrade(nodes[0], cluster_values(nodes, root, tag))
+
+
+def _upgrade(node: LocalNode, values_: dict[str, Any]) -> None:
+    helm(node, "upgrade", RELEASE, str(CHART), "--wait", f"--timeout={HELM_TIMEOUT_S}s", values_=values_)
 
 
 def uninstall(node: LocalNode) -> None:

@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import shutil
 import signal
+import subprocess
 import sys
 import tempfile
 import time
@@ -22,7 +23,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from tests.e2e.controlplane import ControlPlane
-from tests.e2e.leftovers import CLUSTER_CGROUP_PREFIX, mark_owner, reap_dead_nodes, stop_on_signals
+from tests.e2e.leftovers import (
+    CLUSTER_CGROUP_PREFIX,
+    mark_owner,
+    mounts_under,
+    reap_dead_nodes,
+    stop_on_signals,
+)
 from tests.e2e.node import CONTAINERD_1, READY_TIMEOUT_S, HostRunState, LocalNode
 
 
@@ -60,6 +67,8 @@ class LocalCluster:
         mark_owner(self.workdir)
         self._run_before = HostRunState.now()
         try:
+            if self.chart:
+                self._share_workdir()
             self.control = ControlPlane(self.workdir, self.workdir / "logs")
             self.control.start(timeout_s)
             for spec in self.specs:
@@ -88,10 +97,20 @@ class LocalCluster:
             self.stop()
             raise
 
+    def _share_workdir(self) -> None:
+        """The chart mounts the work dir (`hostPaths.nodeRoot`) Bidirectional, which the runtime allows
+        only on a shared mount, as / is on a systemd host (this machine's / is private): the dir is made
+        a shared mount of its own."""
+        root = str(self.workdir)
+        subprocess.run(["mount", "--bind", root, root], check=True, capture_output=True)
+        subprocess.run(["mount", "--make-rshared", root], check=True, capture_output=True)
+
     def stop(self) -> None:
         """Idempotent."""
         for name in reversed(list(self.nodes)):
             self.nodes.pop(name).stop()
+        for point in mounts_under(self.workdir):  # the shared mount of `chart`
+            subprocess.run(["umount", "-l", point], check=False, capture_output=True)
         if self._run_before is not None:  # every containerd is stopped: their entries go
             self._run_before.remove_what_appeared()
             self._run_before = None
