@@ -32,8 +32,8 @@ node-deps: build  ## containerd 1.7, runc, CNI loopback, busybox + pause + cudap
 	@./hack/install-containerd2.sh
 	@./hack/install-nvidia-ctk.sh
 
-cluster: build kube node-deps  ## a local cluster until Ctrl-C: one control plane and NODES nodes (default 2) on this host, each with its containerd, kubelet, fake GPUs and vgpud; NRI per node by commas (default on,off: one NRI node, then eager ones)
-	@$(PY) -m tests.e2e.cluster --nodes $(or $(NODES),2) --nri $(or $(NRI),on,off)
+cluster: build kube node-deps $(if $(CHART),image)  ## a local cluster until Ctrl-C: one control plane and NODES nodes (default 2) on this host, each with its containerd, kubelet, fake GPUs and vgpud; NRI per node by commas (default on,off: one NRI node, then eager ones); CONTAINERD=1.7,2 likewise; CHART=1: vgpud as the chart's DaemonSet
+	@$(PY) -m tests.e2e.cluster --nodes $(or $(NODES),2) --nri $(or $(NRI),on,off) --containerd $(or $(CONTAINERD),1.7) $(if $(CHART),--chart)
 
 cluster-test: build image kube node-deps  ## the cluster scenarios too long for make test (tests/clustertest: 100 pods on 3 nodes, a node lost, the chart across nodes and its rolling upgrade, an upgrade from a vgpud without nriMode), each one's time and the total printed
 	@start=$$(date +%s); $(PY) -m pytest -q -s --durations=0 tests/clustertest; rc=$$?; \

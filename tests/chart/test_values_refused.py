@@ -55,6 +55,11 @@ REFUSED: list[tuple[str, dict[str, Any], str]] = [
         "hostPaths.nodeRoot (/) must be an absolute directory other than /",
     ),
     ("relative node root", {"hostPaths": {"nodeRoot": "srv"}}, "/hostPaths/nodeRoot'"),
+    (
+        "a variable in the dev root",
+        {"node": {"devRoot": "/srv/$(NODE_NAME)/dev-root"}},
+        "node.devRoot (/srv/$(NODE_NAME)/dev-root) names a variable",
+    ),
     ("bad log level", {"node": {"logLevel": "trace"}}, "/node/logLevel'"),
     ("bad log format", {"node": {"logFormat": "logfmt"}}, "/node/logFormat'"),
     ("bad webhook log format", {"webhook": {"logFormat": "JSON"}}, "/webhook/logFormat'"),

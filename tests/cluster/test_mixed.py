@@ -22,7 +22,7 @@ import pytest
 
 from tests.e2e import test_node_relaxations as relaxations
 from tests.e2e import workload as w
-from tests.e2e.cluster import LocalCluster, NodeSpec
+from tests.e2e.cluster import LocalCluster, NodeSpec, started
 from tests.e2e.node import HEALTH_RECOVERY_S, LocalNode, node_available
 from tests.e2e.test_node_health import (
     TAINT_WITHIN_S,
@@ -42,12 +42,8 @@ NRI_NODE, EAGER_NODE = "node-0", "node-1"
 @pytest.fixture(scope="module")
 def cluster() -> Iterator[LocalCluster]:
     require(node_available(), "the local node's runtime", "run make node-deps (the test command does)")
-    local = LocalCluster([NodeSpec(NRI_NODE, nri=True), NodeSpec(EAGER_NODE, nri=False)])
-    local.start()
-    try:
+    with started([NodeSpec(NRI_NODE, nri=True), NodeSpec(EAGER_NODE, nri=False)]) as local:
         yield local
-    finally:
-        local.stop()
 
 
 def api(cluster: LocalCluster) -> LocalNode:

@@ -23,7 +23,7 @@ import pytest
 
 from tests.e2e import chart
 from tests.e2e import workload as w
-from tests.e2e.cluster import LocalCluster, NodeSpec
+from tests.e2e.cluster import LocalCluster, NodeSpec, started
 from tests.e2e.node import LocalNode, node_available
 from tests.support import require
 from vgpud.kube.events import Reason
@@ -39,12 +39,8 @@ ROLLOUT_TIMEOUT_S = 240.0
 def cluster() -> Iterator[LocalCluster]:
     require(node_available(), "the local node's runtime", "run make node-deps (make cluster-test does)")
     require(chart.chart_available(), "helm and the vgpud image", chart.INSTALL_HINT)
-    local = LocalCluster([NodeSpec(NRI_NODE, nri=True), NodeSpec(EAGER_NODE, nri=False)], chart=True)
-    local.start()
-    try:
+    with started([NodeSpec(NRI_NODE, nri=True), NodeSpec(EAGER_NODE, nri=False)], chart=True) as local:
         yield local
-    finally:
-        local.stop()
 
 
 def api(cluster: LocalCluster) -> LocalNode:
@@ -160,17 +156,22 @@ def test_helm_upgrade_rolls_one_node_at_a_time_while_pods_are_created(cluster: L
 
 
 def injected_once(cluster: LocalCluster, ns: str, name: str) -> bool:
-    """Once pod `name` runs: whether its container got its limits (if not, asserts it was reported
-    not injected); and asserts its claim was prepared once, on its own node only."""
+    """Once pod `name` runs: asserts its claim is prepared on its own node only (in that node's
+    checkpoint, not the other's); whether its container got its limits (then with its directory on
+    that node only), and if not, asserts vgpud reported it not injected."""
     node = api(cluster)
     pod = w.wait_running(node, ns, name)
     host = pod["spec"]["nodeName"]
     uid = w.get_claim(node, ns, name)["metadata"]["uid"]
-    dirs = {n: w.claim_subdirs(local, uid) for n, local in cluster.nodes.items()}
-    assert {n: len(d) for n, d in dirs.items()} == {n: int(n == host) for n in dirs}, (name, dirs)
+    prepared = {n: uid in w.checkpoint_claims(local) for n, local in cluster.nodes.items()}
+    assert prepared == {n: n == host for n in cluster.nodes}, (name, prepared)
     env = w.container_env(cluster.nodes[host], w.container_id(pod, "main"))
     if "1024m" in w.vgpu_limits(env).values():
+        dirs = {n: len(w.claim_subdirs(local, uid)) for n, local in cluster.nodes.items()}
+        assert dirs == {n: int(n == host) for n in cluster.nodes}, (name, dirs)
         return True
-    reasons = {e["reason"] for e in w.pod_events(node, ns, name)}
-    assert Reason.VGPU_NOT_INJECTED in reasons, (name, reasons)
-    return False
+    reasons = w.wait_for(
+        lambda: {e["reason"] for e in w.pod_events(node, ns, name)} & {Reason.VGPU_NOT_INJECTED},
+        what=f"pod {name} on {host}: its container reported not injected",
+    )
+    return not reasons

@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 from tests.e2e import workload as w
-from tests.e2e.cluster import LocalCluster, NodeSpec
+from tests.e2e.cluster import LocalCluster, NodeSpec, started
 from tests.e2e.node import LocalNode, node_available
 from tests.support import require
 
@@ -28,12 +28,8 @@ NOT_READY_WITHIN_S = 120.0
 @pytest.fixture(scope="module")
 def cluster() -> Iterator[LocalCluster]:
     require(node_available(), "the local node's runtime", "run make node-deps (make cluster-test does)")
-    local = LocalCluster([NodeSpec(KEPT), NodeSpec(LOST)])
-    local.start()
-    try:
+    with started([NodeSpec(KEPT), NodeSpec(LOST)]) as local:
         yield local
-    finally:
-        local.stop()
 
 
 def ready(node: LocalNode, name: str) -> str:

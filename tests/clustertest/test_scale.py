@@ -30,7 +30,7 @@ from tests.clustertest.placement import (
     room_for,
 )
 from tests.e2e import workload as w
-from tests.e2e.cluster import LocalCluster, NodeSpec
+from tests.e2e.cluster import LocalCluster, NodeSpec, started
 from tests.e2e.node import DRIVER, LocalNode, node_available
 from tests.support import require
 
@@ -46,12 +46,8 @@ SETTLE_TIMEOUT_S = 900.0
 @pytest.fixture(scope="module")
 def cluster() -> Iterator[LocalCluster]:
     require(node_available(), "the local node's runtime", "run make node-deps (make cluster-test does)")
-    local = LocalCluster([NodeSpec(f"node-{i}", nri=True) for i in range(NODES)])
-    local.start()
-    try:
+    with started([NodeSpec(f"node-{i}", nri=True) for i in range(NODES)]) as local:
         yield local
-    finally:
-        local.stop()
 
 
 def listed(node: LocalNode, path: str) -> list[dict[str, Any]]:

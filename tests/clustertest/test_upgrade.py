@@ -23,7 +23,7 @@ from typing import Any
 import pytest
 
 from tests.e2e import workload as w
-from tests.e2e.cluster import LocalCluster, NodeSpec
+from tests.e2e.cluster import LocalCluster, NodeSpec, started
 from tests.e2e.node import DRIVER, LocalNode, node_available
 from tests.support import require
 from vgpud.relaxations import NRI_MODE_ATTRIBUTE, nri_selector, nri_selector_optional
@@ -36,12 +36,8 @@ SELECTORS = {"plain": None, "optional": nri_selector_optional(DRIVER), "strict":
 @pytest.fixture(scope="module")
 def cluster() -> Iterator[LocalCluster]:
     require(node_available(), "the local node's runtime", "run make node-deps (make cluster-test does)")
-    local = LocalCluster([NodeSpec(name, vgpud_module=PREVIOUS) for name in NODES])
-    local.start()
-    try:
+    with started([NodeSpec(name, vgpud_module=PREVIOUS) for name in NODES]) as local:
         yield local
-    finally:
-        local.stop()
 
 
 def claim_request(selector: str | None) -> dict[str, Any]:

@@ -6,7 +6,7 @@ controller manager, scheduler) lives in a work dir of its own. `stop()` tears th
 order, then the control plane, by PID; a SIGKILLed launcher's leftovers are reaped at the next start
 (tests/e2e/leftovers.py).
 
-    python -m tests.e2e.cluster [--nodes N] [--nri on,off,...]
+    python -m tests.e2e.cluster [--nodes N] [--nri on,off,...] [--containerd 1.7,2,...] [--chart]
         bring a cluster up, print where everything is, Ctrl-C stops it
 """
 
@@ -19,8 +19,11 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from tests.e2e.controlplane import ControlPlane
 from tests.e2e.leftovers import (
@@ -30,7 +33,7 @@ from tests.e2e.leftovers import (
     reap_dead_nodes,
     stop_on_signals,
 )
-from tests.e2e.node import CONTAINERD_1, READY_TIMEOUT_S, HostRunState, LocalNode
+from tests.e2e.node import CONTAINERD_1, CONTAINERD_2, READY_TIMEOUT_S, HostRunState, LocalNode
 
 
 @dataclass(frozen=True)
@@ -130,26 +133,66 @@ class LocalCluster:
         return "\n".join([*lines, *(node.describe() for node in self.nodes.values())])
 
 
+@contextmanager
+def started(specs: list[NodeSpec], *, chart: bool = False) -> Iterator[LocalCluster]:
+    """A cluster of `specs`, started, and stopped on the way out whatever happened inside."""
+    cluster = LocalCluster(specs, chart=chart)
+    cluster.start()
+    try:
+        yield cluster
+    finally:
+        cluster.stop()
+
+
+def per_node(
+    parser: argparse.ArgumentParser, option: str, value: str, allowed: dict[str, Any], n: int
+) -> list[Any]:
+    """`value` (by commas, the last repeating) as one of `allowed`'s values per node; a word not in
+    `allowed` is refused."""
+    words = value.split(",")
+    unknown = sorted(set(words) - set(allowed))
+    if unknown:
+        parser.error(f"{option}: {', '.join(unknown)} is not one of {', '.join(allowed)}")
+    return [allowed[words[min(i, len(words) - 1)]] for i in range(n)]
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="Bring up a local cluster of several nodes until Ctrl-C.")
     parser.add_argument("--nodes", type=int, default=2, help="how many nodes (default 2)")
     parser.add_argument(
-        "--nri",
-        default="",
-        help="NRI per node, by commas (on,off,...; default: on for every node); the last repeats",
+        "--nri", default="on", help="NRI per node, by commas (on,off,...; default on); the last repeats"
+    )
+    parser.add_argument(
+        "--containerd",
+        default=CONTAINERD_1,
+        help=f"containerd per node, by commas ({CONTAINERD_1} or {CONTAINERD_2}; default {CONTAINERD_1}); "
+        "the last repeats",
+    )
+    parser.add_argument(
+        "--chart",
+        action="store_true",
+        help="install vgpud with the Helm chart, one DaemonSet across the nodes (default: a host "
+        "process on each)",
     )
     parser.add_argument("--keep", action="store_true", help="keep the temp dirs (logs) after stopping")
     args = parser.parse_args(argv)
     if args.nodes < 1:
         parser.error("--nodes must be at least 1")
-    modes = [m == "on" for m in args.nri.split(",")] if args.nri else [True]
-    specs = [NodeSpec(f"node-{i}", nri=modes[min(i, len(modes) - 1)]) for i in range(args.nodes)]
-    started = time.monotonic()
-    cluster = LocalCluster(specs, keep=args.keep)
+    modes = per_node(parser, "--nri", args.nri, {"on": True, "off": False}, args.nodes)
+    runtimes = per_node(
+        parser,
+        "--containerd",
+        args.containerd,
+        {CONTAINERD_1: CONTAINERD_1, CONTAINERD_2: CONTAINERD_2},
+        args.nodes,
+    )
+    specs = [NodeSpec(f"node-{i}", nri=modes[i], containerd=runtimes[i]) for i in range(args.nodes)]
+    began = time.monotonic()
+    cluster = LocalCluster(specs, keep=args.keep, chart=args.chart)
     with stop_on_signals():
         try:
             cluster.start()
-            print(f"ready in {time.monotonic() - started:.1f} s\n{cluster.describe()}", flush=True)
+            print(f"ready in {time.monotonic() - began:.1f} s\n{cluster.describe()}", flush=True)
             signal.pause()
         except KeyboardInterrupt:
             print()

@@ -120,6 +120,9 @@ message that names them, as vgpud refuses them at start, so a bad release never 
 {{- fail (printf "%s (%s) names a variable: only a path under hostPaths.nodeRoot may (each pod resolves $(NODE_NAME) in its environment; a hostPath volume cannot)" $name $path) }}
 {{- end }}
 {{- end }}
+{{- if contains "$(" $v.node.devRoot }}
+{{- fail (printf "node.devRoot (%s) names a variable: it is always mounted by itself, and a hostPath volume cannot expand one" $v.node.devRoot) }}
+{{- end }}
 {{- if $root }}
 {{- if or (not (hasPrefix "/" $root)) (eq (trimSuffix "/" $root) "") (contains "$(" $root) }}
 {{- fail (printf "hostPaths.nodeRoot (%s) must be an absolute directory other than / and name no variable" $root) }}
