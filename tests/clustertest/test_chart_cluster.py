@@ -7,8 +7,9 @@ on both nodes.
   socket) false: the same DaemonSet runs eager there. A vGPU pod runs on each node with its limits.
 - The upgrade rolls one node at a time: at no moment are both nodes without a Ready vgpud pod, and
   the second node's old pod goes only after the first node's new one is Ready.
-- Every pod created during the roll runs with its limits, or its container is reported not injected
-  (VGPUNotInjected); each claim is prepared once: one directory, on its pod's node, none on the other.
+- Every pod created during the roll runs with its injection (vgpud's config mount and limits, one
+  directory on its node), or, created while its node's NRI plugin was down, is reported not injected
+  (VGPUNotInjected); each claim is prepared once, on its pod's node only (the nodes' checkpoints).
 """
 
 from __future__ import annotations
@@ -25,6 +26,8 @@ from tests.e2e import chart
 from tests.e2e import workload as w
 from tests.e2e.cluster import LocalCluster, NodeSpec, started
 from tests.e2e.node import LocalNode, node_available
+from tests.e2e.test_node_containers import injected
+from tests.kubeapi import log_tail
 from tests.support import require
 from vgpud.kube.events import Reason
 from vgpud.relaxations import NRI_MODE_ATTRIBUTE
@@ -157,21 +160,30 @@ def test_helm_upgrade_rolls_one_node_at_a_time_while_pods_are_created(cluster: L
 
 def injected_once(cluster: LocalCluster, ns: str, name: str) -> bool:
     """Once pod `name` runs: asserts its claim is prepared on its own node only (in that node's
-    checkpoint, not the other's); whether its container got its limits (then with its directory on
-    that node only), and if not, asserts vgpud reported it not injected."""
+    checkpoint, not the other's); whether its container was created with vgpud's config mount (then
+    with its limits, and its directory on that node only), and if not, asserts vgpud reported it not
+    injected (a container created while its node's NRI plugin was down: the CDI edits of Prepare
+    still gave it its limits' environment)."""
     node = api(cluster)
     pod = w.wait_running(node, ns, name)
     host = pod["spec"]["nodeName"]
+    local = cluster.nodes[host]
     uid = w.get_claim(node, ns, name)["metadata"]["uid"]
-    prepared = {n: uid in w.checkpoint_claims(local) for n, local in cluster.nodes.items()}
+    prepared = {n: uid in w.checkpoint_claims(each) for n, each in cluster.nodes.items()}
     assert prepared == {n: n == host for n in cluster.nodes}, (name, prepared)
-    env = w.container_env(cluster.nodes[host], w.container_id(pod, "main"))
-    if "1024m" in w.vgpu_limits(env).values():
-        dirs = {n: len(w.claim_subdirs(local, uid)) for n, local in cluster.nodes.items()}
+    cid = w.container_id(pod, "main")
+    if injected(local, cid):
+        assert "1024m" in w.vgpu_limits(w.container_env(local, cid)).values(), name
+        dirs = {n: len(w.claim_subdirs(each, uid)) for n, each in cluster.nodes.items()}
         assert dirs == {n: int(n == host) for n in cluster.nodes}, (name, dirs)
         return True
-    reasons = w.wait_for(
-        lambda: {e["reason"] for e in w.pod_events(node, ns, name)} & {Reason.VGPU_NOT_INJECTED},
-        what=f"pod {name} on {host}: its container reported not injected",
-    )
-    return not reasons
+    try:
+        w.wait_for(
+            lambda: Reason.VGPU_NOT_INJECTED in {e["reason"] for e in w.pod_events(node, ns, name)},
+            what=f"pod {name} on {host}: its container reported not injected",
+        )
+    except AssertionError as err:
+        raise AssertionError(
+            f"{err}\n{w.events(node, ns)}\n--- vgpud on {host}:\n{log_tail(local.vgpud_log())}"
+        ) from None
+    return False

@@ -10,6 +10,7 @@
 from __future__ import annotations
 
 import signal
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -49,13 +50,17 @@ def test_a_lost_nodes_claims_are_freed_and_the_other_node_needs_nothing(cluster:
 
     for stop in (lost.stop_vgpud, lost.stop_kubelet, lost.stop_containerd):
         stop(signal.SIGKILL)
+    killed = time.monotonic()
     w.wait_for(
         lambda: ready(kept, LOST) not in ("True", ""), timeout=NOT_READY_WITHIN_S, what=f"{LOST} NotReady"
     )
 
+    not_ready = time.monotonic() - killed
     w.delete_pod(kept, ns, LOST, force=True)
+    deleted = time.monotonic()
     claim = w.wait_for(lambda: deallocated(w.get_claim(kept, ns, LOST)), what=f"claim {LOST} deallocated")
     assert not claim["status"].get("reservedFor"), claim["status"]
+    freed = time.monotonic() - deleted
 
     pod = w.get_pod(kept, ns, KEPT)
     assert w.container_id(pod, "main") == w.container_id(before[KEPT], "main")
@@ -69,6 +74,12 @@ def test_a_lost_nodes_claims_are_freed_and_the_other_node_needs_nothing(cluster:
     assert again["spec"]["nodeName"] == KEPT, again["spec"]
     env = w.container_env(kept, w.container_id(again, "main"))
     assert "2048m" in w.vgpu_limits(env).values(), env
+    print(
+        f"\nnode lost: {LOST} NotReady {not_ready:.1f} s after its kubelet, containerd and vgpud were "
+        f"killed; its pod's claim deallocated {freed:.1f} s after the pod's forced deletion, then Running "
+        f"on {KEPT}",
+        flush=True,
+    )
 
 
 def deallocated(claim: dict[str, Any]) -> dict[str, Any] | None:

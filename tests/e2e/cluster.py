@@ -13,6 +13,7 @@ order, then the control plane, by PID; a SIGKILLed launcher's leftovers are reap
 from __future__ import annotations
 
 import argparse
+import os
 import shutil
 import signal
 import subprocess
@@ -135,8 +136,9 @@ class LocalCluster:
 
 @contextmanager
 def started(specs: list[NodeSpec], *, chart: bool = False) -> Iterator[LocalCluster]:
-    """A cluster of `specs`, started, and stopped on the way out whatever happened inside."""
-    cluster = LocalCluster(specs, chart=chart)
+    """A cluster of `specs`, started, and stopped on the way out whatever happened inside; its temp
+    dirs (logs) kept when VGPUD_KEEP_CLUSTER=1."""
+    cluster = LocalCluster(specs, chart=chart, keep=os.environ.get("VGPUD_KEEP_CLUSTER") == "1")
     cluster.start()
     try:
         yield cluster
