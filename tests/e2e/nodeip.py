@@ -22,7 +22,7 @@ NODE_IP_RANGE = ipaddress.ip_network("198.18.0.0/16")
 DEVICE = "lo"
 
 
-def _addresses() -> set[str]:
+def host_addresses() -> set[str]:
     out = subprocess.run(
         ["ip", "-o", "-4", "addr", "show"], capture_output=True, text=True, check=True
     ).stdout
@@ -31,7 +31,7 @@ def _addresses() -> set[str]:
 
 def claim_node_ip(workdir: Path) -> str:
     """Add an unused address of NODE_IP_RANGE to `lo`, record it in `workdir`, return it."""
-    taken = _addresses()
+    taken = host_addresses()
     hosts = list(NODE_IP_RANGE.hosts())
     start = os.getpid() % len(hosts)  # spread concurrent nodes; the loop finds a free one anyway
     for offset in range(len(hosts)):

@@ -33,13 +33,20 @@ def _needs_a_node() -> None:
     require(node_available(), "the local node (containerd, runc, kubelet, images)", INSTALL_HINT)
 
 
-def start_launcher(log: Path) -> tuple[subprocess.Popen[str], Path]:
-    """`python -m tests.e2e.node --nri off` until it says ready; (the launcher, its node's work dir).
+#: what the node launcher prints once its node is ready; group 1: the node's work dir
+NODE_READY = r"local node \S+ \(containerd \S+, NRI \w+\) in (\S+)"
+
+
+def start_launcher(
+    log: Path, argv: tuple[str, ...] = ("tests.e2e.node", "--nri", "off"), ready: str = NODE_READY
+) -> tuple[subprocess.Popen[str], Path]:
+    """`python -m <argv>` until it prints a line matching `ready`; (the launcher, the work dir that
+    line names).
 
     Its output is read on a thread, so a launcher that hangs without printing fails the test at the
     deadline (and is torn down with SIGTERM) instead of blocking the read."""
     launcher = subprocess.Popen(
-        [sys.executable, "-m", "tests.e2e.node", "--nri", "off"],
+        [sys.executable, "-m", *argv],
         cwd=REPO,
         stdout=subprocess.PIPE,
         stderr=log.open("w"),
@@ -52,12 +59,12 @@ def start_launcher(log: Path) -> tuple[subprocess.Popen[str], Path]:
         try:
             line = lines.get(timeout=max(0.0, deadline - time.monotonic()))
         except queue.Empty:
-            _tear_down(launcher)
+            tear_down(launcher)
             took = f"{READY_TIMEOUT_S:.0f} s"
             pytest.fail(f"the launcher did not get ready in {took}:\n{log.read_text()[-3000:]}")
         if line is None:
             pytest.fail(f"the launcher ended without a node:\n{log.read_text()[-3000:]}")
-        found = re.match(r"local node \S+ \(containerd \S+, NRI \w+\) in (\S+)", line)
+        found = re.match(ready, line)
         if found:
             return launcher, Path(found[1])
 
@@ -70,7 +77,7 @@ def _forward_lines(launcher: subprocess.Popen[str], lines: queue.Queue[str | Non
     lines.put(None)
 
 
-def _tear_down(launcher: subprocess.Popen[str]) -> None:
+def tear_down(launcher: subprocess.Popen[str]) -> None:
     """SIGTERM (the launcher stops its node), SIGKILL if it does not exit in time."""
     launcher.terminate()
     try:
