@@ -8,6 +8,7 @@ path, a port or a boolean means the same in both.
 from __future__ import annotations
 
 import ipaddress
+import math
 import os
 import re
 from collections.abc import Callable
@@ -40,6 +41,24 @@ def int_in(low: int, high: int) -> Callable[[str], int]:
             raise ValueError(f"{raw!r} is not an integer") from None
         if not low <= value <= high:
             raise ValueError(f"{value} is outside {low}..{high}")
+        return value
+
+    return parse
+
+
+def number_in(low: float, high: float) -> Callable[[str], float]:
+    """A decimal number, a fraction allowed (seconds: 2.5), in low..high; nan and infinity are refused,
+    as neither is a duration."""
+
+    def parse(raw: str) -> float:
+        try:
+            value = float(raw)
+        except ValueError:
+            raise ValueError(f"{raw!r} is not a number") from None
+        if not math.isfinite(value):
+            raise ValueError(f"{raw!r} is not a number")
+        if not low <= value <= high:
+            raise ValueError(f"{value:g} is outside {low:g}..{high:g}")
         return value
 
     return parse

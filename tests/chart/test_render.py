@@ -36,6 +36,7 @@ from tests.support import REPO
 from vgpud.config import OPTIONS, Settings, settings_from
 from vgpud.relaxations import Relaxation, nri_selector_optional
 from vgpud.webhook.config import WEBHOOK_OPTIONS, WebhookSettings, webhook_settings_from
+from vgpud.webhook.main import SHUTDOWN_TIMEOUT_S
 
 #: the driver's roots, mounted elsewhere in the container: vgpud maps what it sees there to host paths
 DRIVER_ROOT_VOLUMES = {"driver-root": "/driver-root", "dev-root": "/dev-root/dev"}
@@ -180,6 +181,11 @@ def test_webhook_env_is_what_vgpud_webhook_reads_and_accepts(variant: Variant) -
     assert settings.policy.nri_classes == (nri if settings.policy.relaxations else frozenset())
     assert settings.address == POD_IP and settings.port == values["webhook"]["port"]
     assert settings.driver_name == values["driverName"]
+    # the drain, then the supervisor's close, before the kubelet's SIGKILL
+    assert settings.shutdown_delay == values["webhook"]["shutdownDelaySeconds"] > 0
+    grace = deployment["spec"]["template"]["spec"]["terminationGracePeriodSeconds"]
+    assert grace == values["webhook"]["terminationGracePeriodSeconds"]
+    assert grace > settings.shutdown_delay + SHUTDOWN_TIMEOUT_S
     ctr = container(deployment)
     assert ctr["args"] == ["webhook"]
     # the certificate files come from the Secret the TLS template writes, mounted whole (reloadable)
@@ -193,6 +199,16 @@ def test_webhook_env_is_what_vgpud_webhook_reads_and_accepts(variant: Variant) -
     assert ctr["ports"] == [{"name": "https", "containerPort": settings.port, "protocol": "TCP"}]
     pdbs = find(manifests, "PodDisruptionBudget")
     assert len(pdbs) == (1 if values["webhook"]["replicas"] > 1 else 0)
+
+
+def test_a_fractional_shutdown_delay_reaches_the_webhook() -> None:
+    deployment = one(
+        render({"webhook": {"shutdownDelaySeconds": 2.5, "terminationGracePeriodSeconds": 13}}),
+        "Deployment",
+        "-webhook",
+    )
+    assert webhook_settings_from(argparse.Namespace(), resolved_env(deployment)).shutdown_delay == 2.5
+    assert deployment["spec"]["template"]["spec"]["terminationGracePeriodSeconds"] == 13
 
 
 @pytest.mark.parametrize("variant", [v for v in VARIANTS if v.name != "webhook-off"], ids=lambda v: v.name)

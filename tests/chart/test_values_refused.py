@@ -130,6 +130,24 @@ REFUSED: list[tuple[str, dict[str, Any], str]] = [
         {"node": {"terminationGracePeriodSeconds": 10, "shutdownTimeoutSeconds": 10}},
         "node.terminationGracePeriodSeconds (10) must exceed node.shutdownTimeoutSeconds (10)",
     ),
+    (
+        "webhook grace not above its drain and close",
+        {"webhook": {"terminationGracePeriodSeconds": 15, "shutdownDelaySeconds": 5}},
+        "webhook.terminationGracePeriodSeconds (15) must exceed webhook.shutdownDelaySeconds (5) + 10",
+    ),
+    (
+        "webhook grace not above a fractional drain",
+        {"webhook": {"terminationGracePeriodSeconds": 12, "shutdownDelaySeconds": 2.5}},
+        "webhook.terminationGracePeriodSeconds (12) must exceed webhook.shutdownDelaySeconds (2.5) + 10",
+    ),
+    (
+        "webhook grace not above its close alone",
+        {"webhook": {"terminationGracePeriodSeconds": 10, "shutdownDelaySeconds": 0}},
+        "webhook.terminationGracePeriodSeconds (10) must exceed webhook.shutdownDelaySeconds (0) + 10",
+    ),
+    ("negative drain", {"webhook": {"shutdownDelaySeconds": -1}}, "/webhook/shutdownDelaySeconds': minimum"),
+    ("drain not a number", {"webhook": {"shutdownDelaySeconds": "5s"}}, "/webhook/shutdownDelaySeconds'"),
+    ("drain too long", {"webhook": {"shutdownDelaySeconds": 301}}, "/webhook/shutdownDelaySeconds': maximum"),
     ("metrics on the health port", {"metrics": {"port": 51515}}, "metrics.port and node.healthcheckPort"),
     (
         "ServiceMonitor without metrics",

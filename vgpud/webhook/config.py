@@ -22,6 +22,7 @@ from vgpud.parsers import (
     hosts,
     int_in,
     ip_address,
+    number_in,
 )
 from vgpud.relaxations import Relaxation
 from vgpud.webhook.claims import DEFAULT_VGPU_CLASSES, Policy
@@ -71,6 +72,16 @@ WEBHOOK_OPTIONS: tuple[Option, ...] = (
         int_in(1, 3600),
         "10",
         "seconds between checks whether the certificate or key file changed",
+        "SECONDS",
+    ),
+    Option(
+        "shutdown_delay",
+        "--shutdown-delay",
+        "WEBHOOK_SHUTDOWN_DELAY",
+        number_in(0, 300),
+        "5",
+        "seconds the webhook keeps answering after SIGTERM, with /healthz failing and each connection "
+        "closed after its answer, while the API server stops sending it reviews (0: stop at once)",
         "SECONDS",
     ),
     Option(
@@ -157,6 +168,7 @@ class WebhookSettings:
     tls_cert_file: Path | None
     tls_key_file: Path | None
     tls_reload_interval: int
+    shutdown_delay: float
     self_signed_dir: Path | None
     self_signed_hosts: tuple[str, ...]
     service_name: str

@@ -10,6 +10,12 @@ failures make the webhook unhealthy only after a grace period, as the node daemo
 do (reviews list their namespace meanwhile), and it is healthy while it lists at start for the same
 reason.
 
+On the first SIGTERM or SIGINT the webhook drains for `--shutdown-delay` seconds (5; 0: not at all)
+before it stops: /healthz answers 503, every answer closes its connection, kept-alive connections idle
+between requests close (WebhookServer.drain), and reviews are still answered meanwhile, as the API
+server stops sending them only a moment after the pod is marked terminating. Then the supervisor
+cancels every component (SHUTDOWN_TIMEOUT_S to close). A second signal during the delay stops at once.
+
 `python -m vgpud.webhook.main ARGS` runs the same thing as `vgpud webhook ARGS`.
 """
 
@@ -19,7 +25,7 @@ import argparse
 import logging
 import signal
 import sys
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Sequence
 from functools import partial
 
 import trio
@@ -102,16 +108,35 @@ async def _main(
                 )
                 host, port = listeners[0].socket.getsockname()[:2]
                 log.info("serving admission reviews on https://%s:%d/validate", host, port)
-                async for signum in signals:
-                    log.info("%s received: stopping", signal.Signals(signum).name)
-                    supervisor.cancel()
-                    break
+                await _until_stopped(signals, server, settings.shutdown_delay)
+                supervisor.cancel()
             recorder.close()
         finally:
             for listener in listeners:
                 await listener.aclose()
     log.info("webhook stopped")
     return EXIT_OK
+
+
+async def _until_stopped(signals: AsyncIterator[int], server: WebhookServer, delay: float) -> None:
+    """Return on the first signal when `delay` is 0; otherwise drain the server for `delay` seconds
+    first (the API server keeps calling for a moment), or until a second signal."""
+    name = signal.Signals(await anext(signals)).name
+    if delay <= 0:
+        log.info("%s received: stopping", name)
+        return
+    log.info(
+        "%s received: draining for %g s (readiness fails, each connection closes after its answer), "
+        "then stopping",
+        name,
+        delay,
+    )
+    server.drain()
+    with trio.move_on_after(delay):
+        again = signal.Signals(await anext(signals)).name
+        log.info("%s received while draining: stopping now", again)
+        return
+    log.info("drained for %g s: stopping", delay)
 
 
 def command(args: argparse.Namespace) -> int:

@@ -13,6 +13,12 @@ that does not arrive in time gets 408. Whatever a client sends, only its own con
 server keeps serving. Each answer is written in one write, so it arrives whole or not at all; a
 failed TLS handshake is logged with its cause (plain HTTP, an untrusted certificate, no common TLS
 version), which is what an operator needs when the API server cannot call the webhook.
+
+On SIGTERM the process calls `drain()` and keeps serving for its shutdown delay (vgpud.webhook.main),
+as Go's `Server.Shutdown` after a preStop sleep: /healthz answers 503 "draining", every answer carries
+`Connection: close`, kept-alive connections idle between requests close at once, a request already
+begun gets its answer and a new connection one answer; so the API server, which learns a moment late
+that the pod is going, loses no review to a connection cut under it.
 """
 
 from __future__ import annotations
@@ -22,7 +28,7 @@ import logging
 import ssl
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import h11
 import trio
@@ -113,6 +119,30 @@ class WebhookServer:
         self._healthy = healthy
         self.limits = limits or Limits()
         self.open_connections = 0
+        self._draining = False
+        #: the idle waits of kept-alive connections between two requests, which drain() cancels
+        self._idle: set[trio.CancelScope] = set()
+
+    @property
+    def draining(self) -> bool:
+        return self._draining
+
+    @property
+    def idle_connections(self) -> int:
+        """Kept-alive connections waiting for their next request (the ones drain() closes)."""
+        return len(self._idle)
+
+    def drain(self) -> None:
+        """Make the API server stop using this replica before it stops, as Go's Server.Shutdown does:
+        /healthz fails, every answer says `Connection: close`, kept-alive connections idle between
+        requests close now and others when they go idle; a request already begun gets its answer, and
+        a new connection still gets one (the API server dials this pod until it learns it is going).
+        Idempotent."""
+        if self._draining:
+            return
+        self._draining = True
+        for scope in self._idle:
+            scope.cancel()
 
     async def serve(
         self, listeners: Sequence[trio.SocketListener], ready: Callable[[], None] | None = None
@@ -178,9 +208,10 @@ class WebhookServer:
 
     async def _http(self, stream: trio.SSLStream[trio.SocketStream]) -> None:
         conn = h11.Connection(h11.SERVER, max_incomplete_event_size=MAX_HEADER)
+        kept_alive = False
         while True:
             try:
-                received = await self._read_request(conn, stream)
+                received = await self._read_request(conn, stream, kept_alive)
             except _HttpError as err:
                 self._bad_request(err.reason)
                 await self._send_error(stream, text(err.status, err.reason, close=True))
@@ -190,33 +221,38 @@ class WebhookServer:
                 return
             request, body = received
             response = await self._route(request, body)
+            if self._draining and not response.close:
+                response = replace(response, close=True)  # the client dials another replica next time
             await self._send(conn, stream, response, head=request.method == b"HEAD")
             if response.close or conn.our_state is not h11.DONE or conn.their_state is not h11.DONE:
                 await self._linger(stream)
                 return
             conn.start_next_cycle()
+            kept_alive = True
 
     async def _read_request(
-        self, conn: h11.Connection, stream: trio.SSLStream[trio.SocketStream]
+        self, conn: h11.Connection, stream: trio.SSLStream[trio.SocketStream], kept_alive: bool
     ) -> tuple[h11.Request, bytes] | None:
-        """The next request and its body; None when the client closed (or idled out) between requests."""
+        """The next request and its body; None when the client closed (or idled out, or drain() closed
+        it) between requests. `kept_alive`: the connection has answered a request before."""
         limits = self.limits
         request: h11.Request | None = None
         body = bytearray()
+        pending, closed = conn.trailing_data
+        if not pending and not closed:
+            first = await self._wait_for_request(stream, kept_alive)
+            if not first:
+                return None
+            conn.receive_data(first)
         begun = bool(conn.trailing_data[0])
-        with trio.CancelScope() as scope:
-            scope.deadline = trio.current_time() + (limits.request_timeout if begun else limits.idle_timeout)
+        with trio.move_on_after(limits.request_timeout):
             while True:
                 try:
                     event = conn.next_event()
                 except h11.RemoteProtocolError as err:
                     raise _HttpError(err.error_status_hint, f"malformed HTTP request: {err}") from None
                 if event is h11.NEED_DATA:
-                    data = await stream.receive_some(RECEIVE_CHUNK)
-                    if data and not begun:
-                        begun = True
-                        scope.deadline = trio.current_time() + limits.request_timeout
-                    conn.receive_data(data)
+                    conn.receive_data(await stream.receive_some(RECEIVE_CHUNK))
                 elif isinstance(event, h11.Request):
                     request = event
                     size = len(event.target) + sum(
@@ -248,6 +284,24 @@ class WebhookServer:
             raise _HttpError(408, f"the request did not arrive completely within {limits.request_timeout:g}s")
         return None
 
+    async def _wait_for_request(self, stream: trio.SSLStream[trio.SocketStream], kept_alive: bool) -> bytes:
+        """The first bytes of the next request; b"" when the client closed or was idle for idle_timeout.
+
+        A kept-alive connection's wait is drain()'s to cancel (b"" too): it has had its answer, and
+        its client's pool dials anew, soon only replicas that stay. A new connection's is not: it was
+        dialled for a request, which it gets. The wait has its own scope, so a cancel that comes once
+        the first bytes are in never cuts the request they begin."""
+        with trio.move_on_after(self.limits.idle_timeout) as scope:
+            if kept_alive:
+                if self._draining:
+                    return b""
+                self._idle.add(scope)
+            try:
+                return await stream.receive_some(RECEIVE_CHUNK)
+            finally:
+                self._idle.discard(scope)
+        return b""
+
     async def _route(self, request: h11.Request, body: bytes) -> Response:
         path = request.target.decode("ascii", "replace").partition("?")[0]
         method = request.method.decode("ascii", "replace")
@@ -261,6 +315,8 @@ class WebhookServer:
             if path == "/metrics":
                 data, content_type = self._metrics.exposition()
                 return Response(200, data, content_type)
+            if self._draining:
+                return text(503, "draining")
             return text(200, "ok") if self._healthy() else text(503, "unhealthy")
         return text(404, f"no route {path}: POST /validate, GET /healthz, GET /metrics")
 

@@ -160,6 +160,9 @@ message that names them, as vgpud refuses them at start, so a bad release never 
 {{- if le (int $v.node.terminationGracePeriodSeconds) (int $v.node.shutdownTimeoutSeconds) }}
 {{- fail (printf "node.terminationGracePeriodSeconds (%v) must exceed node.shutdownTimeoutSeconds (%v): the kubelet would kill vgpud before it closed" $v.node.terminationGracePeriodSeconds $v.node.shutdownTimeoutSeconds) }}
 {{- end }}
+{{- if and $v.webhook.enabled (le (float64 $v.webhook.terminationGracePeriodSeconds) (addf $v.webhook.shutdownDelaySeconds 10)) }}
+{{- fail (printf "webhook.terminationGracePeriodSeconds (%v) must exceed webhook.shutdownDelaySeconds (%v) + 10: the kubelet would kill the webhook before it drained and closed" $v.webhook.terminationGracePeriodSeconds $v.webhook.shutdownDelaySeconds) }}
+{{- end }}
 {{- if and (not $v.webhook.enabled) (or $v.webhook.relaxations.multipleClaimsPerContainer $v.webhook.relaxations.claimsAcrossPods) }}
 {{- fail "webhook.relaxations lift webhook rules: they need webhook.enabled" }}
 {{- end }}

@@ -23,7 +23,7 @@ def _settings(argv: list[str], env: dict[str, str] | None = None) -> WebhookSett
 
 def test_defaults() -> None:
     s = _settings(TLS)
-    assert (s.address, s.port, s.tls_reload_interval) == ("0.0.0.0", 9443, 10)
+    assert (s.address, s.port, s.tls_reload_interval, s.shutdown_delay) == ("0.0.0.0", 9443, 10, 5.0)
     assert (s.tls_cert_file, s.tls_key_file) == (Path("/etc/tls/tls.crt"), Path("/etc/tls/tls.key"))
     assert s.policy == Policy(driver="manager.nvidia.com", vgpu_classes=frozenset({"vgpu-manager"}))
     assert (s.policy.nri_classes, s.policy.relaxations) == (frozenset(), frozenset())
@@ -43,9 +43,12 @@ def test_flags_beat_the_environment() -> None:
         "DRIVER_NAME": "vgpu.example.com",
         "WEBHOOK_TLS_CERT_FILE": "/env/tls.crt",
         "WEBHOOK_TLS_KEY_FILE": "/env/tls.key",
+        "WEBHOOK_SHUTDOWN_DELAY": "2.5",
     }
     s = _settings(["--port", "7443", "--allow-vgpu-claims-across-pods"], env)
     assert (s.port, s.address, s.tls_cert_file) == (7443, "10.0.0.1", Path("/env/tls.crt"))
+    assert s.shutdown_delay == 2.5
+    assert _settings(["--shutdown-delay", "0"], env).shutdown_delay == 0  # 0: stop at once
     assert s.policy == Policy(
         "vgpu.example.com", frozenset({"a", "b"}), frozenset({"b"}), frozenset(Relaxation)
     )
@@ -143,6 +146,11 @@ def test_self_signed_names_the_service_and_the_extra_hosts() -> None:
             "ALLOW_MULTIPLE_VGPU_CLAIMS_PER_CONTAINER (environment): 'maybe' is not true or false",
         ),
         ([*TLS, "--tls-reload-interval", "0"], {}, "--tls-reload-interval: 0 is outside 1..3600"),
+        ([*TLS, "--shutdown-delay", "-1"], {}, "--shutdown-delay: -1 is outside 0..300"),
+        ([*TLS, "--shutdown-delay", "301"], {}, "--shutdown-delay: 301 is outside 0..300"),
+        (TLS, {"WEBHOOK_SHUTDOWN_DELAY": "5s"}, "WEBHOOK_SHUTDOWN_DELAY (environment): '5s' is not a number"),
+        ([*TLS, "--shutdown-delay", "nan"], {}, "--shutdown-delay: 'nan' is not a number"),
+        ([*TLS, "--shutdown-delay", "inf"], {}, "--shutdown-delay: 'inf' is not a number"),
         (
             [*TLS, "--allow-vgpu-claims-across-pods", "--nri-device-classes", "vgpu-nri"],
             {},
@@ -182,6 +190,7 @@ def test_help_names_every_environment_variable() -> None:
         "WEBHOOK_TLS_CERT_FILE",
         "WEBHOOK_TLS_KEY_FILE",
         "WEBHOOK_SELF_SIGNED_DIR",
+        "WEBHOOK_SHUTDOWN_DELAY",
         "VGPU_DEVICE_CLASSES",
         "VGPU_NRI_DEVICE_CLASSES",
         "ALLOW_MULTIPLE_VGPU_CLAIMS_PER_CONTAINER",

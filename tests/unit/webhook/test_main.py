@@ -1,10 +1,13 @@
-"""`vgpud webhook` as a process: usage errors, start-up failures, and a run from start to SIGTERM with a
-self-signed certificate and an API server that does not answer (so every look-up fails closed)."""
+"""`vgpud webhook` as a process: usage errors, start-up failures, a run from start to SIGTERM with a
+self-signed certificate and an API server that does not answer (so every look-up fails closed), and the
+drain between SIGTERM and the stop (--shutdown-delay)."""
 
 from __future__ import annotations
 
+import signal
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -15,6 +18,9 @@ from tests import objects as o
 from tests.kubeapi import free_port
 from tests.unit.webhook.builders import review
 from tests.unit.webhook.process import ENTRY, WebhookProcess
+
+#: a short --shutdown-delay, long enough to see the drain from outside
+DELAY_S = 1.5
 
 
 def run(*argv: str) -> subprocess.CompletedProcess[str]:
@@ -43,8 +49,14 @@ def dead_kubeconfig(tmp_path: Path) -> Path:
 
 
 @pytest.fixture
-def webhook(tmp_path: Path, dead_kubeconfig: Path) -> Iterator[WebhookProcess]:
-    process = WebhookProcess(tmp_path, port=free_port(), kubeconfig=dead_kubeconfig)
+def webhook(
+    tmp_path: Path, dead_kubeconfig: Path, request: pytest.FixtureRequest
+) -> Iterator[WebhookProcess]:
+    """Its --shutdown-delay is the test's parameter (indirect); without one 0: it stops at SIGTERM."""
+    delay = str(getattr(request, "param", 0))
+    process = WebhookProcess(
+        tmp_path, port=free_port(), kubeconfig=dead_kubeconfig, extra=("--shutdown-delay", delay)
+    )
     try:
         process.wait_serving()
         yield process
@@ -101,6 +113,53 @@ def test_serves_until_sigterm(webhook: WebhookProcess) -> None:
     assert status == 200
     assert b'vgpud_webhook_reviews_total{kind="pods",operation="CREATE",result="error"} 1.0' in metrics
     assert webhook.stop() == 0
+    assert "SIGTERM received: stopping" in webhook.output()
     assert "serving admission reviews on https://127.0.0.1:" in webhook.output()
     assert "component webhook-pod-cache is healthy (ready)" in webhook.output()
     assert "webhook stopped" in webhook.output()
+
+
+def wait_draining(webhook: WebhookProcess, deadline: float = 10) -> None:
+    """Poll /healthz until it stops answering 200 (the signal is handled); it must answer 503
+    "draining" then."""
+    end = time.monotonic() + deadline
+    while time.monotonic() < end:
+        status, body = webhook.request("GET", "/healthz")
+        if status != 200:
+            assert (status, body) == (503, b"draining\n")
+            return
+        time.sleep(0.05)
+    raise AssertionError(f"/healthz still 200 {deadline}s after SIGTERM:\n{webhook.output()}")
+
+
+@pytest.mark.parametrize("webhook", [DELAY_S], indirect=True)
+def test_sigterm_drains_for_the_shutdown_delay_then_stops(webhook: WebhookProcess) -> None:
+    """During the delay the process still answers (a review, /healthz with 503), then exits 0."""
+    signalled = time.monotonic()
+    webhook.proc.send_signal(signal.SIGTERM)
+    wait_draining(webhook)
+    not_ours = review(
+        {"metadata": {"name": "cm", "namespace": "default"}}, resource="configmaps", kind="ConfigMap"
+    )
+    assert webhook.review(not_ours)["allowed"] is True
+    assert webhook.proc.wait(timeout=DELAY_S + 15) == 0
+    assert time.monotonic() - signalled >= DELAY_S  # it did not stop before the delay was over
+    output = webhook.output()
+    assert (
+        f"SIGTERM received: draining for {DELAY_S:g} s (readiness fails, each connection closes after "
+        "its answer), then stopping" in output
+    )
+    assert f"drained for {DELAY_S:g} s: stopping" in output
+    assert "webhook stopped" in output
+
+
+@pytest.mark.parametrize("webhook", [300], indirect=True)
+def test_a_second_signal_stops_a_drain_at_once(webhook: WebhookProcess) -> None:
+    webhook.proc.send_signal(signal.SIGTERM)
+    wait_draining(webhook)  # the first signal is handled: a second is not folded into it
+    webhook.proc.send_signal(signal.SIGINT)
+    assert webhook.proc.wait(timeout=15) == 0  # far within the 300 s delay
+    output = webhook.output()
+    assert "SIGINT received while draining: stopping now" in output
+    assert "drained for" not in output
+    assert "webhook stopped" in output

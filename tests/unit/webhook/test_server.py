@@ -15,7 +15,7 @@ import ssl
 import subprocess
 import time
 import warnings
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -93,7 +93,7 @@ def live_certs(certs: SelfSigned, tmp_path: Path) -> Iterator[SelfSigned]:
 class StallingStream(trio.abc.Stream):
     """A server-side TCP stream that, once `stalls.armed`, holds the whole process (a blocking sleep,
     no checkpoint) right after each write has reached the kernel: what a loaded machine does to a
-    process between two system calls."""
+    process between two system calls. Then it calls `stalls.then`: what else happened meanwhile."""
 
     def __init__(self, inner: trio.SocketStream, stalls: Stalls) -> None:
         self.inner, self.stalls, self.socket = inner, stalls, inner.socket
@@ -102,6 +102,7 @@ class StallingStream(trio.abc.Stream):
         await self.inner.send_all(data)
         if self.stalls.armed:
             time.sleep(self.stalls.seconds)  # noqa: ASYNC251 - the point: a stall without a checkpoint
+            self.stalls.then()
 
     async def wait_send_all_might_not_block(self) -> None:
         await self.inner.wait_send_all_might_not_block()
@@ -117,6 +118,7 @@ class StallingStream(trio.abc.Stream):
 class Stalls:
     seconds: float
     armed: bool = False
+    then: Callable[[], None] = lambda: None
 
 
 class StallingListener(trio.abc.Listener[trio.abc.Stream]):
@@ -485,6 +487,91 @@ async def test_an_idle_connection_is_closed_quietly(running: Running) -> None:
         await stream.send_all(http("GET", "/healthz"))
         assert (await read_reply(stream)).status == 200
         assert await stream.receive_some(100) == b""  # after idle_timeout, no answer, just the close
+
+
+# --------------------------------------------------------------------------------------------------
+# Drain (SIGTERM): the API server must lose no review while it learns that this replica is going
+
+#: idle connections outlive every test here: only drain() can close one in time
+DRAINING = dataclasses.replace(LIMITS, idle_timeout=60.0)
+
+
+async def until(condition: Callable[[], bool]) -> None:
+    """Wait for another task to make `condition` true; callers bound the wait."""
+    while not condition():  # noqa: ASYNC110 - the server's tasks change it
+        await trio.sleep(0.01)
+
+
+async def test_drain_closes_idle_connections_and_answers_a_begun_request(live_certs: SelfSigned) -> None:
+    """Go's Shutdown: a kept-alive connection between requests is closed at once (its client dials
+    anew), while a request already begun on another gets its whole answer, with `Connection: close`."""
+    async with serving(live_certs, DRAINING) as running:
+        idle, busy = await running.connect(), await running.connect()
+        with trio.fail_after(5):
+            for stream in (idle, busy):
+                await stream.send_all(http("POST", "/validate", VALID))
+                assert (await read_reply(stream)).headers.get("connection") is None  # kept alive
+            await until(lambda: running.server.idle_connections == 2)
+            request = http("POST", "/validate", VALID)
+            await busy.send_all(request[:-10])  # begun: the body's last bytes still to come
+            await until(lambda: running.server.idle_connections == 1)
+            running.server.drain()
+            assert running.server.draining
+            assert await until_closed(idle) == b""
+            await busy.send_all(request[-10:])
+            reply = await read_reply(busy)
+            assert await until_closed(busy) == b""
+        assert (reply.status, reply.headers["connection"]) == (200, "close")
+        assert json.loads(reply.body)["response"] == {"uid": "the-uid", "allowed": True}
+        for stream in (idle, busy):
+            await trio.aclose_forcefully(stream)
+
+
+async def test_a_new_connection_while_draining_gets_one_answer(live_certs: SelfSigned) -> None:
+    """The API server may still dial this replica for a moment: that request is answered, and the
+    connection closed after it rather than pooled."""
+    async with serving(live_certs, DRAINING) as running:
+        running.server.drain()
+        running.server.drain()  # idempotent
+        stream = await running.connect()
+        with trio.fail_after(5):
+            await stream.send_all(http("POST", "/validate?timeout=10s", VALID))
+            reply = await read_reply(stream)
+            assert await until_closed(stream) == b""
+        await trio.aclose_forcefully(stream)
+        assert (reply.status, reply.headers["connection"]) == (200, "close")
+        assert json.loads(reply.body)["response"] == {"uid": "the-uid", "allowed": True}
+
+
+async def test_a_connection_going_idle_while_draining_is_closed(live_certs: SelfSigned) -> None:
+    """drain() while an answer decided before it is being written: the connection is kept alive by
+    that answer, and closes as it goes idle instead of waiting for its next request."""
+    stalls = Stalls(seconds=0)
+    async with serving(live_certs, DRAINING, stalls) as running:
+        stalls.then = running.server.drain
+        stream = await running.connect()
+        with trio.fail_after(5):
+            await stream.send_all(http("GET", "/healthz"))  # the handshake is over on both sides
+            assert (await read_reply(stream)).status == 200
+            await until(lambda: running.server.idle_connections == 1)  # its write has returned
+            stalls.armed = True
+            await stream.send_all(http("POST", "/validate", VALID))
+            reply = await read_reply(stream)
+            assert await until_closed(stream) == b""
+        await trio.aclose_forcefully(stream)
+        assert running.server.draining
+        assert (reply.status, reply.headers.get("connection")) == (200, None)
+
+
+async def test_health_fails_while_draining(running: Running) -> None:
+    """Readiness fails while draining (the probe's connection closed after it too); metrics go on."""
+    assert (await ask(running, http("GET", "/healthz"))).text == "ok\n"
+    assert not running.server.draining
+    running.server.drain()
+    reply = await ask(running, http("GET", "/healthz"))
+    assert (reply.status, reply.text, reply.headers["connection"]) == (503, "draining\n", "close")
+    metrics = await ask(running, http("GET", "/metrics"))  # still scraped meanwhile
+    assert metrics.status == 200
 
 
 async def test_connections_over_the_limit_are_refused(running: Running) -> None:
