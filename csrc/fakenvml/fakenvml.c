@@ -19,6 +19,16 @@
  * nvmlEventSetCreate / nvmlDeviceRegisterEvents / nvmlEventSetWait_v2, and a lost GPU, on which every
  * device call (and a handle lookup) returns NVML_ERROR_GPU_IS_LOST until it is restored.
  *
+ * MIG (see csrc/fakestate/profile.h for what a profile says of it): nvmlDeviceGetMigMode answers a
+ * GPU's current and pending modes, NVML_ERROR_NOT_SUPPORTED on a GPU without MIG. A GPU in MIG mode
+ * (current) has its MIG devices at MIG indices 0..n-1 of nvmlDeviceGetMigDeviceHandleByIndex (up to
+ * nvmlDeviceGetMaxMigDeviceCount, 7; NVML_ERROR_NOT_FOUND for an empty place). A MIG handle answers
+ * nvmlDeviceGetUUID, nvmlDeviceGetName ("<GPU name> MIG <profile>"), nvmlDeviceGetMemoryInfo(_v2)
+ * (the instance's memory, none of it used), nvmlDeviceGetAttributes(_v2), nvmlDeviceGetGpuInstanceId,
+ * nvmlDeviceGetComputeInstanceId, nvmlDeviceIsMigDeviceHandle and
+ * nvmlDeviceGetDeviceHandleFromMigDeviceHandle; the other calls take GPU handles only
+ * (NVML_ERROR_INVALID_ARGUMENT), and the instance calls on a GPU handle are NVML_ERROR_NOT_SUPPORTED.
+ *
  * Kernel mode (csrc/fakestate/driver.h): without FAKE_NVML_PROFILE, a libnvidia-ml.so.1 in a driver
  * root's library directory gets the profile and the state from the fake kernel (csrc/fakekernel) of
  * that root. It enumerates only the GPUs whose device nodes the root has, numbered 0..n-1 in PCI
@@ -35,6 +45,7 @@
  */
 #include <errno.h>
 #include <stdarg.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -103,6 +114,15 @@ static nvmlDevice_t visible[FAKE_MAX_GPUS];
 static unsigned int visible_count;
 static int nvml_index[FAKE_MAX_GPUS];
 
+/* The MIG devices of the GPUs in MIG mode, by profile index and place. A MIG handle points in here,
+ * never into the profile's GPUs, so each call tells the two kinds of handle apart by address. */
+typedef struct {
+    fake_gpu *parent; /* NULL: no MIG device in this place */
+    unsigned int slot;
+    char uuid[FAKE_STRING_MAX];
+} mig_device;
+static mig_device mig_devices[FAKE_MAX_GPUS][FAKE_MIG_SLICES];
+
 /* ---- the exported NVML entry points -------------------------------------------------------- */
 
 #define REQUIRE_INIT()                                                                            \
@@ -121,6 +141,20 @@ static int valid(nvmlDevice_t device) {
         if (!valid(device) || (out) == NULL) return NVML_ERROR_INVALID_ARGUMENT;                  \
         if (fs_lost((device)->index)) return NVML_ERROR_GPU_IS_LOST;                              \
     } while (0)
+
+/* The MIG device a handle points to (its GPU present), or NULL for any other handle. */
+static mig_device *as_mig(nvmlDevice_t device) {
+    uintptr_t p = (uintptr_t)(void *)device, first = (uintptr_t)(void *)&mig_devices[0][0];
+    if (p < first || p >= first + sizeof mig_devices || (p - first) % sizeof(mig_device) != 0) return NULL;
+    mig_device *m = (mig_device *)(void *)device;
+    return m->parent != NULL && valid(m->parent) ? m : NULL;
+}
+
+/* What a MIG handle's call answers before its own: an argument missing, or its GPU lost. */
+static nvmlReturn_t mig_check(const mig_device *m, const void *out) {
+    if (out == NULL) return NVML_ERROR_INVALID_ARGUMENT;
+    return fs_lost(m->parent->index) ? NVML_ERROR_GPU_IS_LOST : NVML_SUCCESS;
+}
 
 static nvmlReturn_t copy_out(const char *value, char *buffer, unsigned int length) {
     if (buffer == NULL) return NVML_ERROR_INVALID_ARGUMENT;
@@ -144,6 +178,16 @@ static void enumerate(void) {
             nvml_index[order[i]->index] = (int)visible_count;
             visible[visible_count++] = (nvmlDevice_t)order[i];
         }
+    memset(mig_devices, 0, sizeof mig_devices);
+    for (unsigned int i = 0; i < profile.count; i++) {
+        fake_gpu *g = &profile.gpus[i];
+        for (unsigned int slot = 0; g->mig_mode && slot < g->mig_count; slot++) {
+            mig_device *m = &mig_devices[g->index][slot];
+            m->parent = g;
+            m->slot = slot;
+            fake_mig_uuid(g, slot, m->uuid, sizeof m->uuid);
+        }
+    }
 }
 
 EXPORT nvmlReturn_t nvmlInitWithFlags(unsigned int flags) {
@@ -237,11 +281,30 @@ EXPORT nvmlReturn_t nvmlDeviceGetIndex(nvmlDevice_t device, unsigned int *index)
 }
 
 EXPORT nvmlReturn_t nvmlDeviceGetUUID(nvmlDevice_t device, char *uuid, unsigned int length) {
+    REQUIRE_INIT();
+    mig_device *m = as_mig(device);
+    if (m != NULL) {
+        nvmlReturn_t rc = mig_check(m, uuid);
+        return rc != NVML_SUCCESS ? rc : copy_out(m->uuid, uuid, length);
+    }
     REQUIRE_DEVICE(device, uuid);
     return copy_out(device->uuid, uuid, length);
 }
 
+/* A MIG device's name is its GPU's and its profile's, as NVML gives it ("NVIDIA A100-SXM4-40GB MIG
+ * 3g.20gb"); a GPU name too long for that loses its end, so the profile always shows. */
 EXPORT nvmlReturn_t nvmlDeviceGetName(nvmlDevice_t device, char *name, unsigned int length) {
+    REQUIRE_INIT();
+    mig_device *m = as_mig(device);
+    if (m != NULL) {
+        nvmlReturn_t rc = mig_check(m, name);
+        if (rc != NVML_SUCCESS) return rc;
+        const char *kind = m->parent->mig[m->slot]->name;
+        char full[NVML_STRING_MAX];
+        int room = (int)(sizeof full - 1 - strlen(" MIG ") - strlen(kind));
+        snprintf(full, sizeof full, "%.*s MIG %s", room, m->parent->name, kind);
+        return copy_out(full, name, length);
+    }
     REQUIRE_DEVICE(device, name);
     return copy_out(device->name, name, length);
 }
@@ -264,8 +327,20 @@ EXPORT nvmlReturn_t nvmlDeviceGetArchitecture(nvmlDevice_t device, unsigned int 
     return NVML_SUCCESS;
 }
 
+/* A MIG device's memory: its profile's, none of it used. */
+static unsigned long long mig_memory(const mig_device *m) {
+    return (unsigned long long)m->parent->mig[m->slot]->memory_mib << 20;
+}
+
 /* Used memory is what the fake libcuda's processes hold on the device (FAKE_GPU_STATE). */
 EXPORT nvmlReturn_t nvmlDeviceGetMemoryInfo(nvmlDevice_t device, nvmlMemory_t *memory) {
+    REQUIRE_INIT();
+    mig_device *m = as_mig(device);
+    if (m != NULL) {
+        nvmlReturn_t rc = mig_check(m, memory);
+        if (rc == NVML_SUCCESS) *memory = (nvmlMemory_t){mig_memory(m), mig_memory(m), 0};
+        return rc;
+    }
     REQUIRE_DEVICE(device, memory);
     unsigned long long used = fs_mem_used(device->index);
     memory->total = device->memory;
@@ -275,6 +350,15 @@ EXPORT nvmlReturn_t nvmlDeviceGetMemoryInfo(nvmlDevice_t device, nvmlMemory_t *m
 }
 
 EXPORT nvmlReturn_t nvmlDeviceGetMemoryInfo_v2(nvmlDevice_t device, nvmlMemory_v2_t *memory) {
+    REQUIRE_INIT();
+    mig_device *m = as_mig(device);
+    if (m != NULL) {
+        nvmlReturn_t rc = mig_check(m, memory);
+        if (rc != NVML_SUCCESS) return rc;
+        if (memory->version != nvmlMemory_v2) return NVML_ERROR_ARGUMENT_VERSION_MISMATCH;
+        *memory = (nvmlMemory_v2_t){nvmlMemory_v2, mig_memory(m), 0, mig_memory(m), 0};
+        return NVML_SUCCESS;
+    }
     REQUIRE_DEVICE(device, memory);
     if (memory->version != nvmlMemory_v2) return NVML_ERROR_ARGUMENT_VERSION_MISMATCH;
     unsigned long long used = fs_mem_used(device->index);
@@ -513,11 +597,107 @@ EXPORT nvmlReturn_t nvmlDeviceSetComputeMode(nvmlDevice_t device, unsigned int m
     return NVML_SUCCESS;
 }
 
-/* No GPU of a profile is a MIG device (nvidia-ctk asks before it lists a GPU's device nodes). */
+/* ---- MIG -------------------------------------------------------------------------------- */
+
+/* nvmlDeviceAttributes_t (nvml.h): what a MIG device is made of. */
+typedef struct {
+    unsigned int multiprocessorCount;
+    unsigned int sharedCopyEngineCount, sharedDecoderCount, sharedEncoderCount, sharedJpegCount,
+        sharedOfaCount;
+    unsigned int gpuInstanceSliceCount, computeInstanceSliceCount;
+    unsigned long long memorySizeMB;
+} nvmlDeviceAttributes_t;
+
+_Static_assert(sizeof(nvmlDeviceAttributes_t) == 40, "nvmlDeviceAttributes_t layout");
+
+/* A MIG handle is a MIG device (nvidia-ctk asks before it lists a GPU's device nodes). */
 EXPORT nvmlReturn_t nvmlDeviceIsMigDeviceHandle(nvmlDevice_t device, unsigned int *isMigDevice) {
+    REQUIRE_INIT();
+    mig_device *m = as_mig(device);
+    if (m != NULL) {
+        nvmlReturn_t rc = mig_check(m, isMigDevice);
+        if (rc == NVML_SUCCESS) *isMigDevice = 1;
+        return rc;
+    }
     REQUIRE_DEVICE(device, isMigDevice);
     *isMigDevice = 0;
     return NVML_SUCCESS;
+}
+
+/* NVML_DEVICE_MIG_ENABLE (1) or _DISABLE (0), now and after the next reset. */
+EXPORT nvmlReturn_t nvmlDeviceGetMigMode(nvmlDevice_t device, unsigned int *currentMode, unsigned int *pendingMode) {
+    REQUIRE_DEVICE(device, currentMode);
+    if (pendingMode == NULL) return NVML_ERROR_INVALID_ARGUMENT;
+    if (!fake_gpu_mig_capable(device)) return NVML_ERROR_NOT_SUPPORTED;
+    *currentMode = device->mig_mode;
+    *pendingMode = device->mig_pending;
+    return NVML_SUCCESS;
+}
+
+/* How many MIG devices the GPU may have: 7 in MIG mode, else 0. */
+EXPORT nvmlReturn_t nvmlDeviceGetMaxMigDeviceCount(nvmlDevice_t device, unsigned int *count) {
+    REQUIRE_DEVICE(device, count);
+    *count = device->mig_mode ? FAKE_MIG_SLICES : 0;
+    return NVML_SUCCESS;
+}
+
+EXPORT nvmlReturn_t nvmlDeviceGetMigDeviceHandleByIndex(nvmlDevice_t device, unsigned int index,
+                                                        nvmlDevice_t *migDevice) {
+    REQUIRE_DEVICE(device, migDevice);
+    if (!device->mig_mode || index >= FAKE_MIG_SLICES) return NVML_ERROR_INVALID_ARGUMENT;
+    if (index >= device->mig_count) return NVML_ERROR_NOT_FOUND;
+    *migDevice = (nvmlDevice_t)(void *)&mig_devices[device->index][index];
+    return NVML_SUCCESS;
+}
+
+EXPORT nvmlReturn_t nvmlDeviceGetDeviceHandleFromMigDeviceHandle(nvmlDevice_t migDevice, nvmlDevice_t *device) {
+    REQUIRE_INIT();
+    mig_device *m = as_mig(migDevice);
+    if (m == NULL) return NVML_ERROR_INVALID_ARGUMENT;
+    nvmlReturn_t rc = mig_check(m, device);
+    if (rc == NVML_SUCCESS) *device = m->parent;
+    return rc;
+}
+
+/* Copy engines: one per slice; decoders: the profile's; no encoder, JPEG or OFA engine. */
+EXPORT nvmlReturn_t nvmlDeviceGetAttributes_v2(nvmlDevice_t device, nvmlDeviceAttributes_t *attributes) {
+    REQUIRE_INIT();
+    mig_device *m = as_mig(device);
+    if (m == NULL) {
+        REQUIRE_DEVICE(device, attributes);
+        return NVML_ERROR_NOT_SUPPORTED;
+    }
+    nvmlReturn_t rc = mig_check(m, attributes);
+    if (rc != NVML_SUCCESS) return rc;
+    const fake_mig_profile *p = m->parent->mig[m->slot];
+    *attributes = (nvmlDeviceAttributes_t){p->sm_count, p->slices, p->decoders, 0, 0, 0, p->slices, p->slices,
+                                           p->memory_mib};
+    return NVML_SUCCESS;
+}
+
+EXPORT nvmlReturn_t nvmlDeviceGetAttributes(nvmlDevice_t device, nvmlDeviceAttributes_t *attributes) {
+    return nvmlDeviceGetAttributes_v2(device, attributes);
+}
+
+/* The ids of a MIG device's GPU instance and compute instance (see profile.h). */
+static nvmlReturn_t mig_id(nvmlDevice_t device, unsigned int *id, unsigned int (*of)(unsigned int)) {
+    REQUIRE_INIT();
+    mig_device *m = as_mig(device);
+    if (m == NULL) {
+        REQUIRE_DEVICE(device, id);
+        return NVML_ERROR_NOT_SUPPORTED;
+    }
+    nvmlReturn_t rc = mig_check(m, id);
+    if (rc == NVML_SUCCESS) *id = of(m->slot);
+    return rc;
+}
+
+EXPORT nvmlReturn_t nvmlDeviceGetGpuInstanceId(nvmlDevice_t device, unsigned int *id) {
+    return mig_id(device, id, fake_mig_gpu_instance_id);
+}
+
+EXPORT nvmlReturn_t nvmlDeviceGetComputeInstanceId(nvmlDevice_t device, unsigned int *id) {
+    return mig_id(device, id, fake_mig_compute_instance_id);
 }
 
 /* Persistence mode: enabled (1), as on data-centre GPUs. */

@@ -3,8 +3,10 @@
  * whichever libnvidia-ml.so.1 the loader finds (linked by soname, no rpath), so in a vGPU container a
  * preloaded control library's limited memory shows as it would with the real tool.
  *
- *   nvidia-smi                 a short table: per GPU its index, name, UUID, memory used / total
- *   nvidia-smi -L              GPU <index>: <name> (UUID: <uuid>)
+ *   nvidia-smi                 a short table: per GPU its index, name, UUID, memory used / total and
+ *                              MIG mode ("MIG M.": Enabled, Disabled, or N/A on a GPU without MIG)
+ *   nvidia-smi -L              GPU <index>: <name> (UUID: <uuid>), and under a GPU in MIG mode one
+ *                              line per MIG device: MIG <profile> Device <n>: (UUID: <uuid>)
  *   nvidia-smi --version       the tool's, the driver's and CUDA's versions
  *   nvidia-smi --query-gpu=uuid,memory.total,memory.used --format=csv[,noheader][,nounits]
  *                              any of those three fields, in any order
@@ -31,7 +33,12 @@ int nvmlDeviceGetHandleByIndex_v2(unsigned int index, nvmlDevice_t *device);
 int nvmlDeviceGetName(nvmlDevice_t device, char *name, unsigned int length);
 int nvmlDeviceGetUUID(nvmlDevice_t device, char *uuid, unsigned int length);
 int nvmlDeviceGetMemoryInfo(nvmlDevice_t device, nvmlMemory_t *memory);
+int nvmlDeviceGetMigMode(nvmlDevice_t device, unsigned int *currentMode, unsigned int *pendingMode);
+int nvmlDeviceGetMaxMigDeviceCount(nvmlDevice_t device, unsigned int *count);
+int nvmlDeviceGetMigDeviceHandleByIndex(nvmlDevice_t device, unsigned int index, nvmlDevice_t *migDevice);
 
+#define NVML_ERROR_NOT_SUPPORTED 3
+#define NVML_ERROR_NOT_FOUND 6
 #define NVML_ERROR_GPU_IS_LOST 15
 #define EXIT_USAGE 2
 #define EXIT_NO_DRIVER 9
@@ -39,9 +46,11 @@ int nvmlDeviceGetMemoryInfo(nvmlDevice_t device, nvmlMemory_t *memory);
 #define MAX_FIELDS 16
 
 typedef struct {
+    nvmlDevice_t handle;
     char name[96];
     char uuid[96];
     nvmlMemory_t memory;
+    int mig; /* MIG mode now: 1 enabled, 0 disabled, -1 the GPU has none */
 } gpu_info;
 
 static void nvml_check(int rc, const char *call) {
@@ -74,10 +83,32 @@ static unsigned int gpu_count(void) {
 
 static void read_gpu(unsigned int index, gpu_info *g) {
     nvmlDevice_t d;
+    unsigned int current, pending;
     nvml_check(nvmlDeviceGetHandleByIndex_v2(index, &d), "nvmlDeviceGetHandleByIndex_v2");
+    g->handle = d;
     nvml_check(nvmlDeviceGetName(d, g->name, sizeof g->name), "nvmlDeviceGetName");
     nvml_check(nvmlDeviceGetUUID(d, g->uuid, sizeof g->uuid), "nvmlDeviceGetUUID");
     nvml_check(nvmlDeviceGetMemoryInfo(d, &g->memory), "nvmlDeviceGetMemoryInfo");
+    int rc = nvmlDeviceGetMigMode(d, &current, &pending);
+    if (rc != NVML_ERROR_NOT_SUPPORTED) nvml_check(rc, "nvmlDeviceGetMigMode");
+    g->mig = rc == NVML_ERROR_NOT_SUPPORTED ? -1 : current != 0;
+}
+
+/* Under a GPU in MIG mode: "  MIG 3g.20gb     Device  0: (UUID: MIG-...)", one line per MIG device. */
+static void list_mig_devices(const gpu_info *g) {
+    unsigned int max = 0, n = 0;
+    nvml_check(nvmlDeviceGetMaxMigDeviceCount(g->handle, &max), "nvmlDeviceGetMaxMigDeviceCount");
+    for (unsigned int i = 0; i < max; i++) {
+        nvmlDevice_t m;
+        int rc = nvmlDeviceGetMigDeviceHandleByIndex(g->handle, i, &m);
+        if (rc == NVML_ERROR_NOT_FOUND) continue;
+        nvml_check(rc, "nvmlDeviceGetMigDeviceHandleByIndex");
+        char name[96], uuid[96];
+        nvml_check(nvmlDeviceGetName(m, name, sizeof name), "nvmlDeviceGetName");
+        nvml_check(nvmlDeviceGetUUID(m, uuid, sizeof uuid), "nvmlDeviceGetUUID");
+        const char *kind = strstr(name, " MIG ");
+        printf("  MIG %-12s Device %2u: (UUID: %s)\n", kind ? kind + 5 : name, n++, uuid);
+    }
 }
 
 static void versions(char *driver, size_t size, int *cuda_major, int *cuda_minor) {
@@ -93,11 +124,14 @@ static int show_table(void) {
     int major, minor;
     versions(driver, sizeof driver, &major, &minor);
     printf("NVIDIA-SMI %s    Driver Version: %s    CUDA Version: %d.%d\n", driver, driver, major, minor);
-    printf("%-4s %-28s %-42s %s\n", "GPU", "Name", "UUID", "Memory-Usage");
+    printf("%-4s %-28s %-42s %-22s %s\n", "GPU", "Name", "UUID", "Memory-Usage", "MIG M.");
     for (unsigned int i = 0, n = gpu_count(); i < n; i++) {
         gpu_info g;
+        char memory[48];
         read_gpu(i, &g);
-        printf("%4u %-28s %-42s %lluMiB / %lluMiB\n", i, g.name, g.uuid, g.memory.used / MIB, g.memory.total / MIB);
+        snprintf(memory, sizeof memory, "%lluMiB / %lluMiB", g.memory.used / MIB, g.memory.total / MIB);
+        printf("%4u %-28s %-42s %-22s %s\n", i, g.name, g.uuid, memory,
+               g.mig < 0 ? "N/A" : g.mig ? "Enabled" : "Disabled");
     }
     return 0;
 }
@@ -107,6 +141,7 @@ static int list_gpus(void) {
         gpu_info g;
         read_gpu(i, &g);
         printf("GPU %u: %s (UUID: %s)\n", i, g.name, g.uuid);
+        if (g.mig > 0) list_mig_devices(&g);
     }
     return 0;
 }

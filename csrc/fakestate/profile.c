@@ -31,6 +31,24 @@ static const name_value architectures[] = {
     {"Unknown", 0xFFFFFFFFu},            {NULL, 0},
 };
 static const name_value addressing_modes[] = {{"None", 0}, {"HMM", 1}, {"ATS", 2}, {NULL, 0}};
+static const name_value mig_modes[] = {{"disabled", 0}, {"enabled", 1}, {NULL, 0}};
+
+#define ARCH_AMPERE 7
+#define ARCH_HOPPER 9
+#define ARCH_BLACKWELL 10
+
+/* NVIDIA's MIG profiles of the A100-SXM4-40GB and the H100 80GB (see profile.h). */
+static const fake_mig_profile mig_profiles[] = {
+    {"1g.5gb", ARCH_AMPERE, 1, 4864, 14, 0},   {"2g.10gb", ARCH_AMPERE, 2, 9984, 28, 1},
+    {"3g.20gb", ARCH_AMPERE, 3, 20096, 42, 2}, {"4g.20gb", ARCH_AMPERE, 4, 20096, 56, 2},
+    {"7g.40gb", ARCH_AMPERE, 7, 40448, 98, 5}, {"1g.10gb", ARCH_HOPPER, 1, 9984, 16, 1},
+    {"2g.20gb", ARCH_HOPPER, 2, 20096, 32, 2}, {"3g.40gb", ARCH_HOPPER, 3, 40448, 60, 3},
+    {"4g.40gb", ARCH_HOPPER, 4, 40448, 64, 4}, {"7g.80gb", ARCH_HOPPER, 7, 81152, 132, 7},
+    {NULL, 0, 0, 0, 0, 0},
+};
+/* The words of a product name that make a GPU of a MIG architecture MIG-capable. */
+static const char *const mig_products[] = {"A100", "A30", "H100", "H200", "B200", NULL};
+#define MIG_CAPABLE "MIG needs an Ampere, Hopper or Blackwell A100, A30, H100, H200 or B200"
 
 /* ---- profile parsing ---------------------------------------------------------------------- */
 
@@ -175,7 +193,8 @@ static const struct {
 } gpu_keys[] = {{"uuid", K_UUID},          {"index", K_INDEX},          {"minor", K_MINOR},
                 {"productName", K_NAME},   {"brand", K_BRAND},          {"architecture", K_ARCH},
                 {"memoryTotal", K_MEMORY}, {"pciBusId", K_PCI},         {"numaNode", K_NUMA},
-                {"computeCapability", K_CC}, {"addressingMode", K_ADDRESSING}, {NULL, 0}};
+                {"computeCapability", K_CC}, {"addressingMode", K_ADDRESSING}, {"migMode", K_MIG_MODE},
+                {"migModePending", K_MIG_PENDING}, {"migDevices", K_MIG_DEVICES}, {NULL, 0}};
 
 static int set_gpu(parse_ctx *ctx, fake_gpu *g, const char *key, const char *v, int quoted) {
     unsigned int bit = 0;
@@ -215,9 +234,70 @@ static int set_gpu(parse_ctx *ctx, fake_gpu *g, const char *key, const char *v, 
         return parse_name(ctx, key, v, addressing_modes, &g->addressing);
     case K_PCI:
         return set_pci(ctx, g, v);
+    case K_MIG_MODE:
+        g->mig_mode_line = ctx->line;
+        return parse_name(ctx, key, v, mig_modes, &g->mig_mode);
+    case K_MIG_PENDING:
+        g->mig_pending_line = ctx->line;
+        return parse_name(ctx, key, v, mig_modes, &g->mig_pending);
+    case K_MIG_DEVICES:
+        g->mig_devices_line = ctx->line;
+        return copy_string(ctx, key, v, g->mig_devices, sizeof g->mig_devices);
     default: /* K_CC */
         return parse_version(ctx, key, v, &g->cc_major, &g->cc_minor);
     }
+}
+
+/* The MIG profile `name` on a GPU of architecture `arch` (Blackwell offers Hopper's), or NULL. */
+static const fake_mig_profile *mig_profile(const char *name, unsigned int arch) {
+    unsigned int family = arch == ARCH_BLACKWELL ? ARCH_HOPPER : arch;
+    for (const fake_mig_profile *m = mig_profiles; m->name; m++)
+        if (m->arch == family && strcmp(m->name, name) == 0) return m;
+    return NULL;
+}
+
+/* "1g.5gb, 2g.10gb, ..." for a message: the profiles a GPU of `arch` offers. */
+static void known_mig_profiles(unsigned int arch, char *out, size_t size) {
+    unsigned int family = arch == ARCH_BLACKWELL ? ARCH_HOPPER : arch;
+    size_t used = 0;
+    out[0] = '\0';
+    for (const fake_mig_profile *m = mig_profiles; m->name; m++)
+        if (m->arch == family && used < size)
+            used += (size_t)snprintf(out + used, size - used, "%s%s", used ? ", " : "", m->name);
+}
+
+/* Split migDevices into the GPU's MIG devices, refusing what the GPU cannot hold (see profile.h). */
+static int parse_mig_devices(parse_ctx *ctx, fake_gpu *g, unsigned int i) {
+    char names[FAKE_MIG_DEVICES_MAX], known[120];
+    unsigned int slices = 0;
+    ctx->line = g->mig_devices_line;
+    if (!g->mig_mode) return fail(ctx, "gpus[%u].migDevices: MIG devices need migMode: enabled", i);
+    strcpy(names, g->mig_devices);
+    char *save = NULL;
+    for (char *name = strtok_r(names, " ", &save); name; name = strtok_r(NULL, " ", &save)) {
+        const fake_mig_profile *m = mig_profile(name, g->arch);
+        if (m == NULL) {
+            known_mig_profiles(g->arch, known, sizeof known);
+            return fail(ctx, "gpus[%u].migDevices: unknown MIG profile '%.20s' for this GPU (known: %s)", i, name,
+                        known);
+        }
+        if (slices + m->slices <= FAKE_MIG_SLICES) g->mig[g->mig_count++] = m;
+        slices += m->slices;
+    }
+    if (slices > FAKE_MIG_SLICES)
+        return fail(ctx, "gpus[%u].migDevices: the MIG devices take %u slices, more than the GPU's %d", i, slices,
+                    FAKE_MIG_SLICES);
+    return 0;
+}
+
+static int check_mig(parse_ctx *ctx, fake_gpu *g, unsigned int i) {
+    if ((g->mig_mode || g->mig_pending) && !fake_gpu_mig_capable(g)) {
+        ctx->line = g->mig_mode ? g->mig_mode_line : g->mig_pending_line;
+        return fail(ctx, "gpus[%u].%s: this GPU has no MIG mode (" MIG_CAPABLE ")", i,
+                    g->mig_mode ? "migMode" : "migModePending");
+    }
+    if (!(g->seen & K_MIG_PENDING)) g->mig_pending = g->mig_mode;
+    return (g->seen & K_MIG_DEVICES) ? parse_mig_devices(ctx, g, i) : 0;
 }
 
 static int check_complete(parse_ctx *ctx) {
@@ -232,6 +312,7 @@ static int check_complete(parse_ctx *ctx) {
         for (int k = 0; gpu_keys[k].key; k++)
             if ((gpu_keys[k].bit & K_REQUIRED) && !(g->seen & gpu_keys[k].bit))
                 return fail(ctx, "gpus[%u]: missing required key '%s'", i, gpu_keys[k].key);
+        if (check_mig(ctx, g, i) < 0) return -1;
         ctx->line = g->index_line;
         if (g->index >= profile->count)
             return fail(ctx, "gpus[%u].index: %u is out of range 0..%u", i, g->index, profile->count - 1);
@@ -362,4 +443,35 @@ unsigned int fake_gpu_threads_per_sm(const fake_gpu *g) {
     if (g->cc_major == 7 && g->cc_minor == 5) return 1024;
     if ((g->cc_major == 8 && g->cc_minor >= 6) || g->cc_major == 12) return 1536;
     return 2048;
+}
+
+int fake_gpu_mig_capable(const fake_gpu *g) {
+    if (g->arch != ARCH_AMPERE && g->arch != ARCH_HOPPER && g->arch != ARCH_BLACKWELL) return 0;
+    const char *p = g->name;
+    while (*p) {
+        size_t len = strcspn(p, " -");
+        for (int k = 0; mig_products[k]; k++)
+            if (len == strlen(mig_products[k]) && strncmp(p, mig_products[k], len) == 0) return 1;
+        p += len;
+        p += strspn(p, " -");
+    }
+    return 0;
+}
+
+unsigned int fake_mig_gpu_instance_id(unsigned int slot) { return slot + 1; }
+
+unsigned int fake_mig_compute_instance_id(unsigned int slot) {
+    (void)slot;
+    return 0;
+}
+
+void fake_mig_uuid(const fake_gpu *g, unsigned int slot, char *out, size_t size) {
+    const char *body = strncmp(g->uuid, "GPU-", 4) == 0 ? g->uuid + 4 : g->uuid;
+    snprintf(out, size, "MIG-%s", body);
+    if (strlen(body) >= 18 && size > 22) {
+        char ids[5];
+        snprintf(ids, sizeof ids, "%02x%02x", fake_mig_gpu_instance_id(slot) & 0xFFu,
+                 fake_mig_compute_instance_id(slot) & 0xFFu);
+        memcpy(out + 4 + 14, ids, 4);
+    }
 }

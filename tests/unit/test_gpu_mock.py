@@ -262,6 +262,69 @@ BAD_PROFILES = [
         7,
         "gpus[0].productName: must be 1 to 95 characters",
     ),
+    Bad(
+        "unknown mig mode",
+        edit("    numaNode: 0\n", "    numaNode: 0\n    migMode: on\n"),
+        13,
+        "gpus[0].migMode: 'on' is not one of 'disabled', 'enabled'",
+    ),
+    Bad(
+        "mig devices without mig mode",
+        edit("    numaNode: 0\n", "    numaNode: 0\n    migDevices: 1g.5gb\n"),
+        13,
+        "gpus[0].migDevices: MIG devices need migMode: enabled",
+    ),
+    Bad(
+        "mig devices with mig mode disabled",
+        edit("    numaNode: 1\n", "    numaNode: 1\n    migMode: disabled\n    migDevices: 1g.5gb\n"),
+        24,
+        "gpus[1].migDevices: MIG devices need migMode: enabled",
+    ),
+    Bad(
+        "mig devices only pending",
+        edit("    numaNode: 0\n", "    numaNode: 0\n    migModePending: enabled\n    migDevices: 1g.5gb\n"),
+        14,
+        "gpus[0].migDevices: MIG devices need migMode: enabled",
+    ),
+    Bad(
+        "unknown mig profile",
+        edit("    numaNode: 0\n", "    numaNode: 0\n    migMode: enabled\n    migDevices: 3g.20gb 1g.10gb\n"),
+        14,
+        "gpus[0].migDevices: unknown MIG profile '1g.10gb' for this GPU (known: 1g.5gb, 2g.10gb, 3g.20gb, "
+        "4g.20gb, 7g.40gb)",
+    ),
+    Bad(
+        "mig slices over 7",
+        edit(
+            "    numaNode: 0\n",
+            "    numaNode: 0\n    migMode: enabled\n    migDevices: 4g.20gb 3g.20gb 1g.5gb\n",
+        ),
+        14,
+        "gpus[0].migDevices: the MIG devices take 8 slices, more than the GPU's 7",
+    ),
+    Bad(
+        "empty mig devices",
+        edit("    numaNode: 0\n", '    numaNode: 0\n    migMode: enabled\n    migDevices: ""\n'),
+        14,
+        "gpus[0].migDevices: must be 1 to 127 characters",
+    ),
+    Bad(
+        "mig mode on a gpu without mig",
+        edit("    architecture: Ampere\n", "    architecture: Volta\n    migMode: enabled\n"),
+        10,
+        "gpus[0].migMode: this GPU has no MIG mode (MIG needs an Ampere, Hopper or Blackwell A100, A30, "
+        "H100, H200 or B200)",
+    ),
+    Bad(
+        "pending mig mode on a gpu without mig",
+        edit(
+            "    productName: NVIDIA A100-SXM4-40GB\n",
+            "    productName: NVIDIA GeForce RTX 3090\n    migModePending: enabled\n",
+            second=True,
+        ),
+        18,
+        "gpus[1].migModePending: this GPU has no MIG mode",
+    ),
 ]
 
 
@@ -273,7 +336,7 @@ def write(tmp_path: Path, text: str, name: str = "profile.yaml") -> Path:
 
 def test_shipped_profiles_load() -> None:
     profiles = shipped_profiles()
-    assert set(profiles) == {"a100-40gb-x2", "h100-80gb-x8"}
+    assert set(profiles) == {"a100-40gb-x2", "a100-40gb-x2-mig", "h100-80gb-x8"}
     a100, h100 = load_profile(profiles["a100-40gb-x2"]), load_profile(profiles["h100-80gb-x8"])
     assert [g.index for g in a100] == [0, 1] and [g.index for g in h100] == list(range(8))
     assert {(g.product_name, g.architecture, g.compute_capability, g.memory_total) for g in a100} == {
@@ -287,6 +350,7 @@ def test_shipped_profiles_load() -> None:
     for gpu in a100 + h100:
         assert (gpu.brand, gpu.driver_version, gpu.cuda_driver_version) == ("Nvidia", "550.54.15", "12.4")
         assert gpu.addressing_mode is None
+        assert (gpu.mig_mode, gpu.mig_devices) == (False, ())
         assert json.loads(json.dumps(gpu.to_dict())) == gpu.to_dict()
 
 
@@ -320,6 +384,8 @@ def test_to_dict_has_every_field() -> None:
         "driver_version": "550.54.15",
         "cuda_driver_version": "12.4",
         "addressing_mode": None,
+        "mig_mode": False,
+        "mig_devices": [],
     }
 
 

@@ -19,6 +19,7 @@ import tempfile
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
+from dataclasses import replace
 from pathlib import Path
 
 import pynvml
@@ -31,7 +32,7 @@ from tests.support import REPO, built
 from tests.unit.test_gpu_mock import BAD_PROFILES, BASE, Bad, inventories
 from vgpud.gpu import GpuInfo, GpuInventoryError, open_inventory
 from vgpud.gpu import nvml as nvml_backend
-from vgpud.gpu.mock import GPU_FIELDS, PROFILES_DIR, TOP_FIELDS, dump_profile, load_profile
+from vgpud.gpu.mock import GPU_FIELDS, PROFILES_DIR, TOP_FIELDS, dump_profile, load_profile, shipped_profiles
 from vgpud.gpu.model import ADDRESSING_MODE_NAMES, ARCHITECTURE_NAMES, BRAND_NAMES
 from vgpud.gpu.profile import LIST_KEY
 
@@ -71,7 +72,7 @@ def nvml_gpus(profile: Path | str) -> list[GpuInfo]:
         return open_inventory("nvml", nvml_library=library).gpus()
 
 
-@pytest.mark.parametrize("name", ["a100-40gb-x2", "h100-80gb-x8"])
+@pytest.mark.parametrize("name", sorted(shipped_profiles()))
 def test_nvml_through_the_fake_equals_mock(name: str) -> None:
     profile = PROFILES_DIR / f"{name}.yaml"
     assert nvml_gpus(profile) == open_inventory("mock", profile=profile).gpus()
@@ -83,18 +84,16 @@ def test_every_name_round_trips_through_c() -> None:
     brands, archs = sorted(BRAND_NAMES.values()), sorted(ARCHITECTURE_NAMES.values())
     modes = [None, *sorted(ADDRESSING_MODE_NAMES.values())]
     gpus = [
-        GpuInfo(
-            **{
-                **base.to_dict(),
-                "uuid": f"GPU-{i:08x}-0000-0000-0000-000000000000",
-                "index": i,
-                "minor": 40 - i,
-                "pci_bus_id": f"0000:{i + 16:02x}:00.0",
-                "brand": brands[i],
-                "architecture": archs[i % len(archs)],
-                "addressing_mode": modes[i % len(modes)],
-                "numa_node": i % 3,
-            }
+        replace(
+            base,
+            uuid=f"GPU-{i:08x}-0000-0000-0000-000000000000",
+            index=i,
+            minor=40 - i,
+            pci_bus_id=f"0000:{i + 16:02x}:00.0",
+            brand=brands[i],
+            architecture=archs[i % len(archs)],
+            addressing_mode=modes[i % len(modes)],
+            numa_node=i % 3,
         )
         for i in range(len(brands))
     ]

@@ -3,7 +3,8 @@
 The profile is also what the fake NVML library (`csrc/fakenvml`) serves, so validation here is the
 gate for both readers: the subset grammar (`profile.py`), the schema below, and a cross-check that
 PyYAML reads every value the same way (an unquoted "00000000:07:00.0" is a YAML 1.1 float, and an
-unquoted 8.0 is not the string "8.0").
+unquoted 8.0 is not the string "8.0"). A GPU's MIG keys become its MIG mode and devices through
+`vgpud.gpu.migtable`, the rules the fake NVML serves them by.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from typing import Any
 
 import yaml
 
+from .migtable import MIG_CAPABLE, MIG_MODE_NAMES, mig_capable, mig_devices
 from .model import (
     ADDRESSING_MODE_NAMES,
     ARCHITECTURE_NAMES,
@@ -85,7 +87,12 @@ GPU_FIELDS: dict[str, _Field] = {
         "compute_capability", str, _pattern(r"[1-9][0-9]?\.[0-9]", 'a compute capability like "8.0"')
     ),
     "addressingMode": _Field("addressing_mode", str, _one_of(ADDRESSING_MODE_NAMES), required=False),
+    # MIG: turned into GpuInfo's mig_mode and mig_devices by `_mig` (the pending mode is the fake's alone)
+    "migMode": _Field("mig_mode", str, _one_of(MIG_MODE_NAMES), required=False),
+    "migModePending": _Field("mig_mode_pending", str, _one_of(MIG_MODE_NAMES), required=False),
+    "migDevices": _Field("mig_devices", str, _text(127), required=False),
 }
+MIG_KEYS = ("migMode", "migModePending", "migDevices")
 
 
 class MockInventory:
@@ -125,12 +132,12 @@ def load_profile(path: Path) -> list[GpuInfo]:
     _check_unique(doc, items, path)
     driver = {TOP_FIELDS[key].attr: value for key, value in top.items()}
     gpus = []
-    for item in items:
-        fields = {GPU_FIELDS[key].attr: value for key, value in item.items()}
+    for i, item in enumerate(items):
+        fields = {GPU_FIELDS[key].attr: value for key, value in item.items() if key not in MIG_KEYS}
         fields["pci_bus_id"] = normalize_pci_bus_id(fields["pci_bus_id"])
         fields.setdefault("numa_node", None)
         fields.setdefault("addressing_mode", None)
-        gpus.append(GpuInfo(**fields, **driver))
+        gpus.append(GpuInfo(**fields, **driver, **_mig(item, doc.items[i], f"{LIST_KEY}[{i}].", path)))
     return sorted(gpus, key=lambda gpu: gpu.index)
 
 
@@ -143,10 +150,33 @@ def dump_profile(gpus: list[GpuInfo]) -> str:
         raise ValueError("GPUs with different driver versions cannot share one profile")
     items = []
     for gpu in gpus:
-        item = {key: getattr(gpu, field.attr) for key, field in GPU_FIELDS.items()}
+        item = {key: getattr(gpu, field.attr) for key, field in GPU_FIELDS.items() if key not in MIG_KEYS}
         item["pciBusId"] = "0000" + gpu.pci_bus_id  # back to NVML's 8-digit domain
+        if gpu.mig_mode:
+            item["migMode"] = MIG_MODE_NAMES[1]
+            item["migDevices"] = " ".join(m.profile for m in gpu.mig_devices) or None
         items.append(item)
     return render_flat_yaml(top, items)
+
+
+def _mig(item: dict[str, Any], raw: dict[str, Scalar], prefix: str, path: Path) -> dict[str, Any]:
+    """GpuInfo's MIG fields from a GPU's MIG keys; a GPU without MIG given a MIG mode, MIG devices
+    without migMode enabled, and devices the GPU cannot hold are profile errors."""
+    enabled = MIG_MODE_NAMES[1]
+    mode, pending = item.get("migMode") == enabled, item.get("migModePending") == enabled
+    if (mode or pending) and not mig_capable(item["productName"], item["architecture"]):
+        key = "migMode" if mode else "migModePending"
+        raise profile_error(path, raw[key].line, f"{prefix}{key}: this GPU has no MIG mode ({MIG_CAPABLE})")
+    if "migDevices" not in item:
+        return {"mig_mode": mode}
+    line = raw["migDevices"].line
+    if not mode:
+        raise profile_error(path, line, f"{prefix}migDevices: MIG devices need migMode: {enabled}")
+    try:
+        devices = mig_devices(item["uuid"], item["architecture"], item["migDevices"].split())
+    except ValueError as err:
+        raise profile_error(path, line, f"{prefix}migDevices: {err}") from err
+    return {"mig_mode": True, "mig_devices": devices}
 
 
 def _typed(doc: FlatDocument, path: Path) -> tuple[dict[str, Any], list[dict[str, Any]]]:

@@ -17,6 +17,20 @@ class GpuInventoryError(Exception):
 
 
 @dataclass(frozen=True)
+class MigDevice:
+    """One MIG device of a GPU in MIG mode (a compute instance in a GPU instance), as NVML reports it:
+    what an operator needs to tell it apart, since vgpud leaves MIG GPUs out of its ResourceSlice."""
+
+    uuid: str  # "MIG-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx"
+    gpu_instance_id: int
+    compute_instance_id: int
+    profile: str  # "3g.20gb": what NVML's device name says after " MIG "
+    slices: int  # the GPU instance's slices of the GPU's 7
+    memory_total: int  # bytes
+    multiprocessor_count: int
+
+
+@dataclass(frozen=True)
 class GpuInfo:
     """One physical GPU. Values are as the DRA layer publishes them, before any per-claim maths."""
 
@@ -33,10 +47,14 @@ class GpuInfo:
     driver_version: str  # "550.54.15"
     cuda_driver_version: str  # "12.4"
     addressing_mode: str | None  # "None" / "HMM" / "ATS"; None when the platform does not support it
+    #: MIG mode now (NVML's current mode; a pending change counts from the GPU's next reset)
+    mig_mode: bool = False
+    #: its MIG devices, by MIG index (none unless `mig_mode`)
+    mig_devices: tuple[MigDevice, ...] = ()
 
     def to_dict(self) -> dict[str, Any]:
-        """Plain JSON-ready mapping, field names as above."""
-        return dataclasses.asdict(self)
+        """Plain JSON-ready mapping, field names as above (the MIG devices a list of mappings)."""
+        return {**dataclasses.asdict(self), "mig_devices": [dataclasses.asdict(m) for m in self.mig_devices]}
 
 
 NVML_ARCH_UNKNOWN = 0xFFFFFFFF

@@ -30,6 +30,7 @@ from .model import (
     GpuInfo,
     GpuInventoryError,
     GpusLost,
+    MigDevice,
     XidEvent,
     cuda_version_string,
     normalize_pci_bus_id,
@@ -137,6 +138,8 @@ class NvmlInventory:
         cc_major, cc_minor = query(
             "nvmlDeviceGetCudaComputeCapability", pynvml.nvmlDeviceGetCudaComputeCapability
         )
+        modes = optional("nvmlDeviceGetMigMode", pynvml.nvmlDeviceGetMigMode)
+        mig_mode = modes is not None and modes[0] == pynvml.NVML_DEVICE_MIG_ENABLE
         return GpuInfo(
             uuid=_text(query("nvmlDeviceGetUUID", pynvml.nvmlDeviceGetUUID)),
             index=index,
@@ -156,6 +159,48 @@ class NvmlInventory:
             driver_version=driver_version,
             cuda_driver_version=cuda_driver_version,
             addressing_mode=None if addressing is None else _addressing_mode_name(addressing, index),
+            mig_mode=mig_mode,
+            mig_devices=self._mig_devices(handle, index) if mig_mode else (),
+        )
+
+    def _mig_devices(self, handle: Any, index: int) -> tuple[MigDevice, ...]:
+        """The MIG devices of GPU `index` (in MIG mode), by MIG index; an empty place is skipped."""
+        count = self._call(
+            "nvmlDeviceGetMaxMigDeviceCount",
+            pynvml.nvmlDeviceGetMaxMigDeviceCount,
+            handle,
+            where=f" for GPU {index}",
+        )
+        devices = []
+        for place in range(count):
+            where = f" for MIG device {place} of GPU {index}"
+            mig = self._call(
+                "nvmlDeviceGetMigDeviceHandleByIndex",
+                pynvml.nvmlDeviceGetMigDeviceHandleByIndex,
+                handle,
+                place,
+                where=where,
+                absent=(pynvml.NVMLError_NotFound,),
+            )
+            if mig is not None:
+                devices.append(self._mig_device(mig, where))
+        return tuple(devices)
+
+    def _mig_device(self, mig: Any, where: str) -> MigDevice:
+        def query(symbol: str, fn: Callable[..., _T]) -> _T:
+            return self._call(symbol, fn, mig, where=where)
+
+        attributes = query("nvmlDeviceGetAttributes_v2", pynvml.nvmlDeviceGetAttributes_v2)
+        return MigDevice(
+            uuid=_text(query("nvmlDeviceGetUUID", pynvml.nvmlDeviceGetUUID)),
+            gpu_instance_id=query("nvmlDeviceGetGpuInstanceId", pynvml.nvmlDeviceGetGpuInstanceId),
+            compute_instance_id=query(
+                "nvmlDeviceGetComputeInstanceId", pynvml.nvmlDeviceGetComputeInstanceId
+            ),
+            profile=_text(query("nvmlDeviceGetName", pynvml.nvmlDeviceGetName)).rpartition(" MIG ")[2],
+            slices=attributes.gpuInstanceSliceCount,
+            memory_total=query("nvmlDeviceGetMemoryInfo", pynvml.nvmlDeviceGetMemoryInfo).total,
+            multiprocessor_count=attributes.multiprocessorCount,
         )
 
     def _call(

@@ -20,6 +20,17 @@ and this module rejects anything outside it even where PyYAML would cope. The gr
 
 Whether a VALUE is an integer or a string is the schema's business (`mock.py`); `mock.py` also checks
 that PyYAML reads every value the same way, so a profile means one thing to every reader.
+
+The keys (each shipped profile's header comment lists them too): top level driverVersion and
+cudaDriverVersion; per GPU uuid, index, minor, productName, brand, architecture, memoryTotal, pciBusId
+and computeCapability, and the optional numaNode, addressingMode and three MIG keys, flat like the rest:
+
+    migMode: enabled            the MIG mode now: enabled or disabled (left out: disabled)
+    migModePending: disabled    the mode after the GPU's next reset (left out: as migMode)
+    migDevices: 3g.20gb 1g.5gb  with migMode enabled: its MIG devices' profiles, space-separated
+
+Both readers refuse MIG keys on a GPU without MIG, migDevices without migMode enabled, a profile the
+GPU does not offer and more than its 7 slices (the rules and the table: `migtable.py`).
 """
 
 from __future__ import annotations

@@ -340,8 +340,9 @@ def test_nvidia_smi_shows_the_gpus_and_their_memory(driver: Driver) -> None:
     ]
     rows = table.stdout.splitlines()
     assert rows[0].startswith("NVIDIA-SMI 550.54.15") and "CUDA Version: 12.4" in rows[0]
-    assert rows[2].split() == ["0", *GPU_NAME.split(), UUID_B, "1024MiB", "/", "8192MiB"]
-    assert rows[3].split() == ["1", *GPU_NAME.split(), UUID_A, "0MiB", "/", "8192MiB"]
+    assert rows[1].split()[-2:] == ["MIG", "M."]
+    assert rows[2].split() == ["0", *GPU_NAME.split(), UUID_B, "1024MiB", "/", "8192MiB", "Disabled"]
+    assert rows[3].split() == ["1", *GPU_NAME.split(), UUID_A, "0MiB", "/", "8192MiB", "Disabled"]
     assert query.stdout.splitlines() == [f"{UUID_B}, 8192, 1024", f"{UUID_A}, 8192, 0"]
     assert "DRIVER version      : 550.54.15" in version.stdout
     assert wrong.returncode == 2 and 'Field "name" is not a valid field to query.' in wrong.stderr
