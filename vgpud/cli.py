@@ -284,7 +284,7 @@ def _gpus(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps([gpu.to_dict() for gpu in gpus], indent=2))
         return EXIT_OK
-    rows = [("INDEX", "MINOR", "UUID", "PRODUCT", "MEMORY", "CC", "PCI", "NUMA")]
+    rows = [("INDEX", "MINOR", "UUID", "PRODUCT", "MEMORY", "CC", "PCI", "NUMA", "MIG")]
     rows += [
         (
             str(g.index),
@@ -295,6 +295,7 @@ def _gpus(args: argparse.Namespace) -> int:
             g.compute_capability,
             g.pci_bus_id,
             "-" if g.numa_node is None else str(g.numa_node),
+            f"on ({len(g.mig_devices)} MIG devices)" if g.mig_mode else "-",
         )
         for g in gpus
     ]
@@ -306,6 +307,8 @@ def _gpus(args: argparse.Namespace) -> int:
             f"driver {gpus[0].driver_version}, CUDA {gpus[0].cuda_driver_version}, "
             f"{len(gpus)} GPU(s) from {source.backend}"
         )
+        if mig := sum(1 for g in gpus if g.mig_mode):
+            print(f"{mig} GPU(s) in MIG mode: vgpud does not share them (left out of its ResourceSlice)")
     else:
         print(f"no GPUs found ({source.backend})")
     return EXIT_OK

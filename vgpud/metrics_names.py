@@ -364,12 +364,13 @@ USAGE_READS = MetricName(
 # --------------------------------------------------------------------------------------------------
 # Each GPU: capacity vs allocated vs used (vgpud.observe.gpuview), like the reference's device view.
 # Allocated is what the vGPU containers' libraries enforce (their vgpu.config limits), used what they
-# count; both need the usage reader. One series per GPU and family.
+# count; both need the usage reader. One series per shared GPU and family; a GPU vgpud does not share
+# (vgpud.gpu.exclusion) is only in GPUS_EXCLUDED.
 
 #: always 1; which product the GPU is
 GPU_INFO = MetricName(
     "vgpud_gpu_info",
-    "A GPU of the node and its product name (value 1).",
+    "A GPU vgpud shares and its product name (value 1).",
     (*GPU_LABELS, "product"),
 )
 
@@ -406,6 +407,14 @@ GPU_SM_UTILIZATION = MetricName(
     "vgpud_gpu_sm_utilization_ratio",
     "SM utilization of the GPU by its vGPU containers at their last sample (0..1).",
     GPU_LABELS,
+)
+
+#: always 1: a GPU vgpud leaves out of its ResourceSlice; reason (vgpud.gpu.exclusion.ExclusionReason):
+#: mig (the GPU is in MIG mode)
+GPUS_EXCLUDED = MetricName(
+    "vgpud_gpus_excluded",
+    "A GPU vgpud does not share and leaves out of its ResourceSlice, by reason (value 1).",
+    (*GPU_LABELS, "reason"),
 )
 
 #: vGPU containers (lazy) or partitions (eager) on the GPU; limited: with a memory limit or not
@@ -472,5 +481,6 @@ ALL: tuple[MetricName, ...] = (
     GPU_CORES_ALLOCATED,
     GPU_SM_UTILIZATION,
     GPU_VGPUS,
+    GPUS_EXCLUDED,
     HOTPLUG_ATTACHMENTS,
 )

@@ -180,6 +180,24 @@ def test_gpus_mock_table_lists_both_a100s() -> None:
     assert "2 GPU(s) from mock" in result.stdout
 
 
+def test_gpus_shows_which_gpus_are_in_mig_mode() -> None:
+    fake = built("fakenvml/libnvidia-ml.so.1")
+    from vgpud.gpu.mock import PROFILES_DIR
+
+    result = vgpud("gpus", "--gpu-backend", "mock", "--gpu-profile", "a100-40gb-x2-mig")
+    assert result.returncode == 0, result.stderr
+    header, gpu0, gpu1 = result.stdout.splitlines()[:3]
+    assert header.split()[-1] == "MIG"
+    assert gpu0.endswith("on (4 MIG devices)") and gpu1.split()[-1] == "-"
+    assert "1 GPU(s) in MIG mode: vgpud does not share them" in result.stdout
+    mock = vgpud("gpus", "--json", "--gpu-backend", "mock", "--gpu-profile", "a100-40gb-x2-mig")
+    profile = str(PROFILES_DIR / "a100-40gb-x2-mig.yaml")
+    nvml = vgpud("gpus", "--json", "--nvml-library", str(fake), env={"FAKE_NVML_PROFILE": profile})
+    assert nvml.returncode == 0, nvml.stderr
+    assert json.loads(nvml.stdout) == json.loads(mock.stdout)
+    assert [len(g["mig_devices"]) for g in json.loads(mock.stdout)] == [4, 0]
+
+
 def test_gpus_json_mock_and_fake_nvml_agree() -> None:
     """The same profile through the mock backend and through pynvml + the fake libnvidia-ml."""
     fake = built("fakenvml/libnvidia-ml.so.1")

@@ -33,6 +33,7 @@ PURE = {
     "vgpud.nri.ttrpc",
     "vgpud.nri.mux",
     "vgpud.gpu.healthrules",
+    *(f"vgpud.gpu.{m}" for m in ("model", "exclusion", "migtable")),
     "vgpud.kube.eventcorrelate",
     "vgpud.quantity",
     "vgpud.registry.cgroup",

@@ -52,6 +52,7 @@ class NodeFacts:
     driver: str
     node_name: str
     layout: Layout
+    #: the GPUs vgpud shares (`vgpud.gpu.exclusion`), by minor
     gpus_by_minor: Mapping[int, GpuInfo]
     client_mode: bool
     cgroup_v2: bool
@@ -64,6 +65,8 @@ class NodeFacts:
     #: the labels Prepare puts on each claim it prepares, so the node's claim cache sees it
     #: (`vgpud.dra.claimlabel`); empty where no claim cache runs (eager mode without the registry)
     claim_labels: Mapping[str, str] = field(default_factory=dict, hash=False)
+    #: the GPUs vgpud does not share, by minor: the GPU and why, for a claim that names one
+    excluded_by_minor: Mapping[int, str] = field(default_factory=dict, hash=False)
 
 
 def device_minor(name: str) -> int | None:
@@ -84,6 +87,11 @@ def gpu_for(facts: NodeFacts, device: AllocatedDevice) -> GpuInfo:
             f"not this node's pool {facts.node_name!r}"
         )
     minor = device_minor(device.device)
+    if minor is not None and minor in facts.excluded_by_minor:
+        raise PrepareError(
+            f"device {device.device!r} is {facts.excluded_by_minor[minor]}; "
+            f"node {facts.node_name} does not publish it"
+        )
     if minor is None or minor not in facts.gpus_by_minor:
         raise PrepareError(f"device {device.device!r} is not a GPU of node {facts.node_name}")
     return facts.gpus_by_minor[minor]

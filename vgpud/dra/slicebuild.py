@@ -3,6 +3,7 @@
 
 One slice per node (pool = node name, `resourceSliceCount: 1`), one device per physical GPU, named
 `vgpu-<minor>` and shared through consumable capacity (vgpu-manager-contracts.md "ResourceSlice").
+A GPU vgpud does not share (`vgpud.gpu.exclusion`: one in MIG mode) is never published.
 Attribute names and formats follow the Go reference system, which uses NVIDIA's go-nvlib names and the
 standard attributes of `k8s.io/dynamic-resource-allocation/deviceattribute`:
 
@@ -34,6 +35,7 @@ from collections.abc import Collection, Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
+from vgpud.gpu.exclusion import shared_gpus
 from vgpud.gpu.health import DeviceHealth
 from vgpud.gpu.model import GpuInfo
 from vgpud.kube import RESOURCE_API, JsonObject
@@ -214,13 +216,13 @@ def build_slice(
 ) -> JsonObject:
     """The whole slice, owned by the Node (garbage-collected with it). `pcie_roots` maps a GPU's PCI bus
     id to its root complex (see `slices.read_pcie_roots`). `taints` maps a GPU UUID to the taint its device
-    carries; the GPUs in `left_out` (UUIDs) are not published at all. `nri_mode` is the daemon's mode
-    (`device_attributes`). No GPUs -> an empty slice, which still tells the scheduler that this node's
-    pool exists and is empty."""
+    carries; the GPUs in `left_out` (UUIDs), and those vgpud does not share, are not published at all.
+    `nri_mode` is the daemon's mode (`device_attributes`). No GPUs -> an empty slice, which still tells
+    the scheduler that this node's pool exists and is empty."""
     roots = pcie_roots or {}
     taints = taints or {}
     devices = []
-    for gpu in sorted(gpus, key=lambda gpu: gpu.minor):
+    for gpu in sorted(shared_gpus(gpus), key=lambda gpu: gpu.minor):
         if gpu.uuid in left_out:
             continue
         device: JsonObject = {

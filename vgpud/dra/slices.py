@@ -9,6 +9,9 @@ Device health (`NVMLDeviceHealthCheck`): a GPU the health board calls unhealthy 
 (`slicebuild.unhealthy_taint`). A server that drops the taint field (DRADeviceTaints off) is noticed on
 the apply, and sick devices are then left out of the slice instead (docs/decisions.md "Sick devices are
 tainted, or left out of the slice").
+
+A GPU vgpud does not share (`vgpud.gpu.exclusion`: one in MIG mode) is never in the slice; the keeper
+logs a WARNING for each once, at its first session (the GPUs are read once, when vgpud starts).
 """
 
 from __future__ import annotations
@@ -34,9 +37,11 @@ from vgpud.dra.slicebuild import (
     taint_value,
     unhealthy_taint,
 )
+from vgpud.gpu.exclusion import DECISIONS, excluded_gpus, shared_gpus
 from vgpud.gpu.health import HealthBoard
 from vgpud.gpu.model import GpuInfo
 from vgpud.kube import JsonObject, KubeApi, NotFound, WatchEvent, WatchEventType
+from vgpud.logs import fields
 
 log = logging.getLogger("vgpud.dra.slices")
 
@@ -140,6 +145,7 @@ class SliceKeeper:
         self._resync_interval = resync_interval
         self._sysfs = sysfs
         self._health = health
+        self._exclusions_logged = False
         self.name = slice_name(node_name, driver)
         #: repairs done after a session became ready (re-applies and stale deletions), for metrics
         self.repairs = 0
@@ -158,6 +164,7 @@ class SliceKeeper:
     async def run(self, ready: Callable[[], None]) -> None:
         """One session (see the class); returns only by cancellation, raises on any API error."""
         self._serving = False
+        self._log_exclusions()
         try:
             node = await self._kube.get_node(self.node_name)
         except NotFound as err:
@@ -219,6 +226,24 @@ class SliceKeeper:
                             await self._on_event(event)
             await trio.sleep_until(started + WATCH_MIN_INTERVAL)
 
+    def _log_exclusions(self) -> None:
+        """A WARNING for each GPU left out of the slice, once per process: not at every session."""
+        if self._exclusions_logged:
+            return
+        self._exclusions_logged = True
+        excluded = excluded_gpus(self._gpus)
+        for gpu in sorted(self._gpus, key=lambda gpu: gpu.index):
+            why = excluded.get(gpu.uuid)
+            if why is not None:
+                log.warning(
+                    'GPU %s (index %d) left out of the ResourceSlice: %s (see docs/decisions.md, "%s")',
+                    gpu.uuid,
+                    gpu.index,
+                    why.detail,
+                    DECISIONS[why.reason],
+                    extra=fields(gpu=gpu.uuid),
+                )
+
     def _health_edits(self) -> tuple[dict[str, JsonObject], set[str]]:
         """The taints of the sick GPUs by UUID, or (after the server dropped taints) the sick UUIDs to
         leave out; the board's version is recorded as the one the slice now shows."""
@@ -249,8 +274,10 @@ class SliceKeeper:
     def _describe_sick(self) -> str:
         """For the log: "vgpu-0 tainted xid-79", "vgpu-0 left out (xid-79)" or "every device healthy"."""
         assert self._health is not None
-        names = device_names(self._gpus)
-        sick = sorted(self._health.unhealthy().values(), key=lambda h: names[h.uuid])
+        names = device_names(shared_gpus(self._gpus))
+        sick = sorted(
+            (h for h in self._health.unhealthy().values() if h.uuid in names), key=lambda h: names[h.uuid]
+        )
         if not sick:
             return "every device healthy"
         if self.leaves_out_sick:

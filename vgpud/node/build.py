@@ -22,6 +22,7 @@ from vgpud.dra.driver import DraDriver
 from vgpud.dra.driveredits import driver_edits
 from vgpud.dra.nodelock import LOCK_FILE
 from vgpud.gpu import GpuInfo, GpuInventory
+from vgpud.gpu.exclusion import excluded_gpus, shared_gpus
 from vgpud.gpu.health import HealthBoard
 from vgpud.gpu.healthwatch import HealthRules, HealthWatcher
 from vgpud.hotplug.node import HotPlug, NoDeviceCgroup, build_hotplug, device_cgroup
@@ -62,7 +63,7 @@ def build_driver(
         driver=settings.driver_name,
         node_name=settings.node_name,
         layout=startup.layout,
-        gpus_by_minor={gpu.minor: gpu for gpu in startup.gpus},
+        gpus_by_minor={gpu.minor: gpu for gpu in shared_gpus(startup.gpus)},
         client_mode=client_mode,
         cgroup_v2=cgroup_v2(),
         memory_ratio=settings.device_memory_ratio,
@@ -72,6 +73,7 @@ def build_driver(
         claim_labels=node_claim_labels(settings.driver_name, settings.node_name)
         if claims_watched(startup)
         else {},
+        excluded_by_minor=excluded_by_minor(startup.gpus),
     )
     log.info("partition mode %s, client registration %s", assigner.mode, "on" if client_mode else "off")
     settings.plugin_dir.mkdir(parents=True, exist_ok=True)
@@ -85,6 +87,16 @@ def build_driver(
         recorder=recorder,
         events=events,
     )
+
+
+def excluded_by_minor(gpus: list[GpuInfo]) -> dict[int, str]:
+    """The GPUs vgpud does not share, by minor: "GPU <uuid> (host index <n>), in MIG mode (...)"."""
+    excluded = excluded_gpus(gpus)
+    return {
+        gpu.minor: f"GPU {gpu.uuid} (host index {gpu.index}), {excluded[gpu.uuid].detail}"
+        for gpu in gpus
+        if gpu.uuid in excluded
+    }
 
 
 @dataclass(frozen=True)

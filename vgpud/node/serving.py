@@ -14,6 +14,7 @@ import trio
 
 from vgpud.dra.service import DeviceHealthService, node_services, probes
 from vgpud.dra.slicebuild import device_names
+from vgpud.gpu.exclusion import shared_gpus
 from vgpud.grpcserve import serve
 from vgpud.health import HealthService
 from vgpud.node.parts import Node
@@ -35,11 +36,14 @@ async def serve_dra(node: Node, ready: Ready) -> None:
 
 
 def health_stream(node: Node) -> DeviceHealthService:
-    """The kubelet's device health stream: the board's devices in the slice's pool, or UNIMPLEMENTED."""
+    """The kubelet's device health stream: the board's devices in the slice's pool (the GPUs vgpud
+    shares), or UNIMPLEMENTED."""
     if node.watched_health is None:
         return DeviceHealthService()
     return DeviceHealthService(
-        node.watched_health, pool=node.settings.node_name, devices=device_names(node.startup.gpus)
+        node.watched_health,
+        pool=node.settings.node_name,
+        devices=device_names(shared_gpus(node.startup.gpus)),
     )
 
 

@@ -1,7 +1,9 @@
 """Each GPU of the node as an operator reads it: capacity, what its vGPU containers are allocated, what
 they use, and the containers themselves. One pure function of the inventory, the usage reader's last
 pass and the device health, shared by the metrics (`vgpud_gpu_*`), `/debug/state` (`gpus`) and
-`vgpud top`, so the three never disagree.
+`vgpud top`, so the three never disagree. A GPU vgpud does not share (`vgpud.gpu.exclusion`: MIG mode)
+has no vGPU view: it is an `ExcludedGpu`, with why and its MIG devices (`vgpud_gpus_excluded`, the
+state's `excluded_gpus`).
 
 Allocated is what the containers' libraries enforce (each vgpu.config's limits), summed per GPU, as the
 reference's device view sums its containers' limits: a prepared claim with no container yet allocates
@@ -12,10 +14,12 @@ and the shared bucket's SM utilization, summed over the containers that report t
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
-from vgpud.gpu.model import GpuInfo
+from vgpud.gpu.exclusion import excluded_gpus, shared_gpus
+from vgpud.gpu.model import GpuInfo, MigDevice
 from vgpud.observe.usage import ContainerUsage
 
 
@@ -103,6 +107,43 @@ class GpuView:
         }
 
 
+@dataclass(frozen=True)
+class ExcludedGpu:
+    """A GPU of the node that vgpud does not share, and why."""
+
+    index: int
+    uuid: str
+    product: str
+    #: an `ExclusionReason` value ("mig")
+    reason: str
+    #: why, for people
+    excluded: str
+    mig_devices: tuple[MigDevice, ...] = ()
+
+    def to_dict(self) -> dict[str, object]:
+        return {
+            "index": self.index,
+            "uuid": self.uuid,
+            "product": self.product,
+            "reason": self.reason,
+            "excluded": self.excluded,
+            "mig_devices": [dataclasses.asdict(m) for m in self.mig_devices],
+        }
+
+
+def excluded_views(gpus: Iterable[GpuInfo]) -> list[ExcludedGpu]:
+    """Every GPU vgpud does not share, by index."""
+    gpus = sorted(gpus, key=lambda g: g.index)
+    why = excluded_gpus(gpus)
+    return [
+        ExcludedGpu(
+            g.index, g.uuid, g.product_name, why[g.uuid].reason.value, why[g.uuid].detail, g.mig_devices
+        )
+        for g in gpus
+        if g.uuid in why
+    ]
+
+
 def _ratio(value: int | None, whole: int) -> float | None:
     return None if value is None else value / whole
 
@@ -112,10 +153,10 @@ def gpu_views(
     containers: Iterable[ContainerUsage] = (),
     healthy: Mapping[str, bool] | None = None,
 ) -> list[GpuView]:
-    """Every GPU by index, each with the containers whose files name it (by UUID, or by index when
-    the file gave none). A container's device that names no GPU of the inventory is left out."""
+    """Every shared GPU by index, each with the containers whose files name it (by UUID, or by index
+    when the file gave none). A container's device that names no shared GPU is left out."""
     by_gpu: dict[int, list[VgpuOnGpu]] = {}
-    gpus = sorted(gpus, key=lambda g: g.index)
+    gpus = sorted(shared_gpus(gpus), key=lambda g: g.index)
     index_of = {g.uuid: g.index for g in gpus}
     known = {g.index for g in gpus}
     for entry in containers:

@@ -32,6 +32,7 @@ from vgpud.gpu.model import GpuInfo
 from vgpud.hotplug.rules import AttachState
 from vgpud.kube.events import EventRecorder, EventResult
 from vgpud.observe.drift import DriftKind
+from vgpud.observe.gpuview import excluded_views
 from vgpud.observe.state import NodeIdentity, StreamStats, WatchedDevices, build_info, current_gpu_views
 from vgpud.partition.nrionly import RefusalReason
 from vgpud.recorder import HookCall, Outcome
@@ -310,7 +311,8 @@ class StateCollector(Collector):
         yield from (memory, core, used, ledger, processes, sm, errors)
 
     def _gpu_metrics(self) -> Iterator[Metric]:
-        """Each GPU's capacity; what its vGPUs are allocated and use when the usage reader runs."""
+        """Each shared GPU's capacity, what its vGPUs are allocated and use when the usage reader runs;
+        each GPU vgpud does not share, and why."""
         node = self._node
         views = current_gpu_views(node.gpus, node.usage, node.devices)
         info, total = _gauge(names.GPU_INFO), _gauge(names.GPU_MEMORY_TOTAL)
@@ -329,4 +331,7 @@ class StateCollector(Collector):
             sm.add_metric(gpu, view.sm_utilization)
             vgpus.add_metric([*gpu, "true"], len(view.vgpus) - view.unlimited)
             vgpus.add_metric([*gpu, "false"], view.unlimited)
-        yield from (info, total, allocated, used, cores, sm, vgpus)
+        excluded = _gauge(names.GPUS_EXCLUDED)
+        for gone in excluded_views(node.gpus):
+            excluded.add_metric([str(gone.index), gone.uuid, gone.reason], 1)
+        yield from (info, total, allocated, used, cores, sm, vgpus, excluded)

@@ -35,8 +35,12 @@ Shape (every key always present; a section that does not apply to this node is n
                    memory_used_bytes, cores_allocated_ratio, sm_utilization_ratio, unlimited_vgpus,
                    vgpus: [{namespace, pod, container, claim_uid, partition, memory_limit_bytes,
                             core_limit_ratio, memory_used_bytes, sm_utilization_ratio, pids}]}]
-                  every GPU by index (vgpud.observe.gpuview: allocated and used need the usage
-                  reader; healthy is null without the device-health watcher)
+                  every shared GPU by index (vgpud.observe.gpuview: allocated and used need the
+                  usage reader; healthy is null without the device-health watcher)
+    excluded_gpus: [{index, uuid, product, reason, excluded, mig_devices: [{uuid, gpu_instance_id,
+                   compute_instance_id, profile, slices, memory_total, multiprocessor_count}]}]
+                  every GPU left out of the ResourceSlice (vgpud.gpu.exclusion): reason "mig",
+                  `excluded` says why in words
     usage:       {interval_seconds, reads, last_read, process_memory_error,
                   containers: {"<claim UID>/<partition>": {claim_uid, partition, namespace, pod,
                                pod_uid, container,
@@ -68,7 +72,7 @@ import trio
 from vgpud import __version__
 from vgpud.containers.record import Injection
 from vgpud.gpu.model import GpuInfo
-from vgpud.observe.gpuview import GpuView, gpu_views
+from vgpud.observe.gpuview import GpuView, excluded_views, gpu_views
 from vgpud.partition.layout import Layout
 from vgpud.partition.nrionly import RefusalReason
 from vgpud.recorder import Recorder
@@ -347,6 +351,7 @@ class DebugState:
             "drift": self.drift.status().to_dict() if self.drift is not None else None,
             "device_health": device_health_json(self.devices) if self.devices is not None else None,
             "gpus": [v.to_dict() for v in current_gpu_views(self.gpus, self.usage, self.devices)],
+            "excluded_gpus": [v.to_dict() for v in excluded_views(self.gpus)],
             "usage": self.usage.status().to_dict() if self.usage is not None else None,
             "hotplug": hotplug_json(self.hotplug) if self.hotplug is not None else None,
             "stream": {"clients": self.stream.clients, "closed": dict(self.stream.closed)},

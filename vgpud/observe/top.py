@@ -165,18 +165,25 @@ def not_injected_line(state: JsonObject) -> str:
     return f"{len(names)} container(s) running WITHOUT their vGPU injection: {', '.join(names)}"
 
 
+def excluded_line(gpu: JsonObject) -> str:
+    """A GPU vgpud does not share: "GPU 0 GPU-... left out: in MIG mode (...)"."""
+    return f"GPU {gpu.get('index')} {gpu.get('uuid')} left out: {gpu.get('excluded')}"
+
+
 def render(state: JsonObject, width: int) -> list[str]:
     """The screen for `state` (a `/debug/state` document), every line at most `width` characters."""
     if width < 1:
         raise ValueError(f"width must be >= 1, got {width}")
     lines = [header(state), *notes(state)]
     gpus = state.get("gpus")
+    excluded = state.get("excluded_gpus") or []
     if gpus is None:
         lines.append("this vgpud's state has no gpus section (a vgpud older than `vgpud top`)")
     elif not gpus:
-        lines.append("no GPUs on this node")
+        lines.append("no shared GPUs on this node" if excluded else "no GPUs on this node")
     else:
         lines += _gpu_table(gpus, state, width)
+    lines += [excluded_line(gpu) for gpu in excluded]
     if line := not_injected_line(state):
         lines.append(line)
     return [fit(line, width) for line in lines]
@@ -211,8 +218,8 @@ def _gpu_table(gpus: Sequence[JsonObject], state: JsonObject, width: int) -> lis
 
 
 def json_view(state: JsonObject) -> dict[str, Any]:
-    """`vgpud top --json`: the node, its GPUs (the state's `gpus` as they are) and the containers
-    running without their injection."""
+    """`vgpud top --json`: the node, its GPUs (the state's `gpus` and `excluded_gpus` as they are) and
+    the containers running without their injection."""
     missing = (state.get("nri") or {}).get("not_injected") or {}
     return {
         "node": state.get("node"),
@@ -220,6 +227,7 @@ def json_view(state: JsonObject) -> dict[str, Any]:
         "time": state.get("time"),
         "healthy": state.get("healthy"),
         "gpus": state.get("gpus"),
+        "excluded_gpus": state.get("excluded_gpus") or [],
         "not_injected": [
             {
                 "container_id": cid,

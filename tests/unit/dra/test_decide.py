@@ -4,6 +4,7 @@ claims to start, in request order."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -15,6 +16,9 @@ from vgpud.dra.checkpoint import Checkpoint, ClaimEntry, PreparedDevice, Prepare
 from vgpud.dra.claimedits import NodeFacts, PrepareError
 from vgpud.dra.claimindex import ClaimRef
 from vgpud.dra.decide import ClaimFacts, Refuse, Replay, Start, decide
+from vgpud.gpu.exclusion import shared_gpus
+from vgpud.gpu.mock import load_profile, shipped_profiles
+from vgpud.node.build import excluded_by_minor
 from vgpud.partition.assigner import PartitionAssigner
 from vgpud.partition.eager import EagerAssigner
 from vgpud.partition.layout import Layout
@@ -192,6 +196,26 @@ def test_a_device_this_node_cannot_prepare_is_refused(result: dict[str, Any], me
     decision = one(facts(claim(pod(), **result), pod()), checkpoint)
     assert isinstance(decision, Refuse)
     assert str(decision.error) == message
+
+
+def test_a_device_of_a_mig_gpu_is_refused_with_why() -> None:
+    """The MIG GPU is not in the slice, so no scheduler allocates it; a hand-made allocation naming it
+    is refused with the reason, while the node's other GPU prepares."""
+    gpus = load_profile(shipped_profiles()["a100-40gb-x2-mig"])
+    node = replace(
+        FACTS,
+        gpus_by_minor={g.minor: g for g in shared_gpus(gpus)},
+        excluded_by_minor=excluded_by_minor(gpus),
+    )
+    p = pod()
+    (refused,) = decide([facts(claim(p, device="vgpu-0"), p)], EMPTY, node, EAGER, NAMES)
+    assert isinstance(refused, Refuse)
+    assert str(refused.error) == (
+        f"device 'vgpu-0' is GPU {gpus[0].uuid} (host index 0), in MIG mode (4 MIG devices): vgpud does "
+        f"not share MIG GPUs; node {NODE} does not publish it"
+    )
+    (started,) = decide([facts(claim(p, device="vgpu-1"), p)], EMPTY, node, EAGER, NAMES)
+    assert isinstance(started, Start) and started.failure is None
 
 
 def test_an_interrupted_prepare_is_rolled_back_first_and_a_repeated_uid_too() -> None:

@@ -38,6 +38,8 @@ NODE_UID = "3f1c2a5e-0000-4000-8000-000000000001"
 NAME = "node-a-manager-nvidia-com"
 A100 = open_inventory("mock", profile=PROFILES_DIR / "a100-40gb-x2.yaml").gpus()
 H100 = open_inventory("mock", profile=PROFILES_DIR / "h100-80gb-x8.yaml").gpus()
+#: GPU 0 in MIG mode, GPU 1 not
+MIG = open_inventory("mock", profile=PROFILES_DIR / "a100-40gb-x2-mig.yaml").gpus()
 
 # The API's own patterns (k8s.io/apimachinery validation, semver.org's regex as resource.k8s.io uses it).
 DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
@@ -249,7 +251,7 @@ def assert_valid_slice(slice_: dict[str, Any]) -> None:
             assert (default - low) % step == 0 and (high - low) % step == 0
 
 
-@pytest.mark.parametrize("gpus", [A100, H100, []], ids=["a100", "h100", "none"])
+@pytest.mark.parametrize("gpus", [A100, H100, MIG, []], ids=["a100", "h100", "mig", "none"])
 def test_shipped_profiles_make_valid_slices(gpus: list[GpuInfo]) -> None:
     assert_valid_slice(build(gpus, pcie_roots={gpu.pci_bus_id: "pci0000:00" for gpu in gpus}))
 
@@ -264,6 +266,16 @@ def test_any_ratio_and_memory_size_make_a_valid_slice(cores: int, memory: int, t
     if total * memory // 100 < 2 * MIB:
         return  # refused, see test_bad_ratios_and_tiny_memory_are_refused
     assert_valid_slice(build([gpu], cores_ratio=cores, memory_ratio=memory))
+
+
+def test_a_gpu_in_mig_mode_is_never_published() -> None:
+    assert [d["name"] for d in build(MIG)["spec"]["devices"]] == ["vgpu-1"]
+    assert device(build(MIG), "vgpu-1")["attributes"]["uuid"] == {"string": MIG[1].uuid.lower()}
+    assert build(MIG, left_out={MIG[1].uuid})["spec"]["devices"] == []
+    # a pending MIG mode is no MIG mode yet: the GPU counts by its current one
+    assert [
+        d["name"] for d in build([replace(MIG[0], mig_mode=False, mig_devices=())])["spec"]["devices"]
+    ] == ["vgpu-0"]
 
 
 def test_read_pcie_root_from_sysfs(tmp_path: Path) -> None:
@@ -414,6 +426,28 @@ async def test_stale_slices_of_ours_go_and_foreign_ones_stay(
         assert stored(kube, "node-a-foreign") is not None
         assert keeper.repairs == 1
         nursery.cancel_scope.cancel()
+
+
+async def test_the_keeper_publishes_no_mig_gpu_and_warns_once(
+    kube: FakeKube, autojump_clock: trio.abc.Clock, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The node's slice holds GPU 1 only; one WARNING names GPU 0, not one per session or re-apply."""
+    keeper = keeper_for(kube, MIG)
+    with caplog.at_level(logging.INFO, logger="vgpud.dra.slices"):
+        for _ in range(2):  # the supervisor's restart after an API error is a second session
+            async with trio.open_nursery() as nursery:
+                await start(nursery, keeper)
+                assert [d["name"] for d in (stored(kube) or {})["spec"]["devices"]] == ["vgpu-1"]
+                await kube.delete_resource_slice(NAME)  # a repair rebuilds nothing to warn about
+                await until(lambda: stored(kube) is not None)
+                nursery.cancel_scope.cancel()
+    warnings = [r for r in caplog.records if r.levelno == logging.WARNING]
+    assert [r.getMessage() for r in warnings] == [
+        f"GPU {MIG[0].uuid} (index 0) left out of the ResourceSlice: in MIG mode (4 MIG devices): vgpud "
+        'does not share MIG GPUs (see docs/decisions.md, "MIG-mode GPUs are left out of the ResourceSlice")'
+    ]
+    assert warnings[0].__dict__["gpu"] == MIG[0].uuid
+    assert f"ResourceSlice {NAME} published: 1 devices" in caplog.messages
 
 
 async def test_restart_with_the_same_slice_applies_nothing(

@@ -20,6 +20,7 @@ from tests.unit.gpu.healthshim import ScriptedNvml
 from vgpud._pb.nri.pkg.api.v1alpha1 import Container, CreateContainerRequest, PodSandbox
 from vgpud.componenthealth import HealthRegistry, HealthState
 from vgpud.containers.store import ContainerStore
+from vgpud.gpu import GpuInfo
 from vgpud.gpu.health import HealthBoard
 from vgpud.gpu.healthrules import APPLICATION_XIDS
 from vgpud.gpu.healthwatch import HealthRules, HealthWatcher
@@ -58,6 +59,8 @@ class Node:
     #: the NVML the device-health watcher reads
     gpu_shim: ScriptedNvml
     hotplug: HotPlug | None = None
+    #: the inventory the readers show (the harness's driver serves GPUS whatever it is)
+    gpus: list[GpuInfo] = field(default_factory=lambda: list(GPUS))
     metrics: NodeMetrics = field(init=False)
     state: DebugState = field(init=False)
 
@@ -85,7 +88,7 @@ class Node:
             "hotplug": self.hotplug,
             "drift": self.drift,
             "usage": self.usage,
-            "gpus": GPUS,
+            "gpus": self.gpus,
         }
         return NodeMetrics(self.identity, **{**parts, **changes})
 
@@ -105,7 +108,7 @@ class Node:
             hotplug=self.hotplug,
             drift=self.drift,
             usage=self.usage,
-            gpus=GPUS,
+            gpus=self.gpus,
         )
 
     def app(self) -> ObserveApp:

@@ -99,6 +99,7 @@ async def test_lazy_state_maps_directories_to_containers(short_tmp: Path) -> Non
         "components",
         "nri",
         "gpus",
+        "excluded_gpus",
         "partitions",
         "partition_conflicts",
         "partition_errors",

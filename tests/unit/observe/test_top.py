@@ -251,6 +251,27 @@ def test_the_json_view_is_the_node_and_its_gpus() -> None:
         "time": NOW,
         "healthy": True,
         "gpus": state["gpus"],
+        "excluded_gpus": [],
         "not_injected": [],
     }
     assert json_view(eager_state())["not_injected"] == []
+
+
+def test_a_gpu_vgpud_does_not_share_has_a_line_of_its_own() -> None:
+    excluded = {
+        "index": 2,
+        "uuid": "GPU-5c1e0a37-8d2b-4f60-a1e9-3b7f2c94d018",
+        "product": "NVIDIA A100-SXM4-40GB",
+        "reason": "mig",
+        "excluded": "in MIG mode (4 MIG devices): vgpud does not share MIG GPUs",
+        "mig_devices": [],
+    }
+    lines = render(lazy_state(excluded_gpus=[excluded]), 120)
+    assert lines[-1] == (
+        "GPU 2 GPU-5c1e0a37-8d2b-4f60-a1e9-3b7f2c94d018 left out: in MIG mode (4 MIG devices): "
+        "vgpud does not share MIG GPUs"
+    )
+    alone = render(lazy_state(gpus=[], excluded_gpus=[excluded]), 120)
+    assert alone[-2:] == ["no shared GPUs on this node", lines[-1]]
+    assert render(lazy_state(gpus=[]), 120)[-1] == "no GPUs on this node"
+    assert json_view(lazy_state(excluded_gpus=[excluded]))["excluded_gpus"] == [excluded]
