@@ -18,8 +18,9 @@
  * library directory gets the profile, the state and its caller's host pid from the fake kernel
  * (csrc/fakekernel) of that root, and sees only the GPUs whose device nodes the root has.
  *
- * This file: init, errors, devices, contexts, entry points. fakemem.c: memory; fakeexec.c: streams,
- * events, modules, launches; fakegraph.c: graphs; fakeprocs.c: the versioned entry point table.
+ * This file: init, errors, devices, contexts, entry points. fakemem.c: memory; fakecopy.c: copies;
+ * fakeexec.c: streams, events, modules, launches; fakelibrary.c: libraries, kernels and their
+ * attributes; fakegraph.c: graphs; fakeprocs.c: the versioned entry point table.
  */
 #include "fakecuda.h"
 #include "driver.h"

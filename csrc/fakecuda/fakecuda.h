@@ -26,6 +26,8 @@ typedef struct CUstream_st *CUstream;
 typedef struct CUevent_st *CUevent;
 typedef struct CUmod_st *CUmodule;
 typedef struct CUfunc_st *CUfunction;
+typedef struct CUlib_st *CUlibrary;
+typedef struct CUfunc_st *CUkernel; /* a CUkernel is a CUfunction of a library's module (fakelibrary.c) */
 typedef struct CUgraph_st *CUgraph;
 typedef struct CUgraphNode_st *CUgraphNode;
 typedef struct CUgraphExec_st *CUgraphExec;
@@ -75,6 +77,7 @@ enum {
     TAG_ARRAY = 0x41525231,
     TAG_MIPMAP = 0x4d495031,
     TAG_POOL = 0x504f4f31,
+    TAG_LIBRARY = 0x4c494231,
 };
 
 struct CUctx_st {
@@ -113,16 +116,28 @@ typedef struct {
 CUresult fc_stream(CUstream h, int ptsz, fc_stream_ref *out);
 /* Sleep until the wall clock passes `end_ns`. */
 void fc_wait_until(uint64_t end_ns);
+/* cuStreamSynchronize of `h`: wait for its kernels (the legacy stream: all of this process's on the
+ * device). CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED on a capturing stream. */
+CUresult fc_stream_wait(CUstream h, int ptsz);
+/* Is `h` a created stream that is capturing? */
+int fc_stream_capturing(const fc_stream_ref *s);
 
 /* ---- fakeexec.c: functions ---- */
 
 /* Is `f` a function handle of a loaded module? */
 int fc_valid_function(CUfunction f);
+/* cuModuleLoadData without its current-context check (the library API loads context-free): a PTX
+ * text, an ELF cubin or a fatbin; CUDA_ERROR_INVALID_IMAGE for anything else. */
+CUresult fc_module_load(CUmodule *module, const void *image);
 
 /* ---- fakemem.c ---- */
 
 /* Is [ptr, ptr + bytes) inside one managed allocation of this process? */
 int fc_mem_is_managed(CUdeviceptr ptr, size_t bytes);
+/* *host: the host bytes of [ptr, ptr + bytes) inside one device, managed, host or registered
+ * allocation (a device allocation's backing is mapped on first use). CUDA_ERROR_INVALID_VALUE when no
+ * one allocation holds the range, CUDA_ERROR_OUT_OF_MEMORY when the backing cannot be mapped. */
+CUresult fc_mem_bytes(CUdeviceptr ptr, size_t bytes, void **host);
 
 /* ---- fakegraph.c: graphs ---- */
 

@@ -97,7 +97,9 @@ static void note_end(fc_stream_ref *s, uint64_t end) {
     pthread_mutex_unlock(&exec_mutex);
 }
 
-static CUresult stream_sync(CUstream h, int ptsz) {
+int fc_stream_capturing(const fc_stream_ref *s) { return s->created && s->created->capturing; }
+
+CUresult fc_stream_wait(CUstream h, int ptsz) {
     fc_stream_ref s;
     CUresult rc = fc_stream(h, ptsz, &s);
     if (rc != CUDA_SUCCESS) return rc;
@@ -106,8 +108,8 @@ static CUresult stream_sync(CUstream h, int ptsz) {
     fc_wait_until(s.created == NULL && !ptsz && h != CU_STREAM_PER_THREAD ? process_end[s.ordinal] : *s.end_ns);
     return CUDA_SUCCESS;
 }
-EXPORT CUresult cuStreamSynchronize(CUstream h) { return stream_sync(h, 0); }
-EXPORT CUresult cuStreamSynchronize_ptsz(CUstream h) { return stream_sync(h, 1); }
+EXPORT CUresult cuStreamSynchronize(CUstream h) { return fc_stream_wait(h, 0); }
+EXPORT CUresult cuStreamSynchronize_ptsz(CUstream h) { return fc_stream_wait(h, 1); }
 
 /* Waits until every kernel of this process on the current device has run. */
 EXPORT CUresult cuCtxSynchronize(void) {
@@ -243,11 +245,9 @@ struct CUfunc_st {
 
 int fc_valid_function(CUfunction f) { return f != NULL && f->tag == TAG_FUNC; }
 
-/* A NUL-terminated PTX text (".version" and ".target"), an ELF cubin, or a fatbin. */
-EXPORT CUresult cuModuleLoadData(CUmodule *module, const void *image) {
+CUresult fc_module_load(CUmodule *module, const void *image) {
     CUresult rc = fc_ready();
     if (rc != CUDA_SUCCESS) return rc;
-    if (fc_current() == NULL) return CUDA_ERROR_INVALID_CONTEXT;
     if (module == NULL || image == NULL) return CUDA_ERROR_INVALID_VALUE;
     const unsigned char *b = image;
     uint32_t magic;
@@ -263,6 +263,14 @@ EXPORT CUresult cuModuleLoadData(CUmodule *module, const void *image) {
     }
     *module = m;
     return CUDA_SUCCESS;
+}
+
+/* A NUL-terminated PTX text (".version" and ".target"), an ELF cubin, or a fatbin. */
+EXPORT CUresult cuModuleLoadData(CUmodule *module, const void *image) {
+    CUresult rc = fc_ready();
+    if (rc != CUDA_SUCCESS) return rc;
+    if (fc_current() == NULL) return CUDA_ERROR_INVALID_CONTEXT;
+    return fc_module_load(module, image);
 }
 
 EXPORT CUresult cuModuleLoadDataEx(CUmodule *module, const void *image, unsigned int numOptions, void *options,

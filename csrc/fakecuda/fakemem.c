@@ -2,7 +2,9 @@
  * fakecuda memory: every allocation is charged to the device in the shared state (so NVML lists it
  * under this pid) and refused with CUDA_ERROR_OUT_OF_MEMORY when the device has not that much free.
  *
- * Device memory has no backing: device pointers are addresses in a range no host mapping uses.
+ * Device pointers are addresses in a range no host mapping uses. A device allocation gets host bytes
+ * behind it on its first copy (fc_mem_bytes: an anonymous MAP_NORESERVE mapping of its size, so only
+ * the pages written use memory); one never copied to or from has none, however large.
  * Managed and host (pinned) memory are real host memory (anonymous mappings) and are not charged
  * to the device: NVML does not count them on a real GPU either. Stream-ordered allocations and
  * frees take effect at once. Allocations belong to the current context, and go with it.
@@ -23,6 +25,7 @@ typedef struct {
     int ordinal;      /* device charged, -1 if none */
     enum kind kind;
     CUcontext ctx; /* owner; NULL: the process (VMM handles, reservations) */
+    void *backing; /* K_DEVICE: host bytes once copied to or from, else NULL */
 } alloc;
 
 static pthread_mutex_t mem_mutex = PTHREAD_MUTEX_INITIALIZER;
@@ -58,6 +61,7 @@ static alloc *find(uint64_t key, int kind_mask) {
 static void release(alloc *a) {
     if (a->charged) fs_mem_free((unsigned)fc_nvml_index(a->ordinal), a->charged);
     if (a->kind == K_MANAGED || a->kind == K_HOST) munmap((void *)(uintptr_t)a->key, a->bytes);
+    if (a->backing) munmap(a->backing, a->bytes);
     *a = allocs[--n_allocs];
 }
 
@@ -71,7 +75,7 @@ void fc_mem_drop_context(CUcontext ctx) {
 /* Charge `bytes` to device `ordinal` and record the range; OOM when the device is full. */
 static CUresult charge(uint64_t key, uint64_t bytes, uint64_t charged, int ordinal, enum kind kind, CUcontext ctx) {
     if (charged && fs_mem_alloc((unsigned)fc_nvml_index(ordinal), charged) < 0) return CUDA_ERROR_OUT_OF_MEMORY;
-    if (remember((alloc){key, bytes, charged, ordinal, kind, ctx}) < 0) {
+    if (remember((alloc){key, bytes, charged, ordinal, kind, ctx, NULL}) < 0) {
         if (charged) fs_mem_free((unsigned)fc_nvml_index(ordinal), charged);
         return CUDA_ERROR_OUT_OF_MEMORY;
     }
@@ -557,6 +561,28 @@ EXPORT CUresult cuMemHostGetDevicePointer_v2(CUdeviceptr *pdptr, void *p, unsign
     if (!ok) return CUDA_ERROR_INVALID_VALUE;
     *pdptr = (uintptr_t)p;
     return CUDA_SUCCESS;
+}
+
+/* ---- host bytes of device ranges, for copies ---- */
+
+CUresult fc_mem_bytes(CUdeviceptr ptr, size_t bytes, void **host) {
+    enum { RANGES = 1 << K_DEVICE | 1 << K_MANAGED | 1 << K_HOST | 1 << K_REGISTERED };
+    pthread_mutex_lock(&mem_mutex);
+    alloc *a = NULL;
+    for (size_t i = 0; i < n_allocs && a == NULL; i++)
+        if ((RANGES & (1 << allocs[i].kind)) && ptr >= allocs[i].key && bytes <= allocs[i].bytes &&
+            ptr - allocs[i].key <= allocs[i].bytes - bytes)
+            a = &allocs[i];
+    CUresult rc = a ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
+    if (a && a->kind == K_DEVICE && a->backing == NULL) {
+        void *m = mmap(NULL, a->bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+        if (m == MAP_FAILED) rc = CUDA_ERROR_OUT_OF_MEMORY;
+        else a->backing = m;
+    }
+    if (rc == CUDA_SUCCESS)
+        *host = a->kind == K_DEVICE ? (char *)a->backing + (ptr - a->key) : (void *)(uintptr_t)ptr;
+    pthread_mutex_unlock(&mem_mutex);
+    return rc;
 }
 
 /* ---- managed memory hints: checked, then no-ops (nothing migrates in the fake) ---- */

@@ -73,6 +73,18 @@
     X(cuMemMap, 10020, 0, cuMemMap)                                                                \
     X(cuMemUnmap, 10020, 0, cuMemUnmap)                                                            \
     X(cuMemSetAccess, 10020, 0, cuMemSetAccess)                                                    \
+    X(cuMemcpyHtoD, 3020, 0, cuMemcpyHtoD_v2)                                                      \
+    X(cuMemcpyHtoD, 7000, 1, cuMemcpyHtoD_v2_ptds)                                                 \
+    X(cuMemcpyDtoH, 3020, 0, cuMemcpyDtoH_v2)                                                      \
+    X(cuMemcpyDtoH, 7000, 1, cuMemcpyDtoH_v2_ptds)                                                 \
+    X(cuMemcpyDtoD, 3020, 0, cuMemcpyDtoD_v2)                                                      \
+    X(cuMemcpyDtoD, 7000, 1, cuMemcpyDtoD_v2_ptds)                                                 \
+    X(cuMemcpyHtoDAsync, 3020, 0, cuMemcpyHtoDAsync_v2)                                            \
+    X(cuMemcpyHtoDAsync, 7000, 1, cuMemcpyHtoDAsync_v2_ptsz)                                       \
+    X(cuMemcpyDtoHAsync, 3020, 0, cuMemcpyDtoHAsync_v2)                                            \
+    X(cuMemcpyDtoHAsync, 7000, 1, cuMemcpyDtoHAsync_v2_ptsz)                                       \
+    X(cuMemcpyDtoDAsync, 3020, 0, cuMemcpyDtoDAsync_v2)                                            \
+    X(cuMemcpyDtoDAsync, 7000, 1, cuMemcpyDtoDAsync_v2_ptsz)                                       \
     X(cuArrayCreate, 2000, 0, cuArrayCreate)                                                       \
     X(cuArrayCreate, 3020, 0, cuArrayCreate_v2)                                                    \
     X(cuArray3DCreate, 2000, 0, cuArray3DCreate)                                                   \
@@ -124,6 +136,11 @@
     X(cuModuleLoadDataEx, 2010, 0, cuModuleLoadDataEx)                                             \
     X(cuModuleGetFunction, 2000, 0, cuModuleGetFunction)                                           \
     X(cuModuleUnload, 2000, 0, cuModuleUnload)                                                     \
+    X(cuLibraryLoadData, 12000, 0, cuLibraryLoadData)                                              \
+    X(cuLibraryUnload, 12000, 0, cuLibraryUnload)                                                  \
+    X(cuLibraryGetKernel, 12000, 0, cuLibraryGetKernel)                                            \
+    X(cuKernelGetFunction, 12000, 0, cuKernelGetFunction)                                          \
+    X(cuKernelGetAttribute, 12000, 0, cuKernelGetAttribute)                                        \
     X(cuLaunchKernel, 4000, 0, cuLaunchKernel)                                                     \
     X(cuLaunchKernel, 7000, 1, cuLaunchKernel_ptsz)                                                \
     X(cuLaunchKernelEx, 11060, 0, cuLaunchKernelEx)                                                \
