@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 export PIP_CACHE_DIR := $(CURDIR)/.cache/pip
 
-.PHONY: setup build image kube chart-crds chart-docs prometheus node-deps node cluster cluster-test test unit lint protos check-protos demo bench fuzz soak clean
+.PHONY: setup build image kube chart-crds chart-docs prometheus cuda-clients node-deps node cluster cluster-test test unit lint protos check-protos demo bench fuzz soak clean
 
 setup:  ## venv with vgpud and its dev dependencies (idempotent, cached)
 	@./hack/setup-venv.sh
@@ -27,6 +27,9 @@ chart-docs: setup  ## write the values table of helm/vgpud/README.md from values
 prometheus:  ## Prometheus and promtool built from their Go module into ~/.cache/vgpud
 	@./hack/install-prometheus.sh
 
+cuda-clients:  ## NVIDIA's Python driver-API clients (cuda-bindings, numba-cuda and the CUDA 12.9 wheels they load, pinned in hack/cuda-clients.txt) in a venv of their own under ~/.cache/vgpud, for tests/conformance/test_cuda_bindings.py and test_numba_cuda.py
+	@./hack/install-cuda-clients.sh
+
 node-deps: build  ## containerd 1.7, runc, CNI loopback, busybox + pause + cudaprobe images, containerd 2.x and NVIDIA's nvidia-ctk + nvidia-cdi-hook (built from their Go modules) into ~/.cache/vgpud (the probe links against build/fakecuda)
 	@./hack/install-node.sh
 	@./hack/install-containerd2.sh
@@ -42,7 +45,7 @@ cluster-test: build image kube node-deps  ## the cluster scenarios too long for 
 node: build kube node-deps  ## a local node (etcd, apiserver, controller manager, scheduler, containerd, kubelet, vgpud) until Ctrl-C; NRI=off for eager, CONTAINERD=2 for containerd 2.x
 	@$(PY) -m tests.e2e.node --nri $(or $(NRI),on) --containerd $(or $(CONTAINERD),1.7)
 
-test: build image kube chart-crds prometheus node-deps  ## every test tier that runs on this machine (as root: the e2e runs a node)
+test: build image kube chart-crds prometheus cuda-clients node-deps  ## every test tier that runs on this machine (as root: the e2e runs a node)
 	@$(VENV)/bin/ruff check
 	@$(VENV)/bin/ruff format --check --quiet
 	@$(PY) -m pytest -q --durations=20 tests --ignore=tests/launcher --ignore=tests/cluster --ignore=tests/clustertest

@@ -5,7 +5,7 @@ for the kernels before it while an Async one does not."""
 from __future__ import annotations
 
 from tests.unit.fakes.conftest import Env
-from tests.unit.fakes.gpu import GIB, MIB, run
+from tests.unit.fakes.gpu import run
 
 NS = 100_000  # FAKE_GPU_NS_PER_BLOCK: 0.1 ms per block
 
@@ -38,7 +38,8 @@ def test_bytes_round_trip_through_every_copy(gpu_env: Env) -> None:
         "put('cuMemcpyHtoD_v2', big + 6 * GIB - 4, b'last')\n"
         "emit(sync=get('cuMemcpyDtoH_v2', b, 5), async_=get('cuMemcpyDtoHAsync_v2', a, 11, vp(s)),\n"
         "     ptds=get('cuMemcpyDtoH_v2_ptds', a + MIB - 3, 3),\n"
-        "     managed=ctypes.string_at(m.value, 7).decode(), big=get('cuMemcpyDtoH_v2', big + 6 * GIB - 4, 4),\n"
+        "     managed=ctypes.string_at(m.value, 7).decode(),\n"
+        "     big=get('cuMemcpyDtoH_v2', big + 6 * GIB - 4, 4),\n"
         "     untouched=get('cuMemcpyDtoH_v2', b + 11, 4))",
         gpu_env(memory_gib=8),
     )
@@ -64,7 +65,8 @@ def test_a_range_outside_one_allocation_is_refused(gpu_env: Env) -> None:
         "cuda.ok('cuCtxSetCurrent', None)\n"
         "no_context = put('cuMemcpyHtoD_v2', a, b'x')\n"
         "cuda.use(0)\n"
-        "emit(past_end=put('cuMemcpyHtoD_v2', a + MIB - 1, b'xy'), freed=get('cuMemcpyDtoH_v2', gone, 1)[0],\n"
+        "emit(past_end=put('cuMemcpyHtoD_v2', a + MIB - 1, b'xy'),\n"
+        "     freed=get('cuMemcpyDtoH_v2', gone, 1)[0],\n"
         "     unknown=put('cuMemcpyHtoD_v2', 0x1234, b'x'), zero=put('cuMemcpyHtoD_v2', 0x1234, b''),\n"
         "     dtod_over=cuda('cuMemcpyDtoD_v2', u64(a), u64(a + 1), sz(MIB)),\n"
         "     null_host=cuda('cuMemcpyDtoH_v2', None, u64(a), sz(1)),\n"
@@ -107,7 +109,8 @@ def test_the_copies_resolve_through_get_proc_address(gpu_env: Env) -> None:
         "        cuda.proc(name, 12000, flags)[1] == cuda.address(export)\n"
         "        for name, flags, export in [\n"
         "            ('cuMemcpyHtoD', 0, 'cuMemcpyHtoD_v2'), ('cuMemcpyDtoH', 2, 'cuMemcpyDtoH_v2_ptds'),\n"
-        "            ('cuMemcpyDtoD', 0, 'cuMemcpyDtoD_v2'), ('cuMemcpyHtoDAsync', 2, 'cuMemcpyHtoDAsync_v2_ptsz'),\n"
+        "            ('cuMemcpyDtoD', 0, 'cuMemcpyDtoD_v2'),\n"
+        "            ('cuMemcpyHtoDAsync', 2, 'cuMemcpyHtoDAsync_v2_ptsz'),\n"
         "            ('cuMemcpyDtoHAsync', 0, 'cuMemcpyDtoHAsync_v2'),\n"
         "            ('cuMemcpyDtoDAsync', 2, 'cuMemcpyDtoDAsync_v2_ptsz')]})",
         gpu_env(),
