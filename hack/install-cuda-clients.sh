@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Installs NVIDIA's Python driver-API clients (cuda-bindings, numba-cuda and the CUDA 12.9 wheels they
 # load) into a virtualenv of their own in the machine-wide cache, for the conformance tests that run
-# them over the fake driver with libvgpu-control.so preloaded. Not in .venv: about 800 MB of CUDA
+# them over the fake driver with libvgpu-control.so preloaded. Not in .venv: about 790 MB of CUDA
 # wheels that vgpud never imports (docs/decisions.md). Idempotent: does nothing when the cache holds a
 # venv of hack/cuda-clients.txt as it is (a stamp holds the file's hash); an edit there makes a new
 # venv and prunes the old one.
@@ -10,8 +10,8 @@
 #   hack/install-cuda-clients.sh --print-env also print cuda-clients.env (CUDA_CLIENTS_PYTHON=...)
 #
 # Cache: ${VGPUD_CACHE:-$HOME/.cache/vgpud}/cuda-clients-<hash>. Downloads go to pip's cache
-# (PIP_CACHE_DIR: the Makefile points it at .cache/pip). Cold: about 1 GB of wheels to fetch, then
-# about a minute to unpack on 2 cores; warm: nothing.
+# (PIP_CACHE_DIR: the Makefile points it at .cache/pip). Cold: 258 MB of wheels to fetch, unpacked to
+# about 790 MB, about 20 s on 2 cores with a fast mirror; warm: nothing.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
