@@ -87,7 +87,15 @@ static int nvml_sample(void *ctx, int host, double *util, double *external)
     return result;
 }
 
-static const struct core_watch_ops nvml_ops = {.sample = nvml_sample, .now_ns = mono_ns, .ctx = NULL};
+static void log_cycle(void *ctx, int host, double util, double target, int64_t add, int64_t level)
+{
+    (void)ctx;
+    vgpu_log(VGPU_LOG_DETAIL, "device %d: core utilisation %.1f%% (target %.0f%%), bucket %lld, refill %lld", host,
+             util, target, (long long)level, (long long)add);
+}
+
+static const struct core_watch_ops nvml_ops = {
+    .sample = nvml_sample, .now_ns = mono_ns, .cycle = log_cycle, .ctx = NULL};
 
 /* The child of a fork has none of the parent's threads: its devices are set up again at its first
  * charge (new local buckets, new watchers), and it drops its copy of the sampler lock. */
@@ -108,7 +116,7 @@ static void core_init(void)
     vgpu_init();
     char err[256];
     if (core_env_parse(&env, vgpu_env, NULL, err, sizeof(err)) < 0) {
-        vgpu_log("core limit off: %s", err);
+        vgpu_log(VGPU_LOG_WARNING, "core limit off: %s", err);
         return;
     }
     const struct vgpu_env_config *cfg = vgpu_cfg();
@@ -122,7 +130,7 @@ static void core_init(void)
     if (any_limit && env.shared_bucket) {
         shared_ok = core_shared_open(&shared, vgpu_path(VGPU_PATH_SM_NODE_DIR), err, sizeof(err)) == 0;
         if (!shared_ok)
-            vgpu_log("shared SM bucket unavailable, each process limits itself: %s", err);
+            vgpu_log(VGPU_LOG_WARNING, "shared SM bucket unavailable, each process limits itself: %s", err);
     }
     pthread_atfork(NULL, NULL, after_fork_child);
 }
@@ -158,7 +166,7 @@ static void setup_device(int host)
         attr(&sms, CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, dev) != CUDA_SUCCESS ||
         attr(&threads, CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_MULTIPROCESSOR, dev) != CUDA_SUCCESS ||
         core_bucket_ceiling(sms, threads) <= 0) {
-        vgpu_log("core limit of device %d not applied: cannot read its SM count", host);
+        vgpu_log(VGPU_LOG_WARNING, "core limit of device %d not applied: cannot read its SM count", host);
         __atomic_store_n(&dev_state[host], DEV_UNAVAILABLE, __ATOMIC_RELEASE);
         return;
     }
@@ -178,7 +186,10 @@ static void setup_device(int host)
     w->devs[w->count] = d;
     __atomic_store_n(&w->count, w->count + 1, __ATOMIC_RELEASE);
     if (n_devices++ % CORE_WATCH_PER_THREAD == 0 && core_watcher_start(w) != 0)
-        vgpu_log("core limit watcher thread not started: device %d keeps its last rate", host);
+        vgpu_log(VGPU_LOG_WARNING, "core limit watcher thread not started: device %d keeps its last rate", host);
+    vgpu_log(VGPU_LOG_INFO, "device %d: core limit %d%%%s, %d SMs x %d threads (bucket ceiling %lld)", host,
+             env.hard[host], env.soft[host] > 0 ? " (soft limit applies while uncontended)" : "", sms, threads,
+             (long long)ceiling);
     __atomic_store_n(&dev_state[host], DEV_READY, __ATOMIC_RELEASE);
 }
 

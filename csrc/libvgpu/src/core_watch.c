@@ -52,6 +52,8 @@ void core_watch_cycle(struct core_device *d, struct core_shared *sh, const struc
     /* Throttled: the bucket is empty at the refill, so launches are waiting (or just were). */
     int64_t add = core_ctl_step(&d->ctl, util, external, consumed, level < 0, dt);
     int64_t cap = core_ctl_cap(&d->ctl);
+    if (ops->cycle)
+        ops->cycle(ops->ctx, d->host, util, core_ctl_target(&d->ctl), add, level);
     if (!d->shared) {
         d->after_refill = core_bucket_refill(d->tokens, add, cap);
         return;

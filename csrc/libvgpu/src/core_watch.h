@@ -23,6 +23,8 @@ struct core_watch_ops {
     int (*sample)(void *ctx, int host, double *util, double *external);
     uint64_t (*now_ns)(void *ctx);
     void *ctx;
+    /* Optional: told each sampled cycle's outcome (the library logs it at LOGGER_LEVEL detail). */
+    void (*cycle)(void *ctx, int host, double util, double target, int64_t add, int64_t level);
 };
 
 struct core_device {

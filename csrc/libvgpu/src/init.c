@@ -18,16 +18,6 @@
  * where __dso_handle normally lives; atexit (libc_nonshared) names this object by it. */
 void *__dso_handle __attribute__((visibility("hidden"))) = &__dso_handle;
 
-void vgpu_log(const char *fmt, ...)
-{
-    char line[1024];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(line, sizeof(line), fmt, ap);
-    va_end(ap);
-    fprintf(stderr, "vgpu: %s\n", line);
-}
-
 static struct vgpu_env_config cfg;
 static int configured; /* cfg names a device; else the library is inert (vgpu_state.h) */
 static pthread_once_t global_once = PTHREAD_ONCE_INIT;
@@ -84,7 +74,7 @@ static void global_init(void)
     char err[256];
     reset_caches();
     if (vgpu_config_parse(&cfg, vgpu_env, NULL, err, sizeof(err)) < 0) {
-        vgpu_log("FATAL: %s", err);
+        vgpu_log(VGPU_LOG_FATAL, "%s", err);
         abort();
     }
     struct vgpu_config file; /* devices hot-plugged after the container started: not in its env */
@@ -94,6 +84,25 @@ static void global_init(void)
         configured = configured || cfg.dev[i].uuid[0] != '\0';
     pthread_atfork(atfork_prepare, atfork_parent, atfork_child);
     vgpu_ledger_install_exit_handlers();
+}
+
+/* At LOGGER_LEVEL info, once per process: the devices it may use and their memory limits. */
+static void log_devices(void)
+{
+    if (!vgpu_log_enabled(VGPU_LOG_INFO))
+        return;
+    for (int i = 0; i < VGPU_MAX_DEVICES; i++) {
+        const struct vgpu_device_cfg *d = &cfg.dev[i];
+        if (d->uuid[0] == '\0')
+            continue;
+        if (d->mem_limit == 0)
+            vgpu_log(VGPU_LOG_INFO, "device %d %s%s: no memory limit (compatibility mode %ld)", i, d->uuid,
+                     d->from_file ? " (hot-plugged)" : "", cfg.mode);
+        else
+            vgpu_log(VGPU_LOG_INFO, "device %d %s%s: memory limit %llu bytes, %llu of them device memory "
+                     "(compatibility mode %ld)", i, d->uuid, d->from_file ? " (hot-plugged)" : "",
+                     d->total_memory, d->real_memory, cfg.mode);
+    }
 }
 
 /* The loader once per process: registration (client mode) and the partition directories. */
@@ -113,10 +122,13 @@ static void process_init(void)
                 .registry_socket = vgpu_path(VGPU_PATH_REGISTRY_SOCKET),
             },
     };
+    struct loader_ops ops = vgpu_default_ops;
+    ops.log = vgpu_log_loader_line; /* its lines by LOGGER_LEVEL */
     struct loader_result r;
-    if (vgpu_loader_init(&env, &vgpu_default_ops, &r) != VGPU_LOADER_OK)
+    if (vgpu_loader_init(&env, &ops, &r) != VGPU_LOADER_OK)
         abort(); /* the FATAL line is on stderr already */
     vgpu_config_publish(&cfg);
+    log_devices();
 }
 
 /* Set while this thread initialises: the real libraries may call their own exported functions
@@ -278,7 +290,7 @@ static void log_refused(const char *uuid)
         snprintf(refused[n_refused++], sizeof(refused[0]), "%s", uuid);
     pthread_mutex_unlock(&map_lock);
     if (!seen)
-        vgpu_log("refused device %s: not one of this container's devices", uuid);
+        vgpu_log(VGPU_LOG_WARNING, "refused device %s: not one of this container's devices", uuid);
 }
 
 void vgpu_log_refused_cudev(int host)
@@ -304,7 +316,7 @@ static void nvml_init(void)
     nvml_init_fn init = vgpu_real_cached(&slot, VGPU_LIB_NVML, "nvmlInit_v2");
     nvml_ok = init != NULL && init() == NVML_SUCCESS;
     if (!nvml_ok)
-        vgpu_log("error: cannot initialise NVML; container memory usage cannot be read");
+        vgpu_log(VGPU_LOG_ERROR, "cannot initialise NVML; container memory usage cannot be read");
 }
 
 int vgpu_nvml_ready(void)

@@ -63,7 +63,7 @@ static int fatal(const struct loader_ops *ops, struct loader_result *r, const ch
     va_end(ap);
     char line[sizeof(r->message) + 16];
     snprintf(line, sizeof(line), "vgpu: FATAL: %s", r->message);
-    ops->log(ops->ctx, line);
+    ops->log(ops->ctx, VGPU_LOG_FATAL, line);
     return VGPU_LOADER_FATAL;
 }
 
@@ -110,7 +110,7 @@ static int ensure_dirs(const struct loader_env *env, const struct loader_ops *op
                              err);
             snprintf(line, sizeof(line), "vgpu: warning: %s is not mounted and cannot be created (%s); continuing",
                      dirs[i].path, err);
-            ops->log(ops->ctx, line);
+            ops->log(ops->ctx, VGPU_LOG_WARNING, line);
             continue;
         }
         if (made) {
@@ -125,7 +125,7 @@ static int ensure_dirs(const struct loader_env *env, const struct loader_ops *op
                  "vgpu: warning: partition directories were not mounted, created private ones (%s): limits "
                  "still apply, host-side monitoring of this container is lost",
                  created);
-        ops->log(ops->ctx, line);
+        ops->log(ops->ctx, VGPU_LOG_WARNING, line);
     }
     return VGPU_LOADER_OK;
 }

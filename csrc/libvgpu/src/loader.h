@@ -14,6 +14,8 @@
 
 #include <stddef.h>
 
+#include "log_level.h"
+
 /* MANAGER_COMPATIBILITY_MODE bit values, combined by OR: client 236, cgroup v2 102, v1 101. */
 #define VGPU_MODE_HOST 0L
 #define VGPU_MODE_CGROUPV1 1L
@@ -65,8 +67,8 @@ struct loader_ops {
     int (*read_pids)(void *ctx, const char *path, size_t *count, char *err, size_t cap);
     /* Make sure `path` is a directory; *created tells whether this call made it. */
     int (*ensure_dir)(void *ctx, const char *path, int *created, char *err, size_t cap);
-    /* One line of diagnostics (the real one writes to stderr). */
-    void (*log)(void *ctx, const char *line);
+    /* One line of diagnostics at `level` (log_level.h; the real one writes to stderr). */
+    void (*log)(void *ctx, int level, const char *line);
     void *ctx;
 };
 

@@ -180,9 +180,10 @@ static int ensure_dir(void *ctx, const char *path, int *created, char *err, size
     return is_dir(path, &exists, err, cap);
 }
 
-static void log_stderr(void *ctx, const char *line)
+static void log_stderr(void *ctx, int level, const char *line)
 {
     (void)ctx;
+    (void)level;
     fprintf(stderr, "%s\n", line);
 }
 

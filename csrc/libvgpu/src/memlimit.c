@@ -70,7 +70,7 @@ static int open_lock_file(int host)
             fchmod(fd, 0666); /* every uid of the container takes it; the umask must not narrow it */
     }
     if (fd < 0)
-        vgpu_log("error: cannot open %s: %s", path, strerror(errno));
+        vgpu_log(VGPU_LOG_ERROR, "cannot open %s: %s", path, strerror(errno));
     return fd;
 }
 
@@ -83,7 +83,7 @@ int vgpu_devlock(int host)
     clock_gettime(CLOCK_REALTIME, &deadline);
     deadline.tv_sec += LOCK_TIMEOUT_NS / 1000000000LL;
     if (pthread_mutex_timedlock(&devlocks[host].mu, &deadline) != 0) {
-        vgpu_log("error: device %d allocation lock held by another thread for over 10 s", host);
+        vgpu_log(VGPU_LOG_ERROR, "device %d allocation lock held by another thread for over 10 s", host);
         return -1;
     }
     if (devlocks[host].fd < 0)
@@ -104,12 +104,12 @@ int vgpu_devlock(int host)
             continue;
         }
         if (errno != EAGAIN && errno != EACCES && errno != EINTR) {
-            vgpu_log("error: cannot lock the device %d lock file: %s", host, strerror(errno));
+            vgpu_log(VGPU_LOG_ERROR, "cannot lock the device %d lock file: %s", host, strerror(errno));
             break;
         }
         long long t = now_ns();
         if (t - start > LOCK_TIMEOUT_NS) {
-            vgpu_log("error: device %d lock file held by another process for over 10 s", host);
+            vgpu_log(VGPU_LOG_ERROR, "device %d lock file held by another process for over 10 s", host);
             break;
         }
         if (tries < 4) {
@@ -449,17 +449,17 @@ int vgpu_mem_decide(int host, unsigned long long req)
     const struct vgpu_device_cfg *d = &vgpu_cfg()->dev[host];
     unsigned long long used, vmem;
     if (vgpu_usage(host, &used, &vmem) < 0) {
-        vgpu_log("error: cannot read the memory usage of device %d; refusing the allocation", host);
+        vgpu_log(VGPU_LOG_ERROR, "cannot read the memory usage of device %d; refusing the allocation", host);
         return -1;
     }
-    if (used + vmem + req > d->total_memory) {
-        /* The ledger may hold dead PIDs' charges: reap and look again before refusing. */
-        if (vmem == 0)
-            return -1;
-        vmem = vgpu_ledger_sum(host, 1);
-        if (used + vmem + req > d->total_memory)
-            return -1;
-    }
+    if (used + vmem + req > d->total_memory && vmem > 0)
+        vmem = vgpu_ledger_sum(host, 1); /* the ledger may hold dead PIDs' charges: reap, look again */
+    int fits = used + vmem + req <= d->total_memory;
+    vgpu_log(fits ? VGPU_LOG_VERBOSE : VGPU_LOG_INFO,
+             "device %d: %s %llu bytes: the container uses %llu (NVML %llu + ledger %llu) of %llu", host,
+             fits ? "admitted" : "refused", req, used + vmem, used, vmem, d->total_memory);
+    if (!fits)
+        return -1;
     if (d->mem_ratio > 1.0 && used + req > d->real_memory)
         return 1;
     return 0;

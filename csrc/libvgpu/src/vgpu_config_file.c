@@ -211,16 +211,16 @@ void vgpu_config_publish(const struct vgpu_env_config *cfg)
     int cuda_version;
     versions(&cuda_version, driver, sizeof(driver));
     if (vgpu_config_build(&out, cfg, vgpu_env, NULL, cuda_version, driver, err, sizeof(err)) < 0) {
-        vgpu_log("warning: %s is not written: %s", path, err);
+        vgpu_log(VGPU_LOG_WARNING, "%s is not written: %s", path, err);
     } else if (header_valid(fd) && pread(fd, &file, sizeof(file), 0) == (ssize_t)sizeof(file)) {
         struct vgpu_config merged = file; /* written by another process, or created by vgpud */
         vgpu_config_merge(&merged, &out);
         if (memcmp(&merged, &file, sizeof(file)) != 0 &&
             pwrite(fd, &merged, sizeof(merged), 0) != (ssize_t)sizeof(merged))
-            vgpu_log("warning: cannot write %s: %s", path, strerror(errno));
+            vgpu_log(VGPU_LOG_WARNING, "cannot write %s: %s", path, strerror(errno));
     } else if (ftruncate(fd, 0) < 0 || pwrite(fd, &out, sizeof(out), 0) != (ssize_t)sizeof(out) ||
                ftruncate(fd, VGPU_CONFIG_FILE_SIZE) < 0) {
-        vgpu_log("warning: cannot write %s: %s", path, strerror(errno));
+        vgpu_log(VGPU_LOG_WARNING, "cannot write %s: %s", path, strerror(errno));
     }
     lock_byte0(fd, F_UNLCK);
     close(fd);

@@ -4,6 +4,7 @@
 
 #include "cuda_abi.h"
 #include "env.h"
+#include "log_level.h"
 #include "nvml_abi.h"
 #include "real.h"
 
@@ -66,7 +67,12 @@ VGPU_HIDDEN int vgpu_nvml_ready(void);
 /* "GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx" from 16 bytes (pure). */
 VGPU_HIDDEN void vgpu_format_uuid(const unsigned char b[16], char out[41]);
 
-/* One diagnostic line on stderr: "vgpu: <text>". */
-VGPU_HIDDEN void vgpu_log(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+/* One diagnostic line on stderr, "vgpu: <level>: <text>", when LOGGER_LEVEL lets `level`
+ * (log_level.h) through (log.c). */
+VGPU_HIDDEN void vgpu_log(int level, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+/* Whether a line of `level` is written (for lines costly to prepare). */
+VGPU_HIDDEN int vgpu_log_enabled(int level);
+/* The loader's log op (loader.h): its formatted lines, by level. */
+VGPU_HIDDEN void vgpu_log_loader_line(void *ctx, int level, const char *line);
 
 #endif

@@ -100,7 +100,7 @@ static uint64_t fake_now(void *ctx)
 static void test_local_cycle(void)
 {
     struct fake f = {.now = 1000000000ull, .util = -1, .rc = -1};
-    struct core_watch_ops ops = {fake_sample, fake_now, &f};
+    struct core_watch_ops ops = {fake_sample, fake_now, &f, NULL};
     struct core_device d;
     core_device_init(&d, 2, 30, 0, 1000000, NULL, f.now);
     int64_t first = *d.tokens;
@@ -132,7 +132,7 @@ static void test_shared_sampler_and_follower(void)
     CHECK_INT(core_shared_open(&a, dir, err, sizeof(err)), 0);
     CHECK_INT(core_shared_open(&b, dir, err, sizeof(err)), 0);
     struct fake f = {.now = 5000000000ull, .util = 30, .rc = 0};
-    struct core_watch_ops ops = {fake_sample, fake_now, &f};
+    struct core_watch_ops ops = {fake_sample, fake_now, &f, NULL};
     struct core_device da, db;
     core_device_init(&da, 0, 30, 0, 1000000, core_shared_device(&a, 0, 1000000, 30, 0, 30000), f.now);
     core_device_init(&db, 0, 30, 0, 1000000, core_shared_device(&b, 0, 1000000, 30, 0, 30000), f.now);
@@ -187,7 +187,7 @@ static int counting_sample(void *ctx, int host, double *util, double *external)
 static void test_thread_cycles_every_device(void)
 {
     int calls = 0;
-    struct core_watch_ops ops = {counting_sample, real_now, &calls};
+    struct core_watch_ops ops = {counting_sample, real_now, &calls, NULL};
     struct core_device d[2];
     core_device_init(&d[0], 0, 30, 0, 1000, NULL, real_now(NULL));
     core_device_init(&d[1], 1, 60, 0, 1000, NULL, real_now(NULL));

@@ -64,8 +64,9 @@ static int real_ensure_dir(void *ctx, const char *path, int *created, char *err,
     return vgpu_default_ops.ensure_dir(NULL, path, created, err, cap);
 }
 
-static void fake_log(void *ctx, const char *line)
+static void fake_log(void *ctx, int level, const char *line)
 {
+    (void)level;
     struct fake *f = ctx;
     size_t len = strlen(f->log);
     snprintf(f->log + len, sizeof(f->log) - len, "%s\n", line);
