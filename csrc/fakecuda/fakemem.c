@@ -254,6 +254,9 @@ _Static_assert(sizeof(CUmemAllocationProp) == 32, "CUmemAllocationProp layout");
 
 enum { LOC_DEVICE = 1, LOC_HOST = 2, LOC_HOST_NUMA_CURRENT = 4, ALLOC_PINNED = 1 };
 
+/* A device's default pool; its current pool (cuDeviceSetMemPool) is that unless set. */
+static CUmemoryPool current_pools[FAKE_MAX_GPUS];
+
 EXPORT CUresult cuDeviceGetDefaultMemPool(CUmemoryPool *pool, CUdevice dev) {
     CUresult rc = fc_ready();
     if (rc != CUDA_SUCCESS) return rc;
@@ -264,7 +267,21 @@ EXPORT CUresult cuDeviceGetDefaultMemPool(CUmemoryPool *pool, CUdevice dev) {
     return CUDA_SUCCESS;
 }
 
-EXPORT CUresult cuDeviceGetMemPool(CUmemoryPool *pool, CUdevice dev) { return cuDeviceGetDefaultMemPool(pool, dev); }
+EXPORT CUresult cuDeviceGetMemPool(CUmemoryPool *pool, CUdevice dev) {
+    CUresult rc = cuDeviceGetDefaultMemPool(pool, dev);
+    if (rc == CUDA_SUCCESS && current_pools[dev] != NULL) *pool = current_pools[dev];
+    return rc;
+}
+
+/* The pool must be local to the device, as the real driver requires. */
+EXPORT CUresult cuDeviceSetMemPool(CUdevice dev, CUmemoryPool pool) {
+    CUresult rc = fc_ready();
+    if (rc != CUDA_SUCCESS) return rc;
+    if (fc_nvml_index(dev) < 0) return CUDA_ERROR_INVALID_DEVICE;
+    if (pool == NULL || pool->tag != TAG_POOL || pool->ordinal != dev) return CUDA_ERROR_INVALID_VALUE;
+    current_pools[dev] = pool;
+    return CUDA_SUCCESS;
+}
 
 EXPORT CUresult cuMemPoolCreate(CUmemoryPool *pool, const CUmemPoolProps *props) {
     CUresult rc = fc_ready();
@@ -279,13 +296,32 @@ EXPORT CUresult cuMemPoolCreate(CUmemoryPool *pool, const CUmemPoolProps *props)
     return CUDA_SUCCESS;
 }
 
+/* A default pool cannot be destroyed; a device's current pool falls back to its default one. */
 EXPORT CUresult cuMemPoolDestroy(CUmemoryPool pool) {
     if (pool == NULL || pool->tag != TAG_POOL) return CUDA_ERROR_INVALID_VALUE;
     for (int i = 0; i < FAKE_MAX_GPUS; i++)
         if (pool == &default_pools[i]) return CUDA_ERROR_INVALID_VALUE;
+    if (current_pools[pool->ordinal] == pool) current_pools[pool->ordinal] = NULL;
     pool->tag = 0;
     free(pool);
     return CUDA_SUCCESS;
+}
+
+/* CUDA 13's location forms: device locations and pinned pools only (the fake has no host or
+ * managed pools: CUDA_ERROR_NOT_SUPPORTED). */
+static CUresult pool_location(const CUmemLocation *location, int type) {
+    if (location == NULL) return CUDA_ERROR_INVALID_VALUE;
+    return location->type == LOC_DEVICE && type == ALLOC_PINNED ? CUDA_SUCCESS : CUDA_ERROR_NOT_SUPPORTED;
+}
+
+EXPORT CUresult cuMemGetDefaultMemPool(CUmemoryPool *pool, CUmemLocation *location, int type) {
+    CUresult rc = pool_location(location, type);
+    return rc != CUDA_SUCCESS ? rc : cuDeviceGetDefaultMemPool(pool, location->id);
+}
+
+EXPORT CUresult cuMemGetMemPool(CUmemoryPool *pool, CUmemLocation *location, int type) {
+    CUresult rc = pool_location(location, type);
+    return rc != CUDA_SUCCESS ? rc : cuDeviceGetMemPool(pool, location->id);
 }
 
 /* ---- info ---- */

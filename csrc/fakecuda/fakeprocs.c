@@ -26,6 +26,7 @@
     X(cuDeviceGetPCIBusId, 4010, 0, cuDeviceGetPCIBusId)                                           \
     X(cuDeviceGetDefaultMemPool, 11020, 0, cuDeviceGetDefaultMemPool)                              \
     X(cuDeviceGetMemPool, 11020, 0, cuDeviceGetMemPool)                                            \
+    X(cuDeviceSetMemPool, 11020, 0, cuDeviceSetMemPool)                                            \
     X(cuDevicePrimaryCtxRetain, 7000, 0, cuDevicePrimaryCtxRetain)                                 \
     X(cuDevicePrimaryCtxRelease, 7000, 0, cuDevicePrimaryCtxRelease)                               \
     X(cuDevicePrimaryCtxRelease, 11000, 0, cuDevicePrimaryCtxRelease_v2)                           \
@@ -63,6 +64,8 @@
     X(cuMemFreeAsync, 11020, 1, cuMemFreeAsync_ptsz)                                               \
     X(cuMemPoolCreate, 11020, 0, cuMemPoolCreate)                                                  \
     X(cuMemPoolDestroy, 11020, 0, cuMemPoolDestroy)                                                \
+    X(cuMemGetDefaultMemPool, 13000, 0, cuMemGetDefaultMemPool)                                    \
+    X(cuMemGetMemPool, 13000, 0, cuMemGetMemPool)                                                  \
     X(cuMemGetInfo, 2000, 0, cuMemGetInfo)                                                         \
     X(cuMemGetInfo, 3020, 0, cuMemGetInfo_v2)                                                      \
     X(cuMemGetAllocationGranularity, 10020, 0, cuMemGetAllocationGranularity)                      \

@@ -77,6 +77,18 @@ typedef struct {
     } allocFlags;
 } CUmemAllocationProp;
 
+/* cuMemPoolCreate's properties (CUmemPoolProps_v1, 88 bytes); the library reads only location. */
+typedef struct {
+    int allocType;   /* CUmemAllocationType */
+    int handleTypes; /* CUmemAllocationHandleType */
+    CUmemLocation location;
+    void *win32SecurityAttributes;
+    size_t maxSize;
+    unsigned short usage;
+    unsigned char reserved[54];
+} CUmemPoolProps;
+_Static_assert(sizeof(CUmemPoolProps) == 88, "CUmemPoolProps_v1 layout");
+
 /* CUarray_format: the element size of one channel. */
 #define CU_AD_FORMAT_UNSIGNED_INT8 0x01
 #define CU_AD_FORMAT_UNSIGNED_INT16 0x02

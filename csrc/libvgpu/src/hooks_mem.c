@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "cuda_abi.h"
+#include "hooks_pool.h"
 #include "ledger.h"
 #include "memlimit.h"
 #include "vgpu_state.h"
@@ -160,6 +161,14 @@ static int host_of_stream(CUstream stream)
     return host;
 }
 
+/* The host device of a from-pool allocation: the pool's device (its memory), or the stream's for
+ * a pool the library never saw. */
+static int host_of_pool(CUmemoryPool pool, CUstream stream)
+{
+    CUdevice dev;
+    return vgpu_pool_device(pool, &dev) ? vgpu_host_of_cudev(dev) : host_of_stream(stream);
+}
+
 #define ASYNC_ALLOC(name)                                                                      \
     VGPU_EXPORT CUresult name(CUdeviceptr *dptr, size_t bytesize, CUstream stream)             \
     {                                                                                          \
@@ -173,7 +182,7 @@ ASYNC_ALLOC(cuMemAllocAsync_ptsz)
     VGPU_EXPORT CUresult name(CUdeviceptr *dptr, size_t bytesize, CUmemoryPool pool, CUstream stream) \
     {                                                                                          \
         HOOK_REAL_CU(name);                                                                    \
-        RETURN_ADMITTED(host_of_stream(stream), bytesize, real(dptr, bytesize, pool, stream)); \
+        RETURN_ADMITTED(host_of_pool(pool, stream), bytesize, real(dptr, bytesize, pool, stream)); \
     }
 POOL_ALLOC(cuMemAllocFromPoolAsync)
 POOL_ALLOC(cuMemAllocFromPoolAsync_ptsz)

@@ -7,6 +7,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "hooks_pool.h"
 #include "ledger.h"
 #include "loader.h"
 #include "memlimit.h"
@@ -66,6 +67,7 @@ static void atfork_child(void)
     reset_caches();
     vgpu_ledger_after_fork();
     vgpu_devlock_after_fork();
+    vgpu_pools_after_fork();
     __atomic_store_n(&process_ready, 0, __ATOMIC_RELEASE);
 }
 

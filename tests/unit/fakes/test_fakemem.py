@@ -115,6 +115,45 @@ def test_pitch_managed_async_pool(gpu_env: Env) -> None:
     }
 
 
+def test_pools_default_current_and_location_forms(gpu_env: Env) -> None:
+    report = run(
+        SETUP + "class Loc(ctypes.Structure):\n"
+        "    _fields_ = [('type', ctypes.c_int), ('id', ctypes.c_int)]\n"
+        "class PoolProps(ctypes.Structure):\n"
+        "    _fields_ = [('allocType', ctypes.c_int), ('handleTypes', ctypes.c_int), ('location', Loc),\n"
+        "                ('sec', ctypes.c_void_p), ('maxSize', ctypes.c_size_t),\n"
+        "                ('usage', ctypes.c_ushort), ('reserved', ctypes.c_ubyte * 54)]\n"
+        "default, mine, got = vp(), vp(), vp()\n"
+        "cuda.ok('cuDeviceGetDefaultMemPool', ref(default), 1)\n"
+        "cuda.ok('cuMemPoolCreate', ref(mine), ref(PoolProps(1, 0, Loc(1, 1))))\n"
+        "other_device = cuda('cuDeviceSetMemPool', 0, mine)\n"
+        "cuda.ok('cuDeviceSetMemPool', 1, mine)\n"
+        "cuda.ok('cuDeviceGetMemPool', ref(got), 1)\n"
+        "current = got.value == mine.value\n"
+        "cuda.ok('cuMemGetMemPool', ref(got), ref(Loc(1, 1)), 1)\n"
+        "by_location = got.value == mine.value\n"
+        "cuda.ok('cuMemGetDefaultMemPool', ref(got), ref(Loc(1, 1)), 1)\n"
+        "default_by_location = got.value == default.value\n"
+        "host = cuda('cuMemGetDefaultMemPool', ref(got), ref(Loc(2, 0)), 1)\n"
+        "destroy_default = cuda('cuMemPoolDestroy', default)\n"
+        "cuda.ok('cuMemPoolDestroy', mine)\n"
+        "cuda.ok('cuDeviceGetMemPool', ref(got), 1)\n"
+        "emit(other_device=other_device, current=current, by_location=by_location,\n"
+        "     default_by_location=default_by_location, host=host, destroy_default=destroy_default,\n"
+        "     back_to_default=got.value == default.value)",
+        gpu_env(memory_gib=8),
+    )
+    assert report == {
+        "other_device": 1,  # a device's current pool must be local to it
+        "current": True,
+        "by_location": True,
+        "default_by_location": True,
+        "host": 801,  # the fake has no host pools
+        "destroy_default": 1,
+        "back_to_default": True,
+    }
+
+
 def test_vmm_create_reserve_map_release(gpu_env: Env) -> None:
     report = run(
         SETUP + "class Prop(ctypes.Structure):\n"
