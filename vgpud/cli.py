@@ -34,6 +34,7 @@ from vgpud.parsers import parse_host_port
 from vgpud.webhook.config import add_webhook_arguments
 
 if TYPE_CHECKING:
+    from vgpud.gpu.exclusion import Exclusion
     from vgpud.observe.client import Endpoint
 
 EXIT_OK, EXIT_FAILURE, EXIT_USAGE = 0, 1, 2
@@ -272,6 +273,11 @@ def _run(args: argparse.Namespace) -> int:
     return run_daemon(settings)
 
 
+def _exclusion_dict(why: Exclusion | None) -> dict[str, str] | None:
+    """Why a GPU is not published (`vgpud gpus --json`'s `excluded`), or None."""
+    return None if why is None else {"reason": why.reason.value, "detail": why.detail}
+
+
 def _gpus(args: argparse.Namespace) -> int:
     from vgpud.gpu import GpuInventoryError
 
@@ -282,7 +288,11 @@ def _gpus(args: argparse.Namespace) -> int:
         print(f"vgpud gpus: error: {err}", file=sys.stderr)
         return EXIT_FAILURE
     if args.json:
-        print(json.dumps([gpu.to_dict() for gpu in gpus], indent=2))
+        from vgpud.gpu.exclusion import excluded_gpus
+
+        excluded = excluded_gpus(gpus)
+        listed = [{**gpu.to_dict(), "excluded": _exclusion_dict(excluded.get(gpu.uuid))} for gpu in gpus]
+        print(json.dumps(listed, indent=2))
         return EXIT_OK
     rows = [("INDEX", "MINOR", "UUID", "PRODUCT", "MEMORY", "CC", "PCI", "NUMA", "MIG")]
     rows += [

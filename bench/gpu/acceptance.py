@@ -11,7 +11,11 @@ Phase `driver` (first) checks what vgpud hands a container of the GPU itself: it
 nvidia-ctk's, and a process in new mount and PID namespaces given only those edits of one GPU
 (bench/gpu/driver.py).
 
-    python3 bench/gpu/acceptance.py [--fake] [--out FILE] [--phases driver,memory,torch,core,overhead]
+    python3 bench/gpu/acceptance.py [--fake] [--out FILE]
+        [--phases driver,memory,clients,torch,core,overhead,mig]
+
+Phase `clients` runs NVIDIA's cuda-bindings and numba-cuda under the library (bench/gpu/clients.py);
+phase `mig` reads what vgpud makes of MIG mode (bench/gpu/mig.py).
 """
 
 from __future__ import annotations
@@ -31,7 +35,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from bench.gpu import cuda, driver, verdict
+from bench.gpu import clients, cuda, driver, mig, verdict
 from bench.gpu.target import BUILD, LIBRARY, Target, build_library, driver_facts
 
 MIB = 1 << 20
@@ -42,7 +46,7 @@ TORCH_CHUNK = 256 * MIB
 DOORS = ("cuMemAlloc_v2", "cuGetProcAddress_v2", "cuMemAllocManaged", "cuMemAllocAsync", "cuMemCreate")
 TORCH_CONFS = ("", "expandable_segments:True", "backend:cudaMallocAsync")
 CORE_LIMITS = (30, 60)
-PHASES = ("driver", "memory", "torch", "core", "overhead")
+PHASES = ("driver", "memory", "clients", "torch", "core", "overhead", "mig")
 SAMPLE_S = 0.1
 PHASE_TIMEOUT_S = 180
 #: the whole run must finish within this (the GPU machine is lent for minutes)
@@ -83,6 +87,7 @@ class Run:
     nvml: cuda.Nvml | None = None
     handle: cuda.c_void_p | None = None
     driver_settings: driver.DriverSettings = field(default_factory=driver.DriverSettings)
+    clients_python: str | None = None
 
     def env(self, preload: bool = True, **extra: str) -> dict[str, str]:
         env = self.target.env(
@@ -321,9 +326,11 @@ def driver_checks(run: Run) -> None:
 STEPS = {
     "driver": driver_checks,
     "memory": memory,
+    "clients": lambda run: clients.phase(run, run.clients_python),
     "torch": torch_checks,
     "core": core,
     "overhead": overhead,
+    "mig": mig.phase,
 }
 
 
@@ -341,6 +348,11 @@ def build_parser() -> argparse.ArgumentParser:
         choices=(0, 236),
         default=0,
         help="MANAGER_COMPATIBILITY_MODE: 0 all processes, 236 client mode with a stub register client",
+    )
+    parser.add_argument(
+        "--clients-python",
+        help="a Python with cuda-bindings and numba-cuda for phase clients (default: the cuda-clients "
+        "venv of hack/install-cuda-clients.sh, else this one)",
     )
     parser.add_argument("--core-seconds", type=float, help="each core run's length (default 20, --fake 3)")
     parser.add_argument("--no-build", action="store_true", help="use the library as built")
@@ -388,6 +400,7 @@ def main(argv: list[str] | None = None) -> int:
                 vgpud_python=args.vgpud_python,
                 fault=args.container_fault,
             ),
+            clients_python=args.clients_python,
         )
         run.target.adopt()
         if args.no_build:

@@ -189,3 +189,85 @@ def container(figures: dict) -> dict[str, Any]:
         f"libcuda.so.1 -> {lib['host']}"
     )
     return record("container", not problems, detail, **figures)
+
+
+#: the cuda-clients probes allocate 256 MiB steps, at most 8 (tests/conformance/cudaclients)
+CLIENT_STEP = 256 << 20
+CLIENT_MAX_STEPS = 8
+
+
+def _fill(lines: dict[str, list[str]], key: str) -> tuple[int, int] | None:
+    values = lines.get(key)
+    return (int(values[0]), int(values[1])) if values and len(values) == 2 else None
+
+
+def client(name: str, keys: tuple[str, ...], limited: dict, unlimited: dict, limit: int) -> dict[str, Any]:
+    """One NVIDIA client (cuda-bindings, numba-cuda) run with the library and CUDA_MEM_LIMIT_0=`limit`
+    and without it: each of its fills (`key count error` lines) stops with OOM at most `limit` in
+    under the library, and takes every step without it (the control)."""
+    problems = []
+    for key in keys:
+        held, plain = _fill(limited["lines"], key), _fill(unlimited["lines"], key)
+        if held is None or plain is None:
+            problems.append(f"{key}: no result (limited exit {limited['rc']}, plain exit {unlimited['rc']})")
+            continue
+        if held[1] != OOM or held[0] * CLIENT_STEP > limit:
+            problems.append(
+                f"{key} under the library: {held[0]} steps, error {held[1]} (want OOM within {limit})"
+            )
+        if plain != (CLIENT_MAX_STEPS, 0):
+            problems.append(f"{key} without it: {plain[0]} steps, error {plain[1]} (want every step)")
+    passed = f"{', '.join(keys)}: OOM (2) within the limit, unlimited without the library"
+    detail = "; ".join(problems) or passed
+    figures = {"limited": limited["lines"], "unlimited": unlimited["lines"]}
+    return record(name, not problems, detail, **figures)
+
+
+def client_view(name: str, key: str, limited: dict, unlimited: dict, limit: int) -> dict[str, Any]:
+    """A client's `key free total` memory view is the limit under the library and more without it."""
+    held, plain = limited["lines"].get(key), unlimited["lines"].get(key)
+    if not held or not plain:
+        return record(name, False, f"{key}: no result (exits {limited['rc']}, {unlimited['rc']})")
+    total, plain_total = int(held[1]), int(plain[1])
+    ok = total == limit and plain_total > limit
+    return record(name, ok, f"total {total} under the library (limit {limit}), {plain_total} without it")
+
+
+def mig(gpus: list[dict]) -> list[dict[str, Any]]:
+    """Read-only MIG checks over `vgpud gpus --json`: every MIG-mode GPU lists its MIG devices
+    (MIG- UUIDs, memory and SMs, within the GPU's memory) and is left out of what vgpud publishes;
+    a skip when no GPU is in MIG mode."""
+    in_mig = [g for g in gpus if g.get("mig_mode")]
+    if not in_mig:
+        return [skip("mig", f"MIG mode is off on all {len(gpus)} GPU(s) (this script never changes it)")]
+    checks = []
+    for g in in_mig:
+        devices = g.get("mig_devices", [])
+        bad = [
+            d.get("uuid", "?")
+            for d in devices
+            if not str(d.get("uuid", "")).startswith("MIG-")
+            or d.get("memory_total", 0) <= 0
+            or d.get("multiprocessor_count", 0) <= 0
+        ]
+        memory = sum(d.get("memory_total", 0) for d in devices)
+        problems = []
+        if not devices:
+            problems.append("no MIG device listed")
+        if bad:
+            problems.append(f"MIG devices without a MIG- UUID, memory or SMs: {bad}")
+        if memory > g["memory_total"]:
+            problems.append(f"MIG devices hold {memory} bytes > the GPU's {g['memory_total']}")
+        excluded = g.get("excluded") or {}
+        if excluded.get("reason") != "mig":
+            problems.append(f"not left out of the ResourceSlice for MIG: {excluded or 'published'}")
+        checks.append(
+            record(
+                f"mig[{g['uuid']}]",
+                not problems,
+                "; ".join(problems) or f"{len(devices)} MIG devices, left out of the ResourceSlice",
+                mig_devices=devices,
+                excluded=excluded,
+            )
+        )
+    return checks

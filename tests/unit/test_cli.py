@@ -196,6 +196,10 @@ def test_gpus_shows_which_gpus_are_in_mig_mode() -> None:
     assert nvml.returncode == 0, nvml.stderr
     assert json.loads(nvml.stdout) == json.loads(mock.stdout)
     assert [len(g["mig_devices"]) for g in json.loads(mock.stdout)] == [4, 0]
+    assert [g["excluded"] for g in json.loads(mock.stdout)] == [
+        {"reason": "mig", "detail": "in MIG mode (4 MIG devices): vgpud does not share MIG GPUs"},
+        None,
+    ]
 
 
 def test_gpus_json_mock_and_fake_nvml_agree() -> None:

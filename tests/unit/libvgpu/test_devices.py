@@ -32,6 +32,11 @@ def refusal_lines(stderr: str) -> list[str]:
     return [line for line in stderr.splitlines() if line.startswith("vgpu: warning: refused device ")]
 
 
+def refusal(uuid: str) -> str:
+    """The one line a refused GPU gets (LOGGER_LEVEL warning, the default)."""
+    return f"vgpu: warning: refused device {uuid}: not one of this container's devices"
+
+
 @pytest.fixture(scope="session")
 def devprobe(tmp_path_factory: pytest.TempPathFactory, fakes: tuple[Path, Path]) -> Path:
     return build_probe(tmp_path_factory, fakes, "devprobe")
@@ -89,7 +94,7 @@ def test_a_gpu_not_configured_is_refused_at_every_door(container: Container, dev
     assert (got["fill.count"], got["fill.error"]) == ("8", OUT_OF_MEMORY)
     assert got["nvml.total.0"] == str(LIMIT) and "nvml.total.1" not in got
     # One line for the refused GPU, however many doors refused it; none for ours.
-    assert refusal_lines(stderr) == [f"vgpu: warning: refused device {UUIDS[1]}: not one of this container's devices"]
+    assert refusal_lines(stderr) == [refusal(UUIDS[1])]
 
 
 def test_the_refused_gpu_is_any_gpu_the_library_was_not_given(container: Container, devprobe: Path) -> None:
@@ -102,7 +107,7 @@ def test_the_refused_gpu_is_any_gpu_the_library_was_not_given(container: Contain
     assert subset(got, expected(1, ok=True)) == {}
     assert got["nvml.total.1"] == str(512 * MIB)
     assert "fill.count" not in got  # ordinal 0 is not the container's: no context, no memory
-    assert refusal_lines(stderr) == [f"vgpu: warning: refused device {UUIDS[0]}: not one of this container's devices"]
+    assert refusal_lines(stderr) == [refusal(UUIDS[0])]
 
 
 def test_both_gpus_configured_both_work(container: Container, devprobe: Path) -> None:
@@ -382,7 +387,7 @@ def test_a_context_on_a_gpu_not_configured_gets_nothing(tmp_path: Path) -> None:
         "nvml.unit": "0 1 0",
     }
     assert subset(got, want) == {}
-    assert refusal_lines(stderr) == [f"vgpu: warning: refused device {UUIDS[1]}: not one of this container's devices"]
+    assert refusal_lines(stderr) == [refusal(UUIDS[1])]
 
 
 def test_the_doubles_without_configuration_pass_everything(tmp_path: Path) -> None:

@@ -19,17 +19,23 @@ from bench.gpu import edits, verdict
 from bench.gpu.acceptance import parse
 from bench.gpu.driver import default_tools
 from bench.gpu.target import module_flavour
+from tests.cudaclients import clients_python
 from tests.support import REPO, built, require
 
 SCRIPT = REPO / "bench" / "gpu" / "acceptance.py"
 GIB = 1 << 30
 DOORS = ("cuMemAlloc_v2", "cuGetProcAddress_v2", "cuMemAllocManaged", "cuMemAllocAsync", "cuMemCreate")
 TORCH = ("torch[default]", "torch[expandable_segments:True]", "torch[backend:cudaMallocAsync]")
+CLIENTS = ("clients[cuda-bindings]", "clients[numba-cuda]", "clients[numba-cuda].view")
+#: the fake's MIG-mode GPU (vgpud/gpu/profiles/a100-40gb-x2-mig.yaml, index 0)
+MIG_CHECK = "mig[GPU-5c1e0a37-8d2b-4f60-a1e9-3b7f2c94d018]"
 PASSING = (
     "build",
     "memory_views",
     *(f"alloc_{d}" for d in DOORS),
     "two_processes",
+    *CLIENTS,
+    MIG_CHECK,
     "core_unlimited",
     "core_30",
     "core_60",
@@ -103,7 +109,8 @@ def test_fake_run_passes_every_check(tmp_path: Path) -> None:
 def test_the_gpu_path_over_a_fake_driver_found_by_soname(tmp_path: Path) -> None:
     """Without --fake the script finds libcuda.so.1 / libnvidia-ml.so.1 as an application does (here
     the fakes, through LD_LIBRARY_PATH) and GPU 0's UUID through NVML: the path a GPU machine takes,
-    with its 100,000 launches (core runs shortened)."""
+    with its 100,000 launches (core runs shortened; NVIDIA's clients run in the --fake test)."""
+    phases = "driver,memory,torch,core,overhead,mig"
     fakecuda = built("fakecuda/libcuda.so.1").parent
     fakenvml = built("fakenvml/libnvidia-ml.so.1").parent
     env = {
@@ -115,7 +122,17 @@ def test_the_gpu_path_over_a_fake_driver_found_by_soname(tmp_path: Path) -> None
     }
     out = tmp_path / "report.json"
     proc = subprocess.run(
-        [sys.executable, str(SCRIPT), "--core-seconds", "3", "--no-build", "--out", str(out)],
+        [
+            sys.executable,
+            str(SCRIPT),
+            "--core-seconds",
+            "3",
+            "--no-build",
+            "--out",
+            str(out),
+            "--phases",
+            phases,
+        ],
         env=env,
         capture_output=True,
         text=True,
@@ -125,7 +142,8 @@ def test_the_gpu_path_over_a_fake_driver_found_by_soname(tmp_path: Path) -> None
     report = json.loads(out.read_text())
     checks = {c["name"]: c for c in report["checks"]}
     assert proc.returncode == 0 and report["mode"] == "gpu", proc.stderr
-    assert sorted(checks) == sorted(PASSING + SKIPPED + DRIVER), proc.stderr
+    expected = [name for name in PASSING if name != MIG_CHECK and name not in CLIENTS] + ["mig"]
+    assert sorted(checks) == sorted(expected + list(SKIPPED + DRIVER)), proc.stderr
     for name in DRIVER:  # no driver root holds a GPU found through FAKE_NVML_PROFILE
         assert checks[name]["status"] == "skip" and "FAKE_NVML_PROFILE" in checks[name]["detail"]
     assert checks["ptx_jit"]["status"] == "pass"  # no skip on this path (the fake loads any image)
@@ -133,6 +151,7 @@ def test_the_gpu_path_over_a_fake_driver_found_by_soname(tmp_path: Path) -> None
     assert report["environment"]["libcuda"] == str(fakecuda / "libcuda.so.1")
     assert report["figures"]["core"]["core_unlimited"]["grid"] == 4 * 108
     assert report["figures"]["overhead"]["launches"] == 100_000
+    assert checks["mig"]["status"] == "skip" and "MIG mode is off on all 2 GPU(s)" in checks["mig"]["detail"]
 
 
 @pytest.mark.needs_build
@@ -221,6 +240,34 @@ def test_a_library_that_enforces_nothing_fails(tmp_path: Path) -> None:
         assert checks[f"alloc_{door}"]["status"] == "fail", checks[f"alloc_{door}"]
     assert checks["two_processes"]["status"] == "fail"
     assert checks["build"]["status"] == "skip"
+
+
+@pytest.mark.needs_build
+def test_clients_fail_under_a_library_that_enforces_nothing(tmp_path: Path) -> None:
+    """NVIDIA's clients with the fake NVML preloaded in the library's place: they take every step."""
+    clients_python()
+    rc, report, log = acceptance(
+        tmp_path, "--library", str(built("fakenvml/libnvidia-ml.so.1")), "--phases", "clients", "--no-build"
+    )
+    checks = {c["name"]: c for c in report["checks"]}
+    assert rc == 1, log
+    assert [checks[name]["status"] for name in CLIENTS] == ["fail"] * 3, log
+    assert "fill under the library: 8 steps, error 0" in checks["clients[cuda-bindings]"]["detail"]
+
+
+def test_mig_rules() -> None:
+    """A MIG GPU passes when it lists MIG devices and is excluded; fails when published or empty."""
+    mig_device = {"uuid": "MIG-1", "memory_total": 5 * GIB, "multiprocessor_count": 14}
+    gpu = {"uuid": "GPU-a", "memory_total": 40 * GIB, "mig_mode": True, "mig_devices": [mig_device]}
+    excluded = {"reason": "mig", "detail": "in MIG mode"}
+    assert verdict.mig([{**gpu, "excluded": excluded}])[0]["status"] == "pass"
+    published = verdict.mig([{**gpu, "excluded": None}])[0]
+    assert published["status"] == "fail" and "not left out" in published["detail"]
+    empty = verdict.mig([{**gpu, "mig_devices": [], "excluded": excluded}])[0]
+    assert empty["status"] == "fail" and "no MIG device listed" in empty["detail"]
+    too_big = {**mig_device, "memory_total": 41 * GIB}
+    assert verdict.mig([{**gpu, "mig_devices": [too_big], "excluded": excluded}])[0]["status"] == "fail"
+    assert verdict.mig([{**gpu, "mig_mode": False}])[0]["status"] == "skip"
 
 
 @pytest.mark.needs_build

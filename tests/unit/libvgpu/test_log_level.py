@@ -22,7 +22,6 @@ def mounted_dirs(tmp_path: Path) -> None:
         Path(path).mkdir()
 
 
-
 def level_lines(stderr: str) -> dict[str, list[str]]:
     """The library's lines by the level word after "vgpu: "."""
     out: dict[str, list[str]] = {}
@@ -56,7 +55,9 @@ def test_info_shows_the_limits_and_each_refusal(container: Container, value: str
     )
     refusals = [line for line in lines["info"] if ": refused " in line]
     assert len(refusals) == 1
-    assert refusals[0].startswith("vgpu: info: device 0: refused 268435456 bytes: the container uses 1073741824 (")
+    assert refusals[0].startswith(
+        "vgpu: info: device 0: refused 268435456 bytes: the container uses 1073741824 ("
+    )
     assert refusals[0].endswith("of 1073741824")
 
 
