@@ -89,4 +89,8 @@ def phase(run: Run, explicit_python: str | None) -> None:
         run.add(verdict.client(name, fills, limited, unlimited, LIMIT))
         if view:
             run.add(verdict.client_view(f"{name}.view", view, limited, unlimited, LIMIT))
-        run.figures[name] = {"python": python, "limited": limited, "unlimited": unlimited}
+        run.figures.setdefault("clients", {})[name] = {
+            "python": python,
+            "limited": limited,
+            "unlimited": unlimited,
+        }
