@@ -12,6 +12,10 @@
 #define CORE_ENV_LIMIT "CUDA_CORE_LIMIT"
 #define CORE_ENV_SOFT_LIMIT "CUDA_CORE_SOFT_LIMIT"
 #define CORE_ENV_SHARED_BUCKET "CUDA_SM_SHARED_BUCKET"
+/* The reference's controller settings: this library has one controller of its own (core_ctl.h),
+ * so a value there changes nothing and is named in a warning. */
+#define CORE_ENV_UNUSED {"CUDA_SM_CONTROLLER", "CUDA_SM_USAGE_THRESHOLD", "CUDA_SM_DELTA_RAMP_FLOOR_DIVISOR"}
+#define CORE_ENV_UNUSED_PREFIX "CUDA_SM_AIMD_"
 
 struct core_env {
     int hard[VGPU_MAX_DEVICES]; /* percent, 0 = not limited */

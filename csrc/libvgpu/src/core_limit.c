@@ -3,8 +3,10 @@
 #include "core_limit.h"
 
 #include <stdlib.h>
+#include <string.h>
 #include <sys/time.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "core_abi.h"
 #include "core_bucket.h"
@@ -111,9 +113,25 @@ static void after_fork_child(void)
         core_shared_after_fork(&shared);
 }
 
+/* The reference's controller settings are not this library's: say so once, when one is set. */
+static void warn_unused_settings(void)
+{
+    static const char *const names[] = CORE_ENV_UNUSED;
+    for (size_t i = 0; i < sizeof(names) / sizeof(names[0]); i++) {
+        const char *v = vgpu_env(NULL, names[i]);
+        if (v != NULL && *v != '\0')
+            vgpu_log(VGPU_LOG_WARNING, "%s=%s is not used: this library has one core limit controller of its own",
+                     names[i], v);
+    }
+    for (char **e = environ; e != NULL && *e != NULL; e++)
+        if (strncmp(*e, CORE_ENV_UNUSED_PREFIX, strlen(CORE_ENV_UNUSED_PREFIX)) == 0)
+            vgpu_log(VGPU_LOG_WARNING, "%s is not used: this library has one core limit controller of its own", *e);
+}
+
 static void core_init(void)
 {
     vgpu_init();
+    warn_unused_settings();
     char err[256];
     if (core_env_parse(&env, vgpu_env, NULL, err, sizeof(err)) < 0) {
         vgpu_log(VGPU_LOG_WARNING, "core limit off: %s", err);

@@ -114,9 +114,8 @@ int main(void) {
 )
 
 
-@pytest.mark.parametrize("value", ["info", "detail", "5"])
-def test_core_limit_lines(tmp_path: Path, value: str) -> None:
-    """info: the device's core limit once; detail: each watcher cycle's utilisation and refill."""
+def run_launcher(tmp_path: Path, **extra: str) -> subprocess.CompletedProcess[str]:
+    """LAUNCHER under the library with CUDA_CORE_LIMIT_0=50; `extra` last."""
     program = compile_on_fake_cuda(tmp_path / "launch", LAUNCHER)
     (tmp_path / "profile.yaml").write_text(gpu_profile(UUIDS[0]))
     env = fake_env(
@@ -127,10 +126,17 @@ def test_core_limit_lines(tmp_path: Path, value: str) -> None:
         MANAGER_COMPATIBILITY_MODE="0",
         CUDA_CORE_LIMIT_0="50",
         **library_dirs(tmp_path),
-        LOGGER_LEVEL=value,
+        **extra,
     )
     result = subprocess.run([str(program)], env=env, capture_output=True, text=True, timeout=60, check=False)
     assert result.returncode == 0, result.stderr
+    return result
+
+
+@pytest.mark.parametrize("value", ["info", "detail", "5"])
+def test_core_limit_lines(tmp_path: Path, value: str) -> None:
+    """info: the device's core limit once; detail: each watcher cycle's utilisation and refill."""
+    result = run_launcher(tmp_path, LOGGER_LEVEL=value)
     lines = level_lines(result.stderr)
     core = [line for line in lines.get("info", []) if "core limit" in line]
     assert len(core) == 1 and core[0].startswith("vgpu: info: device 0: core limit 50%, "), core
@@ -140,3 +146,18 @@ def test_core_limit_lines(tmp_path: Path, value: str) -> None:
     else:
         assert len(cycles) >= 2, result.stderr
         assert all(line.startswith("vgpu: detail: device 0: core utilisation ") for line in cycles), cycles
+
+
+def test_the_reference_controller_settings_are_named_unused(tmp_path: Path) -> None:
+    """CUDA_SM_CONTROLLER and the aimd / delta tuning variables of vgpu-manager change nothing here:
+    each one set is named in a warning (an empty one is unset)."""
+    result = run_launcher(
+        tmp_path, CUDA_SM_CONTROLLER="aimd", CUDA_SM_AIMD_BETA="3", CUDA_SM_USAGE_THRESHOLD=""
+    )
+    unused = ": this library has one core limit controller of its own"
+    assert level_lines(result.stderr) == {
+        "warning": [
+            f"vgpu: warning: CUDA_SM_CONTROLLER=aimd is not used{unused}",
+            f"vgpu: warning: CUDA_SM_AIMD_BETA=3 is not used{unused}",
+        ]
+    }
