@@ -499,9 +499,8 @@ static unsigned int percent(uint64_t busy, uint64_t window) {
  * of the wall time from then (at most SAMPLE_BUFFER_NS back) to now. NOT_FOUND when none did;
  * utilization == NULL or a short buffer: INSUFFICIENT_SIZE with the count needed.
  */
-EXPORT nvmlReturn_t nvmlDeviceGetProcessUtilization(nvmlDevice_t device, nvmlProcessUtilizationSample_t *utilization,
-                                                    unsigned int *processSamplesCount,
-                                                    unsigned long long lastSeenTimeStamp) {
+static nvmlReturn_t process_utilization(nvmlDevice_t device, nvmlProcessUtilizationSample_t *utilization,
+                                        unsigned int *processSamplesCount, unsigned long long lastSeenTimeStamp) {
     REQUIRE_DEVICE(device, processSamplesCount);
     uint64_t now = fs_now_ns();
     uint64_t t0 = lastSeenTimeStamp > now / 1000 ? now : lastSeenTimeStamp * 1000;
@@ -519,6 +518,16 @@ EXPORT nvmlReturn_t nvmlDeviceGetProcessUtilization(nvmlDevice_t device, nvmlPro
                                                           percent(busy[i].busy_ns, now - t0), 0, 0, 0};
     *processSamplesCount = n;
     return NVML_SUCCESS;
+}
+
+/* FAKE_NVML_NO_PROCESS_UTILIZATION=1: NOT_SUPPORTED, as drivers that offer only the newer
+ * nvmlDeviceGetProcessesUtilizationInfo. */
+EXPORT nvmlReturn_t nvmlDeviceGetProcessUtilization(nvmlDevice_t device, nvmlProcessUtilizationSample_t *utilization,
+                                                    unsigned int *processSamplesCount,
+                                                    unsigned long long lastSeenTimeStamp) {
+    const char *off = getenv("FAKE_NVML_NO_PROCESS_UTILIZATION");
+    if (off != NULL && strcmp(off, "1") == 0) return NVML_ERROR_NOT_SUPPORTED;
+    return process_utilization(device, utilization, processSamplesCount, lastSeenTimeStamp);
 }
 
 /* gpu: the device's kernel time over the last second; memory (bandwidth): not simulated, 0. */
@@ -566,7 +575,7 @@ EXPORT nvmlReturn_t nvmlDeviceGetProcessesUtilizationInfo(nvmlDevice_t device, n
     if (info->version != nvmlProcessesUtilizationInfo_v1) return NVML_ERROR_ARGUMENT_VERSION_MISMATCH;
     nvmlProcessUtilizationSample_t samples[MAX_PROCS];
     unsigned int n = MAX_PROCS;
-    nvmlReturn_t rc = nvmlDeviceGetProcessUtilization(device, samples, &n, info->lastSeenTimeStamp);
+    nvmlReturn_t rc = process_utilization(device, samples, &n, info->lastSeenTimeStamp);
     if (rc != NVML_SUCCESS) return rc;
     if (info->procUtilArray == NULL || info->processSamplesCount < n) {
         info->processSamplesCount = n;

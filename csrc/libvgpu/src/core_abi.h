@@ -77,6 +77,22 @@ typedef struct {
 typedef nvmlReturn_t (*nvml_get_process_utilization_fn)(nvmlDevice_t, nvmlProcessUtilizationSample_t *,
                                                         unsigned int *, unsigned long long);
 
+/* nvmlProcessesUtilizationInfo_t v1 and its entries (the newer call, R535+). */
+typedef struct {
+    unsigned long long timeStamp;
+    unsigned int pid, smUtil, memUtil, encUtil, decUtil, jpgUtil, ofaUtil;
+} nvmlProcessUtilizationInfo_v1_t;
+typedef struct {
+    unsigned int version;
+    unsigned int processSamplesCount;
+    unsigned long long lastSeenTimeStamp;
+    nvmlProcessUtilizationInfo_v1_t *procUtilArray;
+} nvmlProcessesUtilizationInfo_v1_t;
+#define NVML_PROCESSES_UTILIZATION_INFO_V1 ((unsigned int)(sizeof(nvmlProcessesUtilizationInfo_v1_t) | (1u << 24)))
+_Static_assert(sizeof(nvmlProcessUtilizationInfo_v1_t) == 40, "nvmlProcessUtilizationInfo_v1_t layout");
+_Static_assert(NVML_PROCESSES_UTILIZATION_INFO_V1 == 0x01000018, "nvmlProcessesUtilizationInfo_v1 version");
+typedef nvmlReturn_t (*nvml_get_processes_utilization_info_fn)(nvmlDevice_t, nvmlProcessesUtilizationInfo_v1_t *);
+
 /* The hooked launch and graph symbols, exact prototypes (core_hooks.c, core_graph.c). */
 CUresult cuLaunchKernel(CUfunction f, unsigned int gx, unsigned int gy, unsigned int gz, unsigned int bx,
                         unsigned int by, unsigned int bz, unsigned int shmem, CUstream s, void **params,

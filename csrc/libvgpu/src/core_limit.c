@@ -43,50 +43,95 @@ static uint64_t mono_ns(void *ctx)
 
 static int pid_is_ours(void *ctx, unsigned int pid) { return vgpu_pid_is_ours(ctx, pid); }
 
-/* nvmlDeviceGetProcessUtilization(dev, now - 1 s) over the container's PIDs; NOT_FOUND (no sample
- * in that second) is an idle GPU, not an error. */
-static int nvml_sample(void *ctx, int host, double *util, double *external)
+/* The per-process samples since `since` (µs) through nvmlDeviceGetProcessUtilization: NVML's result
+ * and, on success, *out (malloc'd) and *n. */
+static nvmlReturn_t legacy_samples(nvmlDevice_t dev, unsigned long long since, struct core_proc_sample **out,
+                                   unsigned int *n)
 {
-    (void)ctx;
     static void *slot;
-    nvml_get_process_utilization_fn get =
-        vgpu_real_cached(&slot, VGPU_LIB_NVML, "nvmlDeviceGetProcessUtilization");
-    nvmlDevice_t dev = vgpu_nvml_of_host(host);
-    if (get == NULL || dev == NULL)
-        return -1;
-    struct timeval tv;
-    gettimeofday(&tv, NULL);
-    unsigned long long since = (unsigned long long)tv.tv_sec * 1000000ull + (unsigned long long)tv.tv_usec - 1000000ull;
+    nvml_get_process_utilization_fn get = vgpu_real_cached(&slot, VGPU_LIB_NVML, "nvmlDeviceGetProcessUtilization");
+    if (get == NULL)
+        return NVML_ERROR_FUNCTION_NOT_FOUND;
     nvmlProcessUtilizationSample_t stack[64], *buf = stack;
     unsigned int count = 64;
     nvmlReturn_t rc = get(dev, buf, &count, since);
     if (rc == NVML_ERROR_INSUFFICIENT_SIZE && count > 0) {
-        buf = malloc(sizeof(*buf) * count);
-        if (buf == NULL)
-            return -1;
+        if ((buf = malloc(sizeof(*buf) * count)) == NULL)
+            return NVML_ERROR_UNKNOWN;
         rc = get(dev, buf, &count, since);
     }
-    int result = 0;
-    if (rc == NVML_ERROR_NOT_FOUND) {
-        *util = 0;
-        *external = 0;
-    } else if (rc != NVML_SUCCESS) {
-        result = -1;
-    } else {
-        struct core_proc_sample *s = malloc(sizeof(*s) * (count ? count : 1));
-        if (s == NULL) {
-            result = -1;
-        } else {
-            for (unsigned int i = 0; i < count; i++)
-                s[i] = (struct core_proc_sample){buf[i].pid, buf[i].smUtil, buf[i].encUtil, buf[i].decUtil};
-            struct vgpu_membership membership = {vgpu_cfg()->mode, VGPU_RULE_NONE};
-            core_util_sum(s, count, pid_is_ours, &membership, util, external);
-            free(s);
-        }
+    if (rc == NVML_SUCCESS && (*out = malloc(sizeof(**out) * (count ? count : 1))) == NULL)
+        rc = NVML_ERROR_UNKNOWN;
+    if (rc == NVML_SUCCESS) {
+        for (unsigned int i = 0; i < count; i++)
+            (*out)[i] = (struct core_proc_sample){buf[i].pid, buf[i].smUtil, buf[i].encUtil, buf[i].decUtil};
+        *n = count;
     }
     if (buf != stack)
         free(buf);
-    return result;
+    return rc;
+}
+
+/* The same through nvmlDeviceGetProcessesUtilizationInfo, for drivers where the older call is not
+ * supported (the reference's fallback). */
+static nvmlReturn_t info_samples(nvmlDevice_t dev, unsigned long long since, struct core_proc_sample **out,
+                                 unsigned int *n)
+{
+    static void *slot;
+    nvml_get_processes_utilization_info_fn get =
+        vgpu_real_cached(&slot, VGPU_LIB_NVML, "nvmlDeviceGetProcessesUtilizationInfo");
+    if (get == NULL)
+        return NVML_ERROR_FUNCTION_NOT_FOUND;
+    nvmlProcessesUtilizationInfo_v1_t info = {NVML_PROCESSES_UTILIZATION_INFO_V1, 0, since, NULL};
+    nvmlReturn_t rc = get(dev, &info); /* the count needed */
+    if (rc != NVML_ERROR_INSUFFICIENT_SIZE || info.processSamplesCount == 0)
+        return rc;
+    unsigned int room = info.processSamplesCount;
+    if ((info.procUtilArray = malloc(sizeof(*info.procUtilArray) * room)) == NULL)
+        return NVML_ERROR_UNKNOWN;
+    info.lastSeenTimeStamp = since;
+    rc = get(dev, &info);
+    if (rc == NVML_SUCCESS && (*out = malloc(sizeof(**out) * (info.processSamplesCount ? info.processSamplesCount : 1))) == NULL)
+        rc = NVML_ERROR_UNKNOWN;
+    if (rc == NVML_SUCCESS) {
+        for (unsigned int i = 0; i < info.processSamplesCount && i < room; i++) {
+            const nvmlProcessUtilizationInfo_v1_t *p = &info.procUtilArray[i];
+            (*out)[i] = (struct core_proc_sample){p->pid, p->smUtil, p->encUtil, p->decUtil};
+        }
+        *n = info.processSamplesCount < room ? info.processSamplesCount : room;
+    }
+    free(info.procUtilArray);
+    return rc;
+}
+
+/* The container's SM share over the last second (now - 1 s) of host device `host`: by
+ * nvmlDeviceGetProcessUtilization, else nvmlDeviceGetProcessesUtilizationInfo; NOT_FOUND (no sample
+ * in that second) is an idle GPU, not an error. */
+static int nvml_sample(void *ctx, int host, double *util, double *external)
+{
+    (void)ctx;
+    nvmlDevice_t dev = vgpu_nvml_of_host(host);
+    if (dev == NULL)
+        return -1;
+    struct timeval tv;
+    gettimeofday(&tv, NULL);
+    unsigned long long since = (unsigned long long)tv.tv_sec * 1000000ull + (unsigned long long)tv.tv_usec - 1000000ull;
+    struct core_proc_sample *s = NULL;
+    unsigned int count = 0;
+    nvmlReturn_t rc = legacy_samples(dev, since, &s, &count);
+    if (rc == NVML_ERROR_NOT_SUPPORTED || rc == NVML_ERROR_FUNCTION_NOT_FOUND)
+        rc = info_samples(dev, since, &s, &count);
+    if (rc == NVML_ERROR_NOT_FOUND) {
+        *util = 0;
+        *external = 0;
+        return 0;
+    }
+    if (rc != NVML_SUCCESS)
+        return -1;
+    struct vgpu_membership membership = {vgpu_cfg()->mode, VGPU_RULE_NONE};
+    core_util_sum(s, count, pid_is_ours, &membership, util, external);
+    free(s);
+    return 0;
 }
 
 static void log_cycle(void *ctx, int host, double util, double target, int64_t add, int64_t level)

@@ -161,3 +161,18 @@ def test_the_reference_controller_settings_are_named_unused(tmp_path: Path) -> N
             f"vgpu: warning: CUDA_SM_AIMD_BETA=3 is not used{unused}",
         ]
     }
+
+
+@pytest.mark.parametrize("legacy", [True, False])
+def test_the_core_limit_samples_through_either_nvml_call(tmp_path: Path, legacy: bool) -> None:
+    """A driver whose nvmlDeviceGetProcessUtilization is not supported (the fake's knob) still feeds the
+    controller, through nvmlDeviceGetProcessesUtilizationInfo: its cycles (LOGGER_LEVEL detail) see the
+    launcher's utilisation, not -1 (no sample)."""
+    knob = {} if legacy else {"FAKE_NVML_NO_PROCESS_UTILIZATION": "1"}
+    result = run_launcher(tmp_path, LOGGER_LEVEL="detail", **knob)
+    utilisations = [
+        float(line.split("core utilisation ")[1].split("%")[0])
+        for line in level_lines(result.stderr)["detail"]
+    ]
+    assert utilisations and all(u >= 0 for u in utilisations), result.stderr
+    assert max(utilisations) > 5, result.stderr
