@@ -5,7 +5,7 @@ ended (csrc/fakecuda/README.md, "Memory"):
 - ASYNC_BRIDGE: the hook charges the ledger right after the driver call, synchronizes the stream off
   the lock and retires the charge, so another process allocating in between counts the bytes;
 - CAPTURE: an allocation on a capturing stream is admitted against the limit and charged until
-  cuStreamEndCapture."""
+  cuStreamEndCapture, or until its cuMemFreeAsync before that."""
 
 from __future__ import annotations
 
@@ -40,6 +40,7 @@ CUresult cuStreamBeginCapture_v2(CUstream, int);
 CUresult cuStreamEndCapture(CUstream, CUgraph *);
 CUresult cuMemAllocAsync(CUdeviceptr *, size_t, CUstream);
 CUresult cuMemAlloc_v2(CUdeviceptr *, size_t);
+CUresult cuMemFreeAsync(CUdeviceptr, CUstream);
 
 #define OK(call) \
     do { CUresult rc_ = (call); if (rc_) { fprintf(stderr, "%s: %d\n", #call, rc_); return 1; } } while (0)
@@ -85,10 +86,16 @@ int main(int argc, char **argv) {
         fflush(stdout);
         return fgets(line, sizeof line, stdin) == NULL ? 0 : 0; /* hold the memory until told */
     }
-    OK(cuStreamBeginCapture_v2(s, 0));             /* capture: N allocations, then the end */
-    for (int i = 0; i < atoi(argv[3]); i++)
+    OK(cuStreamBeginCapture_v2(s, 0));             /* capture: N allocations, a free, then the end */
+    CUdeviceptr first = 0;
+    for (int i = 0; i < atoi(argv[3]); i++) {
         printf("rc%d %d\n", i, cuMemAllocAsync(&p, strtoull(argv[2], NULL, 0), s));
+        first = first ? first : p;
+    }
     printf("captured 1\n");
+    fflush(stdout);
+    if (fgets(line, sizeof line, stdin) == NULL) return 1;
+    printf("freed %d\n", cuMemFreeAsync(first, s));
     fflush(stdout);
     if (fgets(line, sizeof line, stdin) == NULL) return 1;
     CUgraph g;
@@ -189,6 +196,10 @@ def test_capture_charges_the_ledger_until_the_capture_ends(
         got = lines(proc, "captured")
         assert got == {"rc0": "0", "rc1": "0", "rc2": "2", "captured": "1"}  # 3 x 400 MiB > 1 GiB
         assert ledger(tmp_path) == {proc.pid: 800 * MIB}
+        proc.stdin.write("free\n")
+        proc.stdin.flush()
+        assert lines(proc, "freed") == {"freed": "0"}
+        assert ledger(tmp_path) == {proc.pid: 400 * MIB}  # a free before the end retires its charge
         proc.stdin.write("end\n")
         proc.stdin.flush()
         lines(proc, "ended")
