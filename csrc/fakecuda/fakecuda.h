@@ -114,6 +114,8 @@ typedef struct {
     CUstream created; /* NULL for the default streams */
 } fc_stream_ref;
 CUresult fc_stream(CUstream h, int ptsz, fc_stream_ref *out);
+/* When the work queued on stream `h` (resolved to *s) so far ends: what cuStreamSynchronize waits for. */
+uint64_t fc_stream_done(CUstream h, int ptsz, const fc_stream_ref *s);
 /* Sleep until the wall clock passes `end_ns`. */
 void fc_wait_until(uint64_t end_ns);
 /* cuStreamSynchronize of `h`: wait for its kernels (the legacy stream: all of this process's on the

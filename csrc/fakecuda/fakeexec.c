@@ -99,13 +99,17 @@ static void note_end(fc_stream_ref *s, uint64_t end) {
 
 int fc_stream_capturing(const fc_stream_ref *s) { return s->created && s->created->capturing; }
 
+uint64_t fc_stream_done(CUstream h, int ptsz, const fc_stream_ref *s) {
+    /* the legacy stream also waits for the other streams' work */
+    return s->created == NULL && !ptsz && h != CU_STREAM_PER_THREAD ? process_end[s->ordinal] : *s->end_ns;
+}
+
 CUresult fc_stream_wait(CUstream h, int ptsz) {
     fc_stream_ref s;
     CUresult rc = fc_stream(h, ptsz, &s);
     if (rc != CUDA_SUCCESS) return rc;
     if (s.created && s.created->capturing) return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
-    /* the legacy stream also waits for the other streams' work */
-    fc_wait_until(s.created == NULL && !ptsz && h != CU_STREAM_PER_THREAD ? process_end[s.ordinal] : *s.end_ns);
+    fc_wait_until(fc_stream_done(h, ptsz, &s));
     return CUDA_SUCCESS;
 }
 EXPORT CUresult cuStreamSynchronize(CUstream h) { return fc_stream_wait(h, 0); }

@@ -6,8 +6,11 @@
  * behind it on its first copy (fc_mem_bytes: an anonymous MAP_NORESERVE mapping of its size, so only
  * the pages written use memory); one never copied to or from has none, however large.
  * Managed and host (pinned) memory are real host memory (anonymous mappings) and are not charged
- * to the device: NVML does not count them on a real GPU either. Stream-ordered allocations and
- * frees take effect at once. Allocations belong to the current context, and go with it.
+ * to the device: NVML does not count them on a real GPU either. A stream-ordered allocation is
+ * reserved at once but shown by NVML only when its stream's earlier work ends; on a capturing stream
+ * it is an address and nothing else (the real driver records a memory node, and the fake's graphs
+ * have none). Stream-ordered frees take effect at once. Allocations belong to the current context,
+ * and go with it.
  */
 #include <pthread.h>
 #include <stdlib.h>
@@ -72,9 +75,12 @@ void fc_mem_drop_context(CUcontext ctx) {
     pthread_mutex_unlock(&mem_mutex);
 }
 
-/* Charge `bytes` to device `ordinal` and record the range; OOM when the device is full. */
-static CUresult charge(uint64_t key, uint64_t bytes, uint64_t charged, int ordinal, enum kind kind, CUcontext ctx) {
-    if (charged && fs_mem_alloc((unsigned)fc_nvml_index(ordinal), charged) < 0) return CUDA_ERROR_OUT_OF_MEMORY;
+/* Charge `bytes` to device `ordinal` (NVML shows them from `visible_ns`) and record the range; OOM
+ * when the device is full. */
+static CUresult charge_at(uint64_t key, uint64_t bytes, uint64_t charged, int ordinal, enum kind kind,
+                          CUcontext ctx, uint64_t visible_ns) {
+    if (charged && fs_mem_alloc_at((unsigned)fc_nvml_index(ordinal), charged, visible_ns) < 0)
+        return CUDA_ERROR_OUT_OF_MEMORY;
     if (remember((alloc){key, bytes, charged, ordinal, kind, ctx, NULL}) < 0) {
         if (charged) fs_mem_free((unsigned)fc_nvml_index(ordinal), charged);
         return CUDA_ERROR_OUT_OF_MEMORY;
@@ -82,14 +88,20 @@ static CUresult charge(uint64_t key, uint64_t bytes, uint64_t charged, int ordin
     return CUDA_SUCCESS;
 }
 
-static CUresult device_alloc(CUdeviceptr *dptr, uint64_t bytes, int ordinal, int v1) {
+static CUresult charge(uint64_t key, uint64_t bytes, uint64_t charged, int ordinal, enum kind kind, CUcontext ctx) {
+    return charge_at(key, bytes, charged, ordinal, kind, ctx, 0);
+}
+
+/* A device allocation of `bytes` charging `charged` of them, shown by NVML from `visible_ns`. */
+static CUresult device_alloc_at(CUdeviceptr *dptr, uint64_t bytes, uint64_t charged, int ordinal, int v1,
+                                uint64_t visible_ns) {
     if (dptr == NULL || bytes == 0) return CUDA_ERROR_INVALID_VALUE;
     pthread_mutex_lock(&mem_mutex);
     uint64_t *next = v1 ? &next_va_v1 : &next_va;
     uint64_t span = round_up(bytes, GRANULARITY);
     CUresult rc = CUDA_ERROR_OUT_OF_MEMORY;
     if (!v1 || *next + span <= VA_V1_END) {
-        rc = charge(*next, bytes, bytes, ordinal, K_DEVICE, fc_current());
+        rc = charge_at(*next, bytes, charged, ordinal, K_DEVICE, fc_current(), visible_ns);
         if (rc == CUDA_SUCCESS) {
             *dptr = *next;
             *next += span + GRANULARITY; /* a guard gap between allocations */
@@ -97,6 +109,10 @@ static CUresult device_alloc(CUdeviceptr *dptr, uint64_t bytes, int ordinal, int
     }
     pthread_mutex_unlock(&mem_mutex);
     return rc;
+}
+
+static CUresult device_alloc(CUdeviceptr *dptr, uint64_t bytes, int ordinal, int v1) {
+    return device_alloc_at(dptr, bytes, bytes, ordinal, v1, 0);
 }
 
 static CUresult current_alloc(CUdeviceptr *dptr, uint64_t bytes, int v1) {
@@ -177,7 +193,7 @@ EXPORT CUresult cuMemAllocManaged(CUdeviceptr *dptr, size_t bytesize, unsigned i
     return rc;
 }
 
-/* ---- stream-ordered allocation: charged at once ---- */
+/* ---- stream-ordered allocation: reserved at once, shown by NVML when the stream gets there ---- */
 
 struct CUmemPoolHandle_st {
     uint32_t tag;
@@ -195,7 +211,9 @@ static CUresult async_alloc(CUdeviceptr *dptr, size_t bytes, CUstream stream, in
         if (pool->tag != TAG_POOL) return CUDA_ERROR_INVALID_VALUE;
         ordinal = pool->ordinal;
     }
-    return device_alloc(dptr, bytes, ordinal, 0);
+    if (fc_stream_capturing(&s)) /* a memory node of the graph: nothing allocated yet */
+        return device_alloc_at(dptr, bytes, 0, ordinal, 0, 0);
+    return device_alloc_at(dptr, bytes, bytes, ordinal, 0, fc_stream_done(stream, ptsz, &s));
 }
 
 EXPORT CUresult cuMemAllocAsync(CUdeviceptr *dptr, size_t bytesize, CUstream hStream) {
@@ -332,7 +350,7 @@ EXPORT CUresult cuMemGetInfo_v2(size_t *free_bytes, size_t *total_bytes) {
     if (rc != CUDA_SUCCESS) return rc;
     if (free_bytes == NULL || total_bytes == NULL) return CUDA_ERROR_INVALID_VALUE;
     unsigned int dev = (unsigned)fc_nvml_index(ordinal);
-    uint64_t total = fs_mem_total(dev), used = fs_mem_used(dev);
+    uint64_t total = fs_mem_total(dev), used = fs_mem_reserved(dev);
     *total_bytes = total;
     *free_bytes = used < total ? total - used : 0;
     return CUDA_SUCCESS;

@@ -14,7 +14,7 @@
 #include <unistd.h>
 
 #define FS_MAGIC 0x46475331u /* "FGS1" */
-#define FS_VERSION 3u /* 3: per-device health (XIDs, lost) */
+#define FS_VERSION 4u /* 3: per-device health (XIDs, lost); 4: pending stream-ordered bytes */
 #define FS_MAX_SLOTS 256
 #define FS_SPANS 256            /* busy spans kept exactly per slot / device; adjacent ones merge */
 #define FS_BUCKETS 2048         /* and busy time per 10 ms bucket, 20.48 s of them */
@@ -40,6 +40,10 @@ typedef struct {
     uint32_t flags;
     uint32_t pad;
     uint64_t bytes;
+    /* Of `bytes`, those of stream-ordered allocations NVML does not show before `pending_until`
+     * (when their stream's earlier work ends). Several overlapping ones merge conservatively: the
+     * sum stays hidden until the latest of their times. */
+    uint64_t pending, pending_until;
     fs_timeline busy;
 } fs_slot;
 
@@ -356,27 +360,45 @@ static void drop_if_idle(fs_slot *s) {
 
 static int valid_dev(unsigned int dev) { return state && dev < state->count; }
 
-static uint64_t device_used(unsigned int dev) {
+/* The bytes of slot `s` NVML shows at `now`: all but those still pending. */
+static uint64_t visible_bytes(const fs_slot *s, uint64_t now) {
+    return now < s->pending_until ? s->bytes - s->pending : s->bytes;
+}
+
+/* Bytes held on `dev`: as NVML shows them at `now`, or all of them (reserved) when now is 0. */
+static uint64_t device_used(unsigned int dev, uint64_t now) {
     uint64_t used = 0;
-    for (int i = 0; i < FS_MAX_SLOTS; i++)
-        if (state->slot[i].pid != 0 && state->slot[i].dev == dev) used += state->slot[i].bytes;
+    for (int i = 0; i < FS_MAX_SLOTS; i++) {
+        const fs_slot *s = &state->slot[i];
+        if (s->pid != 0 && s->dev == dev) used += now ? visible_bytes(s, now) : s->bytes;
+    }
     return used;
 }
 
-int fs_mem_alloc(unsigned int dev, uint64_t bytes) {
+/* A new pending charge of `bytes` until `until` merged into the slot's (see fs_slot). */
+static void add_pending(fs_slot *s, uint64_t bytes, uint64_t until, uint64_t now) {
+    if (now >= s->pending_until) s->pending = 0; /* the earlier ones are visible already */
+    s->pending += bytes;
+    if (until > s->pending_until) s->pending_until = until;
+}
+
+int fs_mem_alloc_at(unsigned int dev, uint64_t bytes, uint64_t visible_ns) {
     if (!valid_dev(dev)) return -1;
     lock_reaped();
-    uint64_t used = device_used(dev);
+    uint64_t used = device_used(dev, 0), now = fs_now_ns();
     int rc = -1;
     fs_slot *s;
     if (used <= state->dev[dev].total && bytes <= state->dev[dev].total - used &&
         (s = find_slot(dev, self_pid(), 1)) != NULL) {
         s->bytes += bytes;
+        if (visible_ns > now) add_pending(s, bytes, visible_ns, now);
         rc = 0;
     }
     unlock();
     return rc;
 }
+
+int fs_mem_alloc(unsigned int dev, uint64_t bytes) { return fs_mem_alloc_at(dev, bytes, 0); }
 
 void fs_mem_free(unsigned int dev, uint64_t bytes) {
     if (!valid_dev(dev)) return;
@@ -384,18 +406,22 @@ void fs_mem_free(unsigned int dev, uint64_t bytes) {
     fs_slot *s = find_slot(dev, self_pid(), 0);
     if (s) {
         s->bytes = s->bytes > bytes ? s->bytes - bytes : 0;
+        if (s->pending > s->bytes) s->pending = s->bytes;
         drop_if_idle(s);
     }
     unlock();
 }
 
-uint64_t fs_mem_used(unsigned int dev) {
+static uint64_t mem_used(unsigned int dev, int reserved) {
     if (!valid_dev(dev)) return 0;
     lock_reaped();
-    uint64_t used = device_used(dev);
+    uint64_t used = device_used(dev, reserved ? 0 : fs_now_ns());
     unlock();
     return used;
 }
+
+uint64_t fs_mem_used(unsigned int dev) { return mem_used(dev, 0); }
+uint64_t fs_mem_reserved(unsigned int dev) { return mem_used(dev, 1); }
 
 uint64_t fs_mem_total(unsigned int dev) { return valid_dev(dev) ? state->dev[dev].total : 0; }
 
@@ -418,13 +444,15 @@ void fs_context(unsigned int dev, int present) {
 unsigned int fs_processes(unsigned int dev, uint32_t flags, fs_proc *out, unsigned int max) {
     if (!valid_dev(dev)) return 0;
     unsigned int n = 0;
+    uint64_t now = fs_now_ns();
     lock_reaped();
     for (int i = 0; i < FS_MAX_SLOTS; i++) {
         fs_slot *s = &state->slot[i];
         if (s->pid == 0 || s->dev != dev) continue;
-        int listed = (s->flags & flags) != 0 || ((flags & FS_FLAG_CONTEXT) && s->bytes > 0);
+        uint64_t bytes = visible_bytes(s, now);
+        int listed = (s->flags & flags) != 0 || ((flags & FS_FLAG_CONTEXT) && bytes > 0);
         if (!listed) continue;
-        if (n < max) out[n] = (fs_proc){s->pid, s->flags, s->bytes};
+        if (n < max) out[n] = (fs_proc){s->pid, s->flags, bytes};
         n++;
     }
     unlock();

@@ -38,7 +38,7 @@
 typedef struct {
     int pid;
     uint32_t flags;
-    uint64_t bytes; /* device memory held */
+    uint64_t bytes; /* device memory held, as NVML shows it now */
 } fs_proc;
 
 typedef struct {
@@ -72,9 +72,15 @@ uint64_t fs_now_ns(void);
 
 /* Charge `bytes` of device memory to this pid; -1 when the device has not that much free. */
 int fs_mem_alloc(unsigned int dev, uint64_t bytes);
+/* The same for a stream-ordered allocation: reserved at once (the free-memory check of the next
+ * allocation counts it), shown by NVML (fs_mem_used, fs_processes) only from `visible_ns` (fs_now_ns
+ * clock; at once when not later than now). */
+int fs_mem_alloc_at(unsigned int dev, uint64_t bytes, uint64_t visible_ns);
 void fs_mem_free(unsigned int dev, uint64_t bytes);
-/* Bytes held on `dev` by all pids. */
+/* Bytes held on `dev` by all pids as NVML shows them now (pending stream-ordered bytes left out),
+ * and all of them (the driver's own view, cuMemGetInfo). */
 uint64_t fs_mem_used(unsigned int dev);
+uint64_t fs_mem_reserved(unsigned int dev);
 uint64_t fs_mem_total(unsigned int dev);
 
 /* This pid gains / drops a context on `dev`. */

@@ -4,6 +4,7 @@
 #include <pthread.h>
 #include <stdlib.h>
 
+#include "capture.h"
 #include "core_abi.h"
 #include "core_limit.h"
 #include "vgpu_state.h"
@@ -174,12 +175,14 @@ VGPU_EXPORT CUresult cuGraphExecDestroy(CUgraphExec exec)
     return real(exec);
 }
 
-#define GRAPH_LAUNCH(name)                                       \
+/* A graph launched into a capturing stream becomes a child graph node: charged when that graph runs. */
+#define GRAPH_LAUNCH(name, ptsz)                                 \
     VGPU_EXPORT CUresult name(CUgraphExec exec, CUstream s)      \
     {                                                            \
         HOOK_REAL_CU(name);                                      \
-        charge(exec);                                            \
+        if (!vgpu_launch_is_captured(s, ptsz))                   \
+            charge(exec);                                        \
         return real(exec, s);                                    \
     }
-GRAPH_LAUNCH(cuGraphLaunch)
-GRAPH_LAUNCH(cuGraphLaunch_ptsz)
+GRAPH_LAUNCH(cuGraphLaunch, 0)
+GRAPH_LAUNCH(cuGraphLaunch_ptsz, 1)

@@ -1,6 +1,8 @@
 /* The launch hooks of the core limit: each charges its grid's block count to the bucket of the
- * current context's device (waiting while it is empty), then calls the driver. Graph launches are
- * in core_graph.c. */
+ * current context's device (waiting while it is empty), then calls the driver. A launch on a
+ * capturing stream runs nothing (it becomes a node of the graph, charged when the graph is launched)
+ * and is not charged. Graph launches are in core_graph.c. */
+#include "capture.h"
 #include "core_abi.h"
 #include "core_limit.h"
 #include "vgpu_state.h"
@@ -10,39 +12,47 @@ static unsigned long long blocks3(unsigned int x, unsigned int y, unsigned int z
     return (unsigned long long)x * y * z;
 }
 
-#define LAUNCH_HOOK(name)                                                                                      \
+/* Charges `blocks` for a launch on stream `s` (of a _ptsz entry point when `ptsz`), unless the
+ * stream is capturing. */
+static void charge_launch(CUstream s, int ptsz, unsigned long long blocks)
+{
+    if (!vgpu_launch_is_captured(s, ptsz))
+        vgpu_core_charge_current(blocks);
+}
+
+#define LAUNCH_HOOK(name, ptsz)                                                                                \
     VGPU_EXPORT CUresult name(CUfunction f, unsigned int gx, unsigned int gy, unsigned int gz, unsigned int bx, \
                               unsigned int by, unsigned int bz, unsigned int shmem, CUstream s, void **params,  \
                               void **extra)                                                                    \
     {                                                                                                          \
         HOOK_REAL_CU(name);                                                                                    \
-        vgpu_core_charge_current(blocks3(gx, gy, gz));                                                         \
+        charge_launch(s, ptsz, blocks3(gx, gy, gz));                                                           \
         return real(f, gx, gy, gz, bx, by, bz, shmem, s, params, extra);                                       \
     }
-LAUNCH_HOOK(cuLaunchKernel)
-LAUNCH_HOOK(cuLaunchKernel_ptsz)
+LAUNCH_HOOK(cuLaunchKernel, 0)
+LAUNCH_HOOK(cuLaunchKernel_ptsz, 1)
 
-#define LAUNCH_EX_HOOK(name)                                                                     \
+#define LAUNCH_EX_HOOK(name, ptsz)                                                               \
     VGPU_EXPORT CUresult name(const CUlaunchConfig *config, CUfunction f, void **params, void **extra) \
     {                                                                                            \
         HOOK_REAL_CU(name);                                                                      \
         if (config != NULL)                                                                      \
-            vgpu_core_charge_current(blocks3(config->gridDimX, config->gridDimY, config->gridDimZ)); \
+            charge_launch(config->hStream, ptsz, blocks3(config->gridDimX, config->gridDimY, config->gridDimZ)); \
         return real(config, f, params, extra);                                                   \
     }
-LAUNCH_EX_HOOK(cuLaunchKernelEx)
-LAUNCH_EX_HOOK(cuLaunchKernelEx_ptsz)
+LAUNCH_EX_HOOK(cuLaunchKernelEx, 0)
+LAUNCH_EX_HOOK(cuLaunchKernelEx_ptsz, 1)
 
-#define COOPERATIVE_HOOK(name)                                                                                 \
+#define COOPERATIVE_HOOK(name, ptsz)                                                                           \
     VGPU_EXPORT CUresult name(CUfunction f, unsigned int gx, unsigned int gy, unsigned int gz, unsigned int bx, \
                               unsigned int by, unsigned int bz, unsigned int shmem, CUstream s, void **params)  \
     {                                                                                                          \
         HOOK_REAL_CU(name);                                                                                    \
-        vgpu_core_charge_current(blocks3(gx, gy, gz));                                                         \
+        charge_launch(s, ptsz, blocks3(gx, gy, gz));                                                           \
         return real(f, gx, gy, gz, bx, by, bz, shmem, s, params);                                              \
     }
-COOPERATIVE_HOOK(cuLaunchCooperativeKernel)
-COOPERATIVE_HOOK(cuLaunchCooperativeKernel_ptsz)
+COOPERATIVE_HOOK(cuLaunchCooperativeKernel, 0)
+COOPERATIVE_HOOK(cuLaunchCooperativeKernel_ptsz, 1)
 
 /* cuLaunch runs a 1 x 1 grid; cuLaunchGrid(Async) a w x h one (legacy API, block shape set before). */
 VGPU_EXPORT CUresult cuLaunch(CUfunction f)
@@ -67,7 +77,7 @@ VGPU_EXPORT CUresult cuLaunchGrid(CUfunction f, int w, int h)
 VGPU_EXPORT CUresult cuLaunchGridAsync(CUfunction f, int w, int h, CUstream s)
 {
     HOOK_REAL_CU(cuLaunchGridAsync);
-    vgpu_core_charge_current(blocks2(w, h));
+    charge_launch(s, 0, blocks2(w, h));
     return real(f, w, h, s);
 }
 

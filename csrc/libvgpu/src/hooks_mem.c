@@ -7,6 +7,7 @@
 #include <stdint.h>
 #include <string.h>
 
+#include "capture.h"
 #include "cuda_abi.h"
 #include "hooks_pool.h"
 #include "ledger.h"
@@ -169,23 +170,72 @@ static int host_of_pool(CUmemoryPool pool, CUstream stream)
     return vgpu_pool_device(pool, &dev) ? vgpu_host_of_cudev(dev) : host_of_stream(stream);
 }
 
-#define ASYNC_ALLOC(name)                                                                      \
+/* A stream-ordered allocation being admitted. NVML shows its memory only once the stream's earlier
+ * work has ended, so on a limited device it is charged to the ledger right after the driver call,
+ * under the lock: on a capturing stream until the capture ends (CAPTURE: hooks_capture.c retires
+ * it, or an earlier cuMemFreeAsync), else until the hook, off the lock, has synchronized the stream
+ * (ASYNC_BRIDGE). A stream whose capture state the driver cannot tell is charged nothing: a sync
+ * could invalidate a capture it is part of. Past real_memory it is never managed memory. */
+struct ordered {
+    int fd, host, charge;
+    CUstream stream; /* as a non-_ptsz call names it */
+    unsigned long long capture;
+};
+
+/* Before the driver call: the admission (-1: refused, the lock released), the capture state. */
+static int ordered_admit(int host, unsigned long long bytes, CUstream stream, int ptsz, struct ordered *o)
+{
+    *o = (struct ordered){.fd = -1, .host = host, .charge = -1, .stream = vgpu_capture_stream(stream, ptsz)};
+    int d = admit(host, bytes, &o->fd);
+    if (d < 0)
+        return -1;
+    if (d != VGPU_PASS)
+        o->charge = vgpu_stream_capture(o->stream, &o->capture);
+    return 0;
+}
+
+/* After it: the charge, the lock released, then the bridge. */
+static CUresult ordered_done(struct ordered *o, CUresult r, const CUdeviceptr *dptr, unsigned long long bytes)
+{
+    int capturing = o->charge == CU_STREAM_CAPTURE_STATUS_ACTIVE;
+    int bridge = o->charge == CU_STREAM_CAPTURE_STATUS_NONE && o->fd >= 0;
+    int charged = r == CUDA_SUCCESS && (capturing || bridge) && vgpu_ledger_add(o->host, bytes) == 0;
+    if (charged && capturing)
+        vgpu_ledger_track_capture(*dptr, bytes, o->host, o->capture);
+    vgpu_devunlock(o->fd);
+    if (charged && bridge) {
+        static void *slot;
+        CUresult (*sync)(CUstream) = vgpu_real_cached(&slot, VGPU_LIB_CUDA, "cuStreamSynchronize");
+        if (sync != NULL)
+            sync(o->stream);
+        vgpu_ledger_sub(o->host, bytes);
+    }
+    return r;
+}
+
+#define ASYNC_ALLOC(name, ptsz)                                                                \
     VGPU_EXPORT CUresult name(CUdeviceptr *dptr, size_t bytesize, CUstream stream)             \
     {                                                                                          \
         HOOK_REAL_CU(name);                                                                    \
-        RETURN_ADMITTED(host_of_stream(stream), bytesize, real(dptr, bytesize, stream));       \
+        struct ordered o;                                                                      \
+        if (ordered_admit(host_of_stream(stream), bytesize, stream, ptsz, &o) < 0)             \
+            return CUDA_ERROR_OUT_OF_MEMORY;                                                   \
+        return ordered_done(&o, real(dptr, bytesize, stream), dptr, bytesize);                 \
     }
-ASYNC_ALLOC(cuMemAllocAsync)
-ASYNC_ALLOC(cuMemAllocAsync_ptsz)
+ASYNC_ALLOC(cuMemAllocAsync, 0)
+ASYNC_ALLOC(cuMemAllocAsync_ptsz, 1)
 
-#define POOL_ALLOC(name)                                                                       \
+#define POOL_ALLOC(name, ptsz)                                                                 \
     VGPU_EXPORT CUresult name(CUdeviceptr *dptr, size_t bytesize, CUmemoryPool pool, CUstream stream) \
     {                                                                                          \
         HOOK_REAL_CU(name);                                                                    \
-        RETURN_ADMITTED(host_of_pool(pool, stream), bytesize, real(dptr, bytesize, pool, stream)); \
+        struct ordered o;                                                                      \
+        if (ordered_admit(host_of_pool(pool, stream), bytesize, stream, ptsz, &o) < 0)        \
+            return CUDA_ERROR_OUT_OF_MEMORY;                                                   \
+        return ordered_done(&o, real(dptr, bytesize, pool, stream), dptr, bytesize);           \
     }
-POOL_ALLOC(cuMemAllocFromPoolAsync)
-POOL_ALLOC(cuMemAllocFromPoolAsync_ptsz)
+POOL_ALLOC(cuMemAllocFromPoolAsync, 0)
+POOL_ALLOC(cuMemAllocFromPoolAsync_ptsz, 1)
 
 VGPU_EXPORT CUresult cuMemCreate(CUmemGenericAllocationHandle *handle, size_t size, const CUmemAllocationProp *prop,
                                  unsigned long long flags)

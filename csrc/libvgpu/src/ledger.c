@@ -176,24 +176,62 @@ unsigned long long vgpu_ledger_sum(int host, int reap)
 
 /* --- this process's charged allocations ----------------------------------------------------- */
 
+enum charge_kind { CHARGE_UVA, CHARGE_CAPTURE };
+
 struct tracked {
     unsigned long long dptr, bytes;
     int host;
+    enum charge_kind kind;
+    unsigned long long capture; /* CHARGE_CAPTURE: the capture's id */
     struct tracked *next;
 };
 static struct tracked *tracked_list;
 static pthread_mutex_t track_lock = PTHREAD_MUTEX_INITIALIZER;
 
-void vgpu_ledger_track(unsigned long long dptr, unsigned long long bytes, int host)
+static void track(struct tracked entry)
 {
     struct tracked *t = malloc(sizeof(*t));
     if (t == NULL)
         return;
-    *t = (struct tracked){dptr, bytes, host, NULL};
+    *t = entry;
     pthread_mutex_lock(&track_lock);
     t->next = tracked_list;
     tracked_list = t;
     pthread_mutex_unlock(&track_lock);
+}
+
+void vgpu_ledger_track(unsigned long long dptr, unsigned long long bytes, int host)
+{
+    track((struct tracked){dptr, bytes, host, CHARGE_UVA, 0, NULL});
+}
+
+void vgpu_ledger_track_capture(unsigned long long dptr, unsigned long long bytes, int host,
+                               unsigned long long capture)
+{
+    track((struct tracked){dptr, bytes, host, CHARGE_CAPTURE, capture, NULL});
+}
+
+void vgpu_ledger_retire_capture(unsigned long long capture)
+{
+    struct tracked *done = NULL;
+    pthread_mutex_lock(&track_lock);
+    for (struct tracked **pp = &tracked_list; *pp != NULL;) {
+        struct tracked *t = *pp;
+        if (t->kind == CHARGE_CAPTURE && t->capture == capture) {
+            *pp = t->next;
+            t->next = done;
+            done = t;
+        } else {
+            pp = &t->next;
+        }
+    }
+    pthread_mutex_unlock(&track_lock);
+    while (done != NULL) { /* the file's lock is taken off track_lock */
+        struct tracked *t = done;
+        done = t->next;
+        vgpu_ledger_sub(t->host, t->bytes);
+        free(t);
+    }
 }
 
 int vgpu_ledger_untrack(unsigned long long dptr, int *host, unsigned long long *bytes)

@@ -1,7 +1,8 @@
-/* The vmem_node.config ledger (vgpu_files.h): device memory NVML does not show per process
- * (managed memory past real_memory when oversubscribed), per device per PID, shared by the
- * container's processes; plus this process's dptr -> {bytes, device} list so a free retires the
- * charge on the right device. */
+/* The vmem_node.config ledger (vgpu_files.h): device memory NVML does not show per process, per
+ * device per PID, shared by the container's processes: managed memory (UVA), a stream-ordered
+ * allocation until its stream's earlier work ended (ASYNC_BRIDGE, charged and retired inside its
+ * hook), one made during a stream capture until the capture ends (CAPTURE); plus this process's
+ * dptr -> {bytes, device, kind} list so a free retires the charge on the right device. */
 #ifndef VGPU_LEDGER_H
 #define VGPU_LEDGER_H
 
@@ -19,6 +20,11 @@ VGPU_HIDDEN unsigned long long vgpu_ledger_sum(int host, int reap);
  * was one, else 0. */
 VGPU_HIDDEN void vgpu_ledger_track(unsigned long long dptr, unsigned long long bytes, int host);
 VGPU_HIDDEN int vgpu_ledger_untrack(unsigned long long dptr, int *host, unsigned long long *bytes);
+/* The same for an allocation made under stream capture `capture` (its id), and the retirement of
+ * every charge of that capture still tracked (at its end). */
+VGPU_HIDDEN void vgpu_ledger_track_capture(unsigned long long dptr, unsigned long long bytes, int host,
+                                           unsigned long long capture);
+VGPU_HIDDEN void vgpu_ledger_retire_capture(unsigned long long capture);
 
 /* Drop this process's entries from every device. */
 VGPU_HIDDEN void vgpu_ledger_drop_self(void);

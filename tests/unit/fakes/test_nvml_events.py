@@ -201,5 +201,5 @@ def test_the_helpers_refuse_a_missing_file_and_an_unknown_gpu(gpu_env: Env, tmp_
     with pytest.raises(FakeGpuStateError, match="no GPU 2 \\(it has 2\\)"):
         set_lost(env["FAKE_GPU_STATE"], 2, True)
     (tmp_path / "short").write_bytes(b"x" * 10)
-    with pytest.raises(FakeGpuStateError, match="not a state file of version 3"):
+    with pytest.raises(FakeGpuStateError, match="not a state file of version 4"):
         raise_xid(tmp_path / "short", 0, 79)

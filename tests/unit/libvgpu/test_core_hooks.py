@@ -3,7 +3,8 @@ LD_PRELOAD=libvgpu-control.so on the fake libcuda: the program reads the shared 
 (CUDA_SM_SHARED_BUCKET, sm_node.config in a temp dir) around each launch, a refill in between
 making it measure again, and prints what each call took from the bucket. Also through the pointer
 cuGetProcAddress_v2 hands out for the per-thread-stream variant, and for a graph of two kernel nodes
-and a child graph (the sum cached at instantiation, charged per cuGraphLaunch)."""
+and a child graph (the sum cached at instantiation, charged per cuGraphLaunch). A launch on a
+capturing stream is not charged; the launch of the graph it was captured into is."""
 
 from __future__ import annotations
 
@@ -53,6 +54,9 @@ CUresult cuGraphAddChildGraphNode(CUgraphNode *, CUgraph, const CUgraphNode *, s
 CUresult cuGraphInstantiateWithFlags(CUgraphExec *, CUgraph, unsigned long long);
 CUresult cuGraphLaunch(CUgraphExec, CUstream);
 CUresult cuGetProcAddress_v2(const char *, void **, int, unsigned long long, int *);
+CUresult cuStreamCreate(CUstream *, unsigned int);
+CUresult cuStreamBeginCapture_v2(CUstream, int);
+CUresult cuStreamEndCapture(CUstream, CUgraph *);
 
 static volatile int64_t *tokens;
 static volatile uint64_t *last_refill;
@@ -108,6 +112,17 @@ int main(int argc, char **argv) {
     OK(cuGraphAddChildGraphNode(&c, g, &b, 1, child));
     OK(cuGraphInstantiateWithFlags(&exec, g, 0));
     CHARGED("cuGraphLaunch", cuGraphLaunch(exec, NULL));
+    CUstream cs; CUgraph captured; CUgraphExec cexec;
+    OK(cuStreamCreate(&cs, 0));
+    OK(cuStreamBeginCapture_v2(cs, 0));
+    CHARGED("captured_launch", cuLaunchKernel(f, 13, 1, 1, 1, 1, 1, 0, cs, NULL, NULL));
+    OK(cuStreamEndCapture(cs, &captured));
+    OK(cuGraphInstantiateWithFlags(&cexec, captured, 0));
+    CHARGED("captured_graph_launch", cuGraphLaunch(cexec, cs));
+    OK(cuStreamBeginCapture_v2(cs, 0));
+    /* into a capturing stream: a child graph node (the fake refuses it; the hook must not charge) */
+    CHARGED("graph_launch_into_capture", (cuGraphLaunch(cexec, cs), 0));
+    OK(cuStreamEndCapture(cs, &captured));
     return 0;
 }
 """
@@ -126,6 +141,9 @@ EXPECTED = {
     "cuLaunchGridAsync": 4,
     "proc_ptsz": 8,
     "cuGraphLaunch": 26,
+    "captured_launch": 0,  # a node of the graph being captured: charged when the graph runs
+    "captured_graph_launch": 13,
+    "graph_launch_into_capture": 0,
 }
 
 
