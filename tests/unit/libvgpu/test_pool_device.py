@@ -132,4 +132,4 @@ def test_pool_on_a_device_not_the_containers_gets_nothing(tmp_path: Path, caller
     got = run_all(tmp_path, caller, {"foreign": ("create", 1, 0, 1)}, MANAGER_VISIBLE_DEVICES=UUIDS[0])
     out, err = got["foreign"]
     assert out == f"{OOM} {OOM}"
-    assert f"vgpu: refused device {UUIDS[1]}: not one of this container's devices" in err
+    assert f"vgpu: warning: refused device {UUIDS[1]}: not one of this container's devices" in err

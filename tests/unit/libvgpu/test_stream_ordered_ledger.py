@@ -78,8 +78,8 @@ int main(int argc, char **argv) {
         return 0;
     }
     OK(cuStreamCreate(&s, 0));
-    if (strcmp(argv[1], "bridge") == 0) {          /* A: ~1 s of kernels, then the allocation */
-        OK(cuLaunchKernel(f, 1000, 1, 1, 1, 1, 1, 0, s, NULL, NULL));
+    if (strcmp(argv[1], "bridge") == 0) {          /* A: ~2 s of kernels, then the allocation */
+        OK(cuLaunchKernel(f, 2000, 1, 1, 1, 1, 1, 0, s, NULL, NULL));
         double t0 = now_s();
         CUresult rc = cuMemAllocAsync(&p, strtoull(argv[2], NULL, 0), s);
         printf("rc %d\nhook_s %.3f\nnvml %llu\n", rc, now_s() - t0, nvml_mine());
@@ -120,7 +120,7 @@ def setup(tmp_path: Path) -> tuple[Path, dict[str, str]]:
         MANAGER_VISIBLE_DEVICES=UUID,
         MANAGER_COMPATIBILITY_MODE="0",
         CUDA_MEM_LIMIT_0="1024m",
-        FAKE_GPU_NS_PER_BLOCK="1000000",  # 1000 blocks: one second
+        FAKE_GPU_NS_PER_BLOCK="1000000",  # 2000 blocks: two seconds (room for B to start under load)
     )
     return program, env
 
