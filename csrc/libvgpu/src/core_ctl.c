@@ -45,10 +45,13 @@ int64_t core_ctl_step(struct core_ctl *c, double util, double external, double c
     if (dt <= 0)
         return 0;
     c->period = dt;
+    double before = core_ctl_target(c);
     c->quiet = external > CORE_CTL_EXTERNAL_BUSY ? 0 : c->quiet + 1;
     if (c->quiet > CORE_CTL_QUIET_CYCLES)
         c->quiet = CORE_CTL_QUIET_CYCLES;
     double target = core_ctl_target(c);
+    /* After a change of target (soft <-> hard) the window still shows the old one: a transient. */
+    c->settled = target != before ? 0 : c->settled < CORE_CTL_WINDOW ? c->settled + 1 : CORE_CTL_WINDOW;
 
     c->consumed[c->pos] = consumed > 0 ? consumed : 0;
     c->seconds[c->pos] = dt;
@@ -70,8 +73,10 @@ int64_t core_ctl_step(struct core_ctl *c, double util, double external, double c
             c->measured = true;
         }
         double err = (target - util) / target;
-        /* The trim integrates only with a full window behind it: the start is the model's. */
-        if (throttled && c->filled == CORE_CTL_WINDOW && util < 99 && err < TRIM_BAND && err > -TRIM_BAND)
+        /* The trim integrates only with a full window of this target behind it: the start and a
+         * change of target are the model's. */
+        bool settled = c->filled == CORE_CTL_WINDOW && c->settled == CORE_CTL_WINDOW;
+        if (throttled && settled && util < 99 && err < TRIM_BAND && err > -TRIM_BAND)
             c->trim = clamp(c->trim * (1 + TRIM_GAIN * err), TRIM_MIN, TRIM_MAX);
     }
     double add = c->rate * c->trim * dt;

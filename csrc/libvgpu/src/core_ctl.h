@@ -32,6 +32,7 @@ struct core_ctl {
     double consumed[CORE_CTL_WINDOW], seconds[CORE_CTL_WINDOW];
     int pos, filled;
     int quiet;           /* consecutive uncontended cycles */
+    int settled;         /* cycles since the target last changed, at most CORE_CTL_WINDOW */
     bool measured;       /* the gain has been estimated at least once */
 };
 

@@ -197,6 +197,9 @@ static void test_soft_limit(void)
     printf("sim: soft 60 / hard 30: uncontended share %.2f%% (MAE %.2f), contended share %.2f%% (MAE %.2f)\n",
            r[0].share, r[0].mae, r[1].share, r[1].mae);
     CHECK(r[0].share >= 57 && r[0].share <= 63);
+    /* The step from hard to soft is a transient, not a bias for the trim: wound up on it, the burst
+     * overshoots soft for seconds (MAE 0.50 here, +5 points on the fake driver). */
+    CHECK(r[0].mae <= 0.25);
     CHECK(r[1].share >= 27 && r[1].share <= 33);
 }
 
