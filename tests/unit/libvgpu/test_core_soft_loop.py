@@ -37,6 +37,8 @@ from tests.unit.libvgpu.cbuild import (
 )
 from tests.unit.libvgpu.conftest import client_mode
 
+pytestmark = pytest.mark.needs_build
+
 SMS = 132
 UUID = "GPU-0c0c0c0c-1111-4222-8333-444444444444"
 HARD, SOFT, B_HARD = 30, 70, 30
