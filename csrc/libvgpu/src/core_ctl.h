@@ -3,13 +3,21 @@
  *
  * Why not the peers' `delta`: its step is SMs^2 x maxThreads x |diff| / 2560 tokens, so its loop gain
  * grows with the square of the SM count and it overshoots on big GPUs. This controller is scale-free:
- * it learns the plant's gain g = util / admitted-rate (percent per token/s) over the same one-second
+ * it learns the plant's gain g = util / token-rate (percent per token/s) over the same one-second
  * window NVML's utilisation covers, sets the rate to target / g, and trims a residual bias with a
  * slow multiplicative integral term, so the loop behaves the same on 20 SMs and 132. The gain estimate
  * is right whether the application is throttled (util follows the rate) or demand-limited (it
- * launches less; util follows its demand): in both, util / admitted is the GPU's cost per block. The
+ * launches less; util follows its demand): in both, util / tokens is the GPU's cost per block. The
  * trim only integrates while the bucket actually throttled, so an idle or demand-limited
  * application does not wind it up.
+ *
+ * Long kernels: a launch is charged at once but its utilisation accrues while it runs, up to a
+ * second for a kernel as long as NVML's window. The tokens compared with the utilisation are
+ * therefore those that have run: charges queue in a backlog that drains at the learned full rate
+ * (100 / g tokens a second), and g is the ratio of the smoothed token rate to the smoothed
+ * utilisation, so a sample in a kernel's tail (little utilisation, few tokens) weighs little. The
+ * trim holds while a charge has run past its cycle in the last window: the samples then swing
+ * between 0 and the kernel's share, which is no bias.
  *
  * Soft limit: with soft > hard, the target is soft while no external process used more than 1 % SM
  * for CORE_CTL_QUIET_CYCLES cycles in a row; one contended cycle returns it to hard. */
@@ -29,9 +37,15 @@ struct core_ctl {
     double rate;         /* tokens per second refilled now */
     double trim;         /* multiplicative bias correction, [0.5, 2] */
     double period;       /* seconds of the last cycle */
-    double consumed[CORE_CTL_WINDOW], seconds[CORE_CTL_WINDOW];
+    double full;         /* tokens per second at 100 %: 100 / g */
+    double backlog;      /* tokens charged that have not run yet at `full` */
+    double token_avg;    /* smoothed tokens per second run over the window */
+    double util_avg;     /* smoothed utilisation, the same samples */
+    double ran[CORE_CTL_WINDOW], seconds[CORE_CTL_WINDOW];
     int pos, filled;
+    int steady;          /* cycles since a charge last ran past its cycle, at most CORE_CTL_WINDOW */
     int quiet;           /* consecutive uncontended cycles */
+    int settled;         /* cycles since the target last changed, at most CORE_CTL_WINDOW */
     bool measured;       /* the gain has been estimated at least once */
 };
 

@@ -5,7 +5,9 @@
  * the launch hook). Checks that the achieved share over a 10 s window (after 1 s of start-up) is
  * within 3 points of the target at 30 % and 60 % on a 20-SM, a 132-SM and a 188-SM GPU, for short and
  * long kernels; prints the mean absolute error of the 1 s utilisation samples. Also: a demand-limited phase does not wind the controller up,
- * and the soft limit bursts while uncontended and returns to hard on contention. */
+ * the soft limit bursts while uncontended and returns to hard on contention, and an application
+ * alternating one kernel of up to 1.5 s with 250 ms of idle is held at the target. */
+#include <stdbool.h>
 #include <stdlib.h>
 
 #include "check.h"
@@ -30,6 +32,8 @@ struct app {
     double demand;                /* fraction of launches_per_ms it wants (1 = saturating) */
     double credit;
     long sleep_until;
+    long idle_ms;                 /* > 0: one launch, wait for it to finish, sleep this long, repeat */
+    bool running;                 /* (idle_ms) the launch it waits for */
 };
 
 struct result {
@@ -71,6 +75,23 @@ static uint64_t sim_now(void *ctx)
     return (uint64_t)((struct sim *)ctx)->t * 1000000ull;
 }
 
+/* The synchronous application: a launch, a synchronize that returns when the GPU has finished it,
+ * idle_ms of sleep, the next launch (retried every 10 ms while the bucket refuses it). */
+static void sync_app(struct app *a, struct gpu *g, int64_t *tokens, long t)
+{
+    if (t < a->sleep_until || g->pending > 0)
+        return;
+    if (a->running) {
+        a->running = false;
+        a->sleep_until = t + a->idle_ms;
+    } else if (core_bucket_try_charge(tokens, a->grid)) {
+        g->pending += (double)a->grid;
+        a->running = true;
+    } else {
+        a->sleep_until = t + 10;
+    }
+}
+
 /* Runs `ms` milliseconds of the application, the GPU and the real watcher cycle every 100 ms;
  * `external(ms)` gives another process's SM % for the soft limit; measures share and MAE over
  * [from, ms) against `target(ms)`. */
@@ -87,7 +108,9 @@ static struct result simulate(struct gpu *g, struct app *a, int hard, int soft, 
     for (long t = 0; t < ms; t++) {
         if (demand)
             a->demand = demand(t);
-        if (t >= a->sleep_until) {
+        if (a->idle_ms > 0)
+            sync_app(a, g, d.tokens, t);
+        else if (t >= a->sleep_until) {
             a->credit += a->demand * a->launches_per_ms;
             while (a->credit >= 1) {
                 if (g->pending >= (double)a->queue_launches * (double)a->grid)
@@ -197,7 +220,34 @@ static void test_soft_limit(void)
     printf("sim: soft 60 / hard 30: uncontended share %.2f%% (MAE %.2f), contended share %.2f%% (MAE %.2f)\n",
            r[0].share, r[0].mae, r[1].share, r[1].mae);
     CHECK(r[0].share >= 57 && r[0].share <= 63);
+    /* The step from hard to soft is a transient, not a bias for the trim: wound up on it, the burst
+     * overshoots soft for seconds (MAE 0.50 here, +5 points on the fake driver). */
+    CHECK(r[0].mae <= 0.25);
     CHECK(r[1].share >= 27 && r[1].share <= 33);
+}
+
+/* The case the reference's GAP path is for: one big kernel + synchronize after 250 ms idle, on a GPU
+ * running 1000 blocks per ms (the fake driver's 1 us per block), over a minute (a period is ~2.7 s at
+ * 30 %). A long kernel is charged at its launch but shows in the utilisation only as it runs: learned
+ * from the charges, the gain read several times low right after each launch (800 ms kernels got 45 %,
+ * 1500 ms 70 %, 800 ms at 60 % 47 %); from the tokens run but as a mean of per-sample ratios, the
+ * tail samples of a kernel still skewed it (800 ms 36 %). At 60 % the one-second samples swing
+ * between 0 and 80 %, which the trim must not take for a bias (wound down: 39 %). */
+static void test_long_kernels_after_idle(void)
+{
+    struct {
+        long kernel_ms;
+        int target;
+    } cases[] = {{300, 30}, {800, 30}, {1000, 30}, {1500, 30}, {800, 60}};
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        struct gpu g = {.sms = 132, .ns_per_block = 132000};
+        struct app a = {.grid = (unsigned long long)cases[i].kernel_ms * 1000, .idle_ms = 250};
+        target_now = cases[i].target;
+        struct result r = simulate(&g, &a, cases[i].target, 0, 62000, 2000, fixed_target, NULL, NULL);
+        printf("sim: %4ld ms kernels after 250 ms idle, target %d%%: share %.2f%%\n", cases[i].kernel_ms,
+               cases[i].target, r.share);
+        CHECK(r.share >= cases[i].target - 3 && r.share <= cases[i].target + 3);
+    }
 }
 
 int main(void)
@@ -205,5 +255,6 @@ int main(void)
     RUN(test_targets_on_small_and_big_gpus);
     RUN(test_demand_limited_does_not_wind_up);
     RUN(test_soft_limit);
+    RUN(test_long_kernels_after_idle);
     return check_summary("test_core_sim");
 }
