@@ -17,7 +17,7 @@ import pytest
 
 from tests.support import built
 from tests.unit.libvgpu.cbuild import CUDA_DECLS, compile_on_fake_cuda, fake_env, gpu_profile, library_dirs
-from vgpud.partition.libfiles import VMEM_NODE_FILE, parse_vmem_node
+from vgpud.partition.libfiles import VMEM_NODE_FILE, LibFileError, parse_vmem_node
 
 UUID = "GPU-5e5e5e5e-1111-4222-8333-444444444444"
 MIB = 1 << 20
@@ -127,9 +127,11 @@ def setup(tmp_path: Path) -> tuple[Path, dict[str, str]]:
 
 def ledger(root: Path) -> dict[int, int]:
     path = root / "vmem" / VMEM_NODE_FILE
-    if not path.exists():
+    try:
+        parsed = parse_vmem_node(path.read_bytes())
+    except (FileNotFoundError, LibFileError):  # not there yet, or the library is creating it
         return {}
-    return {e.pid: e.used for e in parse_vmem_node(path.read_bytes()).devices[0] if e.pid > 0}
+    return {e.pid: e.used for e in parsed.devices[0] if e.pid > 0}
 
 
 def lines(proc: subprocess.Popen[str], until: str) -> dict[str, str]:
