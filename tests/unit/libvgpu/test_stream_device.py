@@ -1,5 +1,6 @@
 """Stream-ordered allocations are charged to the stream's device, not the current context's: a
-driver double with two devices (the fake driver has no cuStreamGetCtx), NVML from the fake."""
+driver double with two devices whose stream handles are their contexts (smaller than a two-GPU fake
+driver state), NVML from the fake."""
 
 from __future__ import annotations
 
