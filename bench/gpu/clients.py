@@ -20,7 +20,8 @@ if TYPE_CHECKING:
 PROBES = REPO / "tests" / "conformance" / "cudaclients"
 LIMIT = 1024 << 20
 TIMEOUT_S = 180
-#: name, module to import, probe, its arguments, the fills it prints, its memory view line
+#: name, module to import, probe, its arguments (numba: no launch loop, the kernel compiled and launched
+#: once), the fills it prints, its memory view line
 CLIENTS = (
     (
         "clients[cuda-bindings]",
@@ -30,7 +31,7 @@ CLIENTS = (
         ("fill", "async_fill", "pool_fill"),
         "",
     ),
-    ("clients[numba-cuda]", "numba.cuda", "numba_probe.py", ("1", "64"), ("fill",), "info"),
+    ("clients[numba-cuda]", "numba.cuda", "numba_probe.py", ("0", "64"), ("fill",), "info"),
 )
 
 
