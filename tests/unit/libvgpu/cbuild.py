@@ -159,3 +159,47 @@ def check_c_test(name: str) -> None:
     output = result.stdout + result.stderr
     assert result.returncode == 0, output
     assert re.search(rf"^{name}: \d+ checks, 0 failed$", result.stdout, re.MULTILINE), output
+
+
+#: probe N (linked to the fake libnvidia-ml): every 100 ms for N samples, one line: the device's
+#: utilisation (nvmlDeviceGetUtilizationRates, the last second), then `pid:sm` for each process with
+#: kernel time in the last second (nvmlDeviceGetProcessUtilization). The closed-loop tests' observer.
+NVML_PROBE = r"""
+#include <stdio.h>
+#include <stdlib.h>
+#include <sys/time.h>
+#include <time.h>
+typedef struct nvmlDevice_st *nvmlDevice_t;
+typedef struct { unsigned int gpu, memory; } nvmlUtilization_t;
+typedef struct { unsigned int pid; unsigned long long timeStamp; unsigned int sm, mem, enc, dec; } Sample;
+int nvmlInit_v2(void);
+int nvmlDeviceGetHandleByIndex_v2(unsigned int, nvmlDevice_t *);
+int nvmlDeviceGetUtilizationRates(nvmlDevice_t, nvmlUtilization_t *);
+int nvmlDeviceGetProcessUtilization(nvmlDevice_t, Sample *, unsigned int *, unsigned long long);
+
+/* probe N: every 100 ms for N samples, one line: the device's utilisation, then pid:sm for each
+ * process with kernel time in the last second. */
+int main(int argc, char **argv) {
+    int n = atoi(argv[1]);
+    nvmlDevice_t d;
+    if (nvmlInit_v2() || nvmlDeviceGetHandleByIndex_v2(0, &d)) return 1;
+    struct timespec step = {0, 100000000L};
+    for (int i = 0; i < n; i++) {
+        nanosleep(&step, NULL);
+        nvmlUtilization_t u;
+        if (nvmlDeviceGetUtilizationRates(d, &u)) return 2;
+        printf("%u", u.gpu);
+        struct timeval tv;
+        gettimeofday(&tv, NULL);
+        Sample s[16];
+        unsigned int count = 16;
+        unsigned long long since = tv.tv_sec * 1000000ull + tv.tv_usec - 1000000ull;
+        int rc = nvmlDeviceGetProcessUtilization(d, s, &count, since);
+        for (unsigned int j = 0; rc == 0 && j < count; j++)
+            printf(" %u:%u", s[j].pid, s[j].sm);
+        printf("\n");
+        fflush(stdout);
+    }
+    return 0;
+}
+"""

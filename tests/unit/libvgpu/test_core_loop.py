@@ -16,7 +16,14 @@ from pathlib import Path
 import pytest
 
 from tests.support import built
-from tests.unit.libvgpu.cbuild import CUDA_DECLS, compile_c, compile_on_fake_cuda, fake_env, gpu_profile
+from tests.unit.libvgpu.cbuild import (
+    CUDA_DECLS,
+    NVML_PROBE,
+    compile_c,
+    compile_on_fake_cuda,
+    fake_env,
+    gpu_profile,
+)
 from vgpud.partition.libfiles import parse_sm_node
 
 WARMUP_S = 1.0
@@ -103,31 +110,6 @@ int main(int argc, char **argv) {
 """
 )
 
-PROBE = r"""
-#include <stdio.h>
-#include <stdlib.h>
-#include <time.h>
-typedef struct nvmlDevice_st *nvmlDevice_t;
-typedef struct { unsigned int gpu, memory; } nvmlUtilization_t;
-int nvmlInit_v2(void);
-int nvmlDeviceGetHandleByIndex_v2(unsigned int, nvmlDevice_t *);
-int nvmlDeviceGetUtilizationRates(nvmlDevice_t, nvmlUtilization_t *);
-int main(int argc, char **argv) {
-    int n = atoi(argv[1]);
-    nvmlDevice_t d;
-    if (nvmlInit_v2() || nvmlDeviceGetHandleByIndex_v2(0, &d)) return 1;
-    struct timespec step = {0, 100000000L};
-    for (int i = 0; i < n; i++) {
-        nanosleep(&step, NULL);
-        nvmlUtilization_t u;
-        if (nvmlDeviceGetUtilizationRates(d, &u)) return 2;
-        printf("%u\n", u.gpu);
-        fflush(stdout);
-    }
-    return 0;
-}
-"""
-
 
 @dataclass(frozen=True)
 class Run:
@@ -150,7 +132,7 @@ def programs(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     out = tmp_path_factory.mktemp("coreloop")
     fakenvml = built("fakenvml/libnvidia-ml.so.1").parent
     launcher = compile_on_fake_cuda(out / "launcher", LAUNCHER)
-    probe = compile_c(out / "probe", PROBE, f"-L{fakenvml}", "-l:libnvidia-ml.so.1")
+    probe = compile_c(out / "probe", NVML_PROBE, f"-L{fakenvml}", "-l:libnvidia-ml.so.1")
     return launcher, probe
 
 
@@ -209,7 +191,7 @@ def _finish(runs: list[subprocess.Popen], watch: subprocess.Popen) -> Run:
         launches += int(out.split()[-1])
     probe_out, probe_err = watch.communicate(timeout=60)
     assert watch.returncode == 0, probe_err
-    return Run(samples=[int(v) for v in probe_out.split()], launches=launches)
+    return Run(samples=[int(line.split()[0]) for line in probe_out.splitlines()], launches=launches)
 
 
 @dataclass(frozen=True)

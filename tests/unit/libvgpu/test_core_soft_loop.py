@@ -30,6 +30,7 @@ import pytest
 from tests.support import built
 from tests.unit.libvgpu.cbuild import (
     CUDA_DECLS,
+    NVML_PROBE,
     compile_c,
     compile_on_fake_cuda,
     fake_env,
@@ -118,46 +119,6 @@ int main(int argc, char **argv) {
 """
 )
 
-PROBE = r"""
-#include <stdio.h>
-#include <stdlib.h>
-#include <sys/time.h>
-#include <time.h>
-typedef struct nvmlDevice_st *nvmlDevice_t;
-typedef struct { unsigned int gpu, memory; } nvmlUtilization_t;
-typedef struct { unsigned int pid; unsigned long long timeStamp; unsigned int sm, mem, enc, dec; } Sample;
-int nvmlInit_v2(void);
-int nvmlDeviceGetHandleByIndex_v2(unsigned int, nvmlDevice_t *);
-int nvmlDeviceGetUtilizationRates(nvmlDevice_t, nvmlUtilization_t *);
-int nvmlDeviceGetProcessUtilization(nvmlDevice_t, Sample *, unsigned int *, unsigned long long);
-
-/* probe N: every 100 ms for N samples, one line: the device's utilisation, then pid:sm for each
- * process with kernel time in the last second. */
-int main(int argc, char **argv) {
-    int n = atoi(argv[1]);
-    nvmlDevice_t d;
-    if (nvmlInit_v2() || nvmlDeviceGetHandleByIndex_v2(0, &d)) return 1;
-    struct timespec step = {0, 100000000L};
-    for (int i = 0; i < n; i++) {
-        nanosleep(&step, NULL);
-        nvmlUtilization_t u;
-        if (nvmlDeviceGetUtilizationRates(d, &u)) return 2;
-        printf("%u", u.gpu);
-        struct timeval tv;
-        gettimeofday(&tv, NULL);
-        Sample s[16];
-        unsigned int count = 16;
-        unsigned long long since = tv.tv_sec * 1000000ull + tv.tv_usec - 1000000ull;
-        int rc = nvmlDeviceGetProcessUtilization(d, s, &count, since);
-        for (unsigned int j = 0; rc == 0 && j < count; j++)
-            printf(" %u:%u", s[j].pid, s[j].sm);
-        printf("\n");
-        fflush(stdout);
-    }
-    return 0;
-}
-"""
-
 
 @dataclass(frozen=True)
 class Samples:
@@ -202,7 +163,7 @@ def results(tmp_path_factory: pytest.TempPathFactory) -> Results:
     out = tmp_path_factory.mktemp("coresoft")
     fakenvml = built("fakenvml/libnvidia-ml.so.1").parent
     launcher = compile_on_fake_cuda(out / "launcher", LAUNCHER)
-    probe = compile_c(out / "probe", PROBE, f"-L{fakenvml}", "-l:libnvidia-ml.so.1")
+    probe = compile_c(out / "probe", NVML_PROBE, f"-L{fakenvml}", "-l:libnvidia-ml.so.1")
     lib = str(built("libvgpu/libvgpu-control.so"))
 
     def gpu(name: str) -> tuple[Path, Path]:
